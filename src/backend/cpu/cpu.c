@@ -1,0 +1,77 @@
+/* cpu.c — the CPU backend: threads (OpenMP, static schedules over
+ * independent outputs) and the attention kernel. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+static void cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx) {
+    if (be->n_threads <= 1 || n <= 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(be->n_threads)
+    for (int i = 0; i < n; i++) fn(ctx, i);
+}
+
+typedef struct {
+    const ds_attn_query *qs;
+    int d;
+    float scale;
+    float *scratch;
+    const size_t *offset;
+} attn_job;
+
+/* softmax over [q.k_j * scale ..., sink], then out = sum_j p_j k_j, all in
+ * ascending key order. */
+static void attend_one(void *ctx, int i) {
+    const attn_job *J = ctx;
+    const ds_attn_query *Q = &J->qs[i];
+    int d = J->d, n = Q->n_keys;
+    float *s = J->scratch + J->offset[i];
+    float m = Q->sink;
+    for (int j = 0; j < n; j++) {
+        s[j] = ds_dot_f32(Q->q, Q->keys[j], d) * J->scale;
+        if (s[j] > m) m = s[j];
+    }
+    float sum = expf(Q->sink - m);
+    for (int j = 0; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    float inv = 1.0f / sum;
+    float *o = Q->out;
+    for (int c = 0; c < d; c++) o[c] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float p = s[j] * inv;
+        const float *v = Q->keys[j];
+        for (int c = 0; c < d; c++) o[c] = fmaf(p, v[c], o[c]);
+    }
+}
+
+static void cpu_attend(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale) {
+    size_t *offset = malloc((size_t)(n + 1) * sizeof *offset);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        offset[i] = total;
+        total += (size_t)qs[i].n_keys;
+    }
+    float *scratch = malloc((total ? total : 1) * sizeof *scratch);
+    if (!offset || !scratch) abort(); /* small; an allocation failure here is fatal */
+    attn_job J = {qs, d, scale, scratch, offset};
+    be->parallel_for(be, n, attend_one, &J);
+    free(scratch);
+    free(offset);
+}
+
+int ds_backend_cpu_init(ds_backend *be, int n_threads) {
+    memset(be, 0, sizeof *be);
+    be->name = "cpu";
+    be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    be->matmul = ds_cpu_matmul;
+    be->attend = cpu_attend;
+    be->parallel_for = cpu_parallel_for;
+    return 0;
+}

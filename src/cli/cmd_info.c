@@ -1,0 +1,72 @@
+/* cmd_info.c — `dsv4 info -m DIR`: config summary, tensor counts and bytes
+ * per dtype, and the kind of every layer. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "model/model.h"
+#include "model/state.h"
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) {
+            dir = argv[++i];
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: dsv4 info -m DIR\n");
+            return 0;
+        } else {
+            fprintf(stderr, "dsv4 info: unknown option '%s'\nusage: dsv4 info -m DIR\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: dsv4 info -m DIR\n");
+        return 2;
+    }
+    ds_model *m;
+    ds_err err;
+    if (ds_model_load(dir, &m, &err)) {
+        fprintf(stderr, "dsv4 info: %s\n", err.msg);
+        return 1;
+    }
+    const ds_config *c = &m->cfg;
+    printf("model      %s\n", dir);
+    printf("shape      vocab %d, hidden %d, layers %d, heads %d x %d (rope %d), q_lora %d, o_groups %d x %d\n",
+           c->vocab_size, c->dim, c->n_layers, c->n_heads, c->head_dim, c->rope_dim, c->q_lora_rank, c->o_groups,
+           c->o_lora_rank);
+    printf("moe        %d routed experts (%d active, %s), %d shared, width %d, %d hash layers, swiglu limit %g\n",
+           c->n_routed_experts, c->n_active_experts,
+           c->score_func == DS_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus" : c->score_func == DS_SCORE_SIGMOID ? "sigmoid" : "softmax",
+           c->n_shared_experts, c->moe_inter_dim, c->n_hash_layers, c->swiglu_limit);
+    printf("attention  window %d, indexer %d heads x %d, top-%d, mHC %d streams (%d Sinkhorn iters)\n", c->window,
+           c->index_n_heads, c->index_head_dim, c->index_topk, c->hc_mult, c->hc_sinkhorn_iters);
+    printf("rope       theta %g (sliding), %g (compressed)%s\n", c->rope_theta, c->compress_rope_theta,
+           c->yarn ? ", YaRN" : "");
+    uint64_t count[DS_DTYPE_COUNT] = {0}, bytes[DS_DTYPE_COUNT] = {0}, total = 0;
+    int n = ds_checkpoint_count(m->ck), mtp = 0;
+    for (int i = 0; i < n; i++) {
+        const ds_tensor *t = ds_checkpoint_at(m->ck, i);
+        count[t->dtype]++;
+        bytes[t->dtype] += t->nbytes;
+        total += t->nbytes;
+        if (!strncmp(t->name, "mtp.", 4)) mtp++;
+    }
+    printf("tensors    %d in %d file(s), %.3f GB; %d used by the model, %d MTP (ignored)\n", n,
+           ds_checkpoint_file_count(m->ck), (double)total / 1e9, m->n_tensors_used, mtp);
+    for (int d = 0; d < DS_DTYPE_COUNT; d++)
+        if (count[d])
+            printf("  %-8s %8llu tensors %14.3f MB\n", ds_dtype_name((ds_dtype)d), (unsigned long long)count[d],
+                   (double)bytes[d] / 1e6);
+    printf("decode     %.3f GB of weights read per token (batch 1); state %.1f MiB per 4096-token sequence\n",
+           (double)ds_model_decode_bytes(m) / 1e9, (double)ds_seq_bytes(m, 4096) / (1 << 20));
+    printf("layers\n");
+    for (int li = 0; li < c->n_layers; li++) {
+        const ds_layer *ly = &m->layers[li];
+        printf("  %3d  %-32s %s\n", li,
+               ly->is_csa ? "CSA (indexer) + window" : ly->ratio ? "HCA + window" : "sliding window",
+               ly->is_hash ? "hash MoE" : "routed MoE");
+    }
+    ds_model_free(m);
+    return 0;
+}

@@ -1,0 +1,114 @@
+/* cmd_logits.c — `dsv4 logits`: run token sequences (as one batch) and write
+ * float32 little-endian logits, one row of vocab_size per input token, to
+ * PREFIX.<i>.f32 for sequence i. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "model/forward.h"
+#include "runtime/batch.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 logits -m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N]\n"
+            "  runs every --tokens sequence (together, as one batch) and writes PREFIX.<i>.f32:\n"
+            "  float32 little-endian logits, one row of vocab_size per input token, for sequence i.\n"
+            "  --prefill-chunk N  feed each sequence N tokens per step (1 = token-by-token decoding;\n"
+            "                     default: the whole sequence in one step)\n"
+            "  --threads N        CPU threads (default: all cores); results are identical for any N\n");
+}
+
+int cmd_logits(int argc, char **argv) {
+    const char *dir = NULL, *prefix = NULL;
+    long long chunk = 0, threads = 0;
+    int n_seqs = 0, rc = 1;
+    int32_t **toks = calloc((size_t)argc, sizeof *toks);
+    int *lens = calloc((size_t)argc, sizeof *lens);
+    ds_model *m = NULL;
+    ds_seq **seqs = NULL;
+    float **logits = NULL;
+    ds_err err = {{0}};
+    if (!toks || !lens) goto out;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+            goto out;
+        } else if (!strcmp(a, "-m") && v) {
+            dir = v, i++;
+        } else if (!strcmp(a, "-o") && v) {
+            prefix = v, i++;
+        } else if (!strcmp(a, "--tokens") && v) {
+            if (cli_parse_tokens("--tokens", v, &toks[n_seqs], &lens[n_seqs])) goto usage_err;
+            n_seqs++, i++;
+        } else if (!strcmp(a, "--prefill-chunk") && v) {
+            if (cli_parse_int(a, v, 1, 1 << 30, &chunk)) goto usage_err;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (cli_parse_int(a, v, 1, 1024, &threads)) goto usage_err;
+            i++;
+        } else {
+            fprintf(stderr, "dsv4 logits: unknown or incomplete option '%s'\n", a);
+            goto usage_err;
+        }
+    }
+    if (!dir || !prefix || !n_seqs) {
+        fprintf(stderr, "dsv4 logits: -m, -o and at least one --tokens are required\n");
+        goto usage_err;
+    }
+    if (ds_model_load(dir, &m, &err)) {
+        fprintf(stderr, "dsv4 logits: %s\n", err.msg);
+        goto out;
+    }
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)threads);
+    int V = m->cfg.vocab_size;
+    seqs = calloc((size_t)n_seqs, sizeof *seqs);
+    logits = calloc((size_t)n_seqs, sizeof *logits);
+    if (!seqs || !logits) goto out;
+    for (int i = 0; i < n_seqs; i++) {
+        if (ds_seq_new(m, lens[i], &seqs[i], &err)) {
+            fprintf(stderr, "dsv4 logits: %s\n", err.msg);
+            goto out;
+        }
+        logits[i] = malloc((size_t)lens[i] * V * sizeof(float));
+        if (!logits[i]) {
+            fprintf(stderr, "dsv4 logits: out of memory for the logits of sequence %d\n", i);
+            goto out;
+        }
+    }
+    if (ds_run_tokens(m, &be, seqs, (const int32_t *const *)toks, lens, n_seqs, (int)chunk, logits, &err)) {
+        fprintf(stderr, "dsv4 logits: %s\n", err.msg);
+        goto out;
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d.f32", prefix, i);
+        FILE *f = fopen(path, "wb");
+        size_t nw = f ? fwrite(logits[i], sizeof(float), (size_t)lens[i] * V, f) : 0;
+        if (!f || nw != (size_t)lens[i] * V || fclose(f)) {
+            fprintf(stderr, "dsv4 logits: cannot write %s\n", path);
+            goto out;
+        }
+    }
+    rc = 0;
+    goto out;
+usage_err:
+    usage(stderr);
+    rc = 2;
+out:
+    for (int i = 0; i < n_seqs; i++) {
+        free(toks[i]);
+        if (seqs) ds_seq_free(seqs[i]);
+        if (logits) free(logits[i]);
+    }
+    free(toks);
+    free(lens);
+    free(seqs);
+    free(logits);
+    ds_model_free(m);
+    return rc;
+}

@@ -1,0 +1,14 @@
+/* commands.h — one function per `dsv4 <command>`, each in cmd_<name>.c.
+ * Each returns the process exit status (0 ok, 1 runtime error, 2 usage). */
+#ifndef DS_COMMANDS_H
+#define DS_COMMANDS_H
+
+int cmd_info(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+#endif

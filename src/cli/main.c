@@ -1,0 +1,39 @@
+/* main.c — the dsv4 command-line entry point: dispatches to cmd_<name>. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"info", cmd_info, "config summary, tensor counts and bytes per dtype, layer kinds"},
+    {"logits", cmd_logits, "run token sequences, write float32 logits per token"},
+    {"generate", cmd_generate, "greedy / sampled continuation of token ids"},
+    {"bench", cmd_bench, "prefill and decode tokens/s and GB/s against the machine's bandwidth"},
+    {"synth", cmd_synth, "write a random-weight checkpoint in the official layout"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dsv4 <command> [options]   (dsv4 <command> --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

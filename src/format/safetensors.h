@@ -1,0 +1,83 @@
+/* safetensors.h — zero-copy reader (mmap) for safetensors files and sharded
+ * checkpoints (model.safetensors.index.json), and a streaming writer.
+ *
+ * Every header is validated on open: JSON well-formed, known dtype, shape
+ * entries non-negative, data_offsets within the file, byte size equal to
+ * shape x dtype size, no two tensors overlapping. Errors name the file and
+ * the tensor. */
+#ifndef DS_SAFETENSORS_H
+#define DS_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef enum ds_dtype {
+    DS_F32 = 0,
+    DS_F16,
+    DS_BF16,
+    DS_F64,
+    DS_I64,
+    DS_I32,
+    DS_I16,
+    DS_I8,
+    DS_U8,
+    DS_BOOL,
+    DS_F8_E4M3,
+    DS_F8_E8M0,
+    DS_DTYPE_COUNT
+} ds_dtype;
+
+size_t ds_dtype_size(ds_dtype dt);
+const char *ds_dtype_name(ds_dtype dt);          /* "F32", "F8_E4M3", ... */
+int ds_dtype_parse(const char *name, ds_dtype *out); /* 0 ok, -1 unknown */
+
+#define DS_MAX_DIMS 8
+
+typedef struct ds_tensor {
+    const char *name;
+    ds_dtype dtype;
+    int ndim;
+    int64_t shape[DS_MAX_DIMS];
+    const uint8_t *data; /* points into the mmap'd file; read-only */
+    uint64_t nbytes;
+    int file;            /* index into the checkpoint's file list */
+} ds_tensor;
+
+typedef struct ds_checkpoint ds_checkpoint;
+
+/* Opens a checkpoint: `path` is a directory holding either
+ * model.safetensors.index.json (+ the shards it names) or exactly one
+ * *.safetensors file, or a path to a single .safetensors file. */
+int ds_checkpoint_open(const char *path, ds_checkpoint **out, ds_err *err);
+void ds_checkpoint_close(ds_checkpoint *ck);
+
+const ds_tensor *ds_checkpoint_find(const ds_checkpoint *ck, const char *name); /* NULL if absent */
+int ds_checkpoint_count(const ds_checkpoint *ck);
+const ds_tensor *ds_checkpoint_at(const ds_checkpoint *ck, int i);
+const char *ds_checkpoint_file_path(const ds_checkpoint *ck, int file);
+int ds_checkpoint_file_count(const ds_checkpoint *ck);
+
+/* Streaming writer. The header is written first from `specs`; then for each
+ * tensor in order `fill` is called with a buffer of exactly its byte size
+ * (chunked: offset/len within the tensor, len <= 64 MiB) to fill. */
+typedef struct ds_tensor_spec {
+    const char *name;
+    ds_dtype dtype;
+    int ndim;
+    int64_t shape[DS_MAX_DIMS];
+} ds_tensor_spec;
+
+typedef int (*ds_fill_fn)(void *ctx, int index, uint64_t offset, uint8_t *buf, uint64_t len, ds_err *err);
+
+int ds_safetensors_write(const char *path, const ds_tensor_spec *specs, int n, ds_fill_fn fill, void *ctx,
+                         ds_err *err);
+
+/* Writes <dir>/model.safetensors.index.json mapping names[i] -> files[i]
+ * (file names relative to dir). */
+int ds_index_write(const char *dir, const char *const *names, const char *const *files, int n, ds_err *err);
+
+uint64_t ds_tensor_numel(const ds_tensor *t);
+
+#endif

@@ -1,0 +1,276 @@
+/* model.c — loading a DeepSeek-V4 checkpoint into a ds_model: every tensor
+ * the forward pass reads is looked up by its official name and checked. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/rope.h"
+
+typedef struct loader {
+    ds_model *m;
+    ds_err *err;
+    char name[512];
+} loader;
+
+static const char *nm(loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *nm(loader *L, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->name, sizeof L->name, fmt, ap);
+    va_end(ap);
+    return L->name;
+}
+
+static int wt(loader *L, ds_weight *w, int rows, int cols, unsigned allow) {
+    if (ds_weight_get(L->m->ck, L->name, rows, cols, allow, w, L->err)) return -1;
+    L->m->weight_bytes += ds_weight_bytes(w);
+    L->m->n_tensors_used += w->scale ? 2 : 1;
+    return 0;
+}
+
+static int vec(loader *L, float **out, int ndim, int64_t a, int64_t b) {
+    int64_t shape[2] = {a, b};
+    if (ds_tensor_to_f32(L->m->ck, L->name, ndim, shape, out, L->err)) return -1;
+    L->m->weight_bytes += (uint64_t)(ndim == 1 ? a : a * b) * 4;
+    L->m->n_tensors_used++;
+    return 0;
+}
+
+static int hc(loader *L, ds_hc_w *h, const char *prefix, int rows, int nscale) {
+    const ds_config *c = &L->m->cfg;
+    if (ds_weight_get_named(L->m->ck, nm(L, "%s_fn", prefix), rows, c->hc_mult * c->dim, &h->fn, L->err)) return -1;
+    L->m->weight_bytes += ds_weight_bytes(&h->fn);
+    L->m->n_tensors_used++;
+    nm(L, "%s_base", prefix);
+    if (vec(L, &h->base, 1, rows, 0)) return -1;
+    nm(L, "%s_scale", prefix);
+    return vec(L, &h->scale, 1, nscale, 0);
+}
+
+static int compressor(loader *L, ds_compressor_w *cw, const char *prefix, int ratio, int d, int overlap) {
+    const ds_config *c = &L->m->cfg;
+    int cd = (overlap ? 2 : 1) * d;
+    cw->ratio = ratio;
+    cw->d = d;
+    cw->overlap = overlap;
+    nm(L, "%s.wkv", prefix);
+    if (wt(L, &cw->wkv, cd, c->dim, DS_ALLOW_ANY)) return -1;
+    nm(L, "%s.wgate", prefix);
+    if (wt(L, &cw->wgate, cd, c->dim, DS_ALLOW_ANY)) return -1;
+    nm(L, "%s.ape", prefix);
+    if (vec(L, &cw->ape, 2, ratio, cd)) return -1;
+    nm(L, "%s.norm.weight", prefix);
+    return vec(L, &cw->norm, 1, d, 0);
+}
+
+static int load_tid2eid(loader *L, ds_layer *ly, int li) {
+    const ds_config *c = &L->m->cfg;
+    const ds_tensor *t = ds_checkpoint_find(L->m->ck, nm(L, "layers.%d.ffn.gate.tid2eid", li));
+    if (!t) return ds_fail(L->err, "tensor '%s' is missing (layer %d is a hash layer)", L->name, li);
+    if (t->dtype != DS_I64 && t->dtype != DS_I32)
+        return ds_fail(L->err, "tensor '%s': dtype %s, expected I64 or I32", L->name, ds_dtype_name(t->dtype));
+    if (t->ndim != 2 || t->shape[0] != c->vocab_size || t->shape[1] != c->n_active_experts)
+        return ds_fail(L->err, "tensor '%s': shape must be [%d, %d]", L->name, c->vocab_size, c->n_active_experts);
+    size_t n = (size_t)c->vocab_size * (size_t)c->n_active_experts;
+    ly->tid2eid = malloc(n * sizeof *ly->tid2eid);
+    if (!ly->tid2eid) return ds_fail(L->err, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        int64_t v;
+        if (t->dtype == DS_I64) {
+            memcpy(&v, t->data + 8 * i, 8);
+        } else {
+            int32_t v32;
+            memcpy(&v32, t->data + 4 * i, 4);
+            v = v32;
+        }
+        if (v < 0 || v >= c->n_routed_experts)
+            return ds_fail(L->err, "tensor '%s': entry %zu (token %zu) = %lld is not an expert id in [0, %d)", L->name,
+                           i, i / (size_t)c->n_active_experts, (long long)v, c->n_routed_experts);
+        ly->tid2eid[i] = (int32_t)v;
+    }
+    L->m->weight_bytes += t->nbytes;
+    L->m->n_tensors_used++;
+    return 0;
+}
+
+static int load_layer(loader *L, int li) {
+    ds_model *m = L->m;
+    const ds_config *c = &m->cfg;
+    ds_layer *ly = &m->layers[li];
+    int D = c->dim, H = c->n_heads, d = c->head_dim, hcr = (2 + c->hc_mult) * c->hc_mult;
+    ly->ratio = c->compress_ratio[li];
+    ly->is_csa = ly->ratio == 4;
+    ly->is_hash = li < c->n_hash_layers;
+
+    nm(L, "layers.%d.attn_norm.weight", li);
+    if (vec(L, &ly->attn_norm, 1, D, 0)) return -1;
+    nm(L, "layers.%d.ffn_norm.weight", li);
+    if (vec(L, &ly->ffn_norm, 1, D, 0)) return -1;
+    char p[128];
+    snprintf(p, sizeof p, "layers.%d.hc_attn", li);
+    if (hc(L, &ly->hc_attn, p, hcr, 3)) return -1;
+    snprintf(p, sizeof p, "layers.%d.hc_ffn", li);
+    if (hc(L, &ly->hc_ffn, p, hcr, 3)) return -1;
+
+    nm(L, "layers.%d.attn.wq_a", li);
+    if (wt(L, &ly->wq_a, c->q_lora_rank, D, DS_ALLOW_ANY)) return -1;
+    nm(L, "layers.%d.attn.q_norm.weight", li);
+    if (vec(L, &ly->q_norm, 1, c->q_lora_rank, 0)) return -1;
+    nm(L, "layers.%d.attn.wq_b", li);
+    if (wt(L, &ly->wq_b, H * d, c->q_lora_rank, DS_ALLOW_ANY)) return -1;
+    nm(L, "layers.%d.attn.wkv", li);
+    if (wt(L, &ly->wkv, d, D, DS_ALLOW_ANY)) return -1;
+    nm(L, "layers.%d.attn.kv_norm.weight", li);
+    if (vec(L, &ly->kv_norm, 1, d, 0)) return -1;
+    nm(L, "layers.%d.attn.wo_a", li);
+    if (wt(L, &ly->wo_a, c->o_groups * c->o_lora_rank, H * d / c->o_groups, DS_ALLOW_ANY)) return -1;
+    nm(L, "layers.%d.attn.wo_b", li);
+    if (wt(L, &ly->wo_b, D, c->o_groups * c->o_lora_rank, DS_ALLOW_ANY)) return -1;
+    nm(L, "layers.%d.attn.attn_sink", li);
+    if (vec(L, &ly->attn_sink, 1, H, 0)) return -1;
+    if (ly->ratio) {
+        snprintf(p, sizeof p, "layers.%d.attn.compressor", li);
+        if (compressor(L, &ly->comp, p, ly->ratio, d, ly->is_csa)) return -1;
+    }
+    if (ly->is_csa) {
+        nm(L, "layers.%d.attn.indexer.wq_b", li);
+        if (wt(L, &ly->idx.wq_b, c->index_n_heads * c->index_head_dim, c->q_lora_rank, DS_ALLOW_ANY)) return -1;
+        nm(L, "layers.%d.attn.indexer.weights_proj", li);
+        if (wt(L, &ly->idx.weights_proj, c->index_n_heads, D, DS_ALLOW_ANY)) return -1;
+        snprintf(p, sizeof p, "layers.%d.attn.indexer.compressor", li);
+        if (compressor(L, &ly->idx.comp, p, ly->ratio, c->index_head_dim, 1)) return -1;
+    }
+
+    int E = c->n_routed_experts, I = c->moe_inter_dim, IS = c->moe_inter_dim * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+    nm(L, "layers.%d.ffn.gate", li);
+    if (wt(L, &ly->gate, E, D, DS_ALLOW_ANY)) return -1;
+    if (ly->is_hash) {
+        if (load_tid2eid(L, ly, li)) return -1;
+    } else {
+        nm(L, "layers.%d.ffn.gate.bias", li);
+        if (vec(L, &ly->gate_bias, 1, E, 0)) return -1;
+    }
+    ly->w1 = calloc((size_t)E, sizeof *ly->w1);
+    ly->w2 = calloc((size_t)E, sizeof *ly->w2);
+    ly->w3 = calloc((size_t)E, sizeof *ly->w3);
+    if (!ly->w1 || !ly->w2 || !ly->w3) return ds_fail(L->err, "out of memory");
+    for (int e = 0; e < E; e++) {
+        nm(L, "layers.%d.ffn.experts.%d.w1", li, e);
+        if (wt(L, &ly->w1[e], I, D, DS_ALLOW_ANY)) return -1;
+        nm(L, "layers.%d.ffn.experts.%d.w2", li, e);
+        if (wt(L, &ly->w2[e], D, I, DS_ALLOW_ANY)) return -1;
+        nm(L, "layers.%d.ffn.experts.%d.w3", li, e);
+        if (wt(L, &ly->w3[e], I, D, DS_ALLOW_ANY)) return -1;
+    }
+    if (c->n_shared_experts > 0) {
+        nm(L, "layers.%d.ffn.shared_experts.w1", li);
+        if (wt(L, &ly->sw1, IS, D, DS_ALLOW_ANY)) return -1;
+        nm(L, "layers.%d.ffn.shared_experts.w2", li);
+        if (wt(L, &ly->sw2, D, IS, DS_ALLOW_ANY)) return -1;
+        nm(L, "layers.%d.ffn.shared_experts.w3", li);
+        if (wt(L, &ly->sw3, IS, D, DS_ALLOW_ANY)) return -1;
+    }
+    return 0;
+}
+
+int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
+    *out = NULL;
+    ds_model *m = calloc(1, sizeof *m);
+    if (!m) return ds_fail(err, "out of memory");
+    snprintf(m->path, sizeof m->path, "%s", dir);
+    char cfgpath[1200];
+    snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
+    if (ds_config_load(cfgpath, &m->cfg, err) || ds_checkpoint_open(dir, &m->ck, err)) {
+        ds_model_free(m);
+        return -1;
+    }
+    const ds_config *c = &m->cfg;
+    loader L = {m, err, {0}};
+    int n = c->hc_mult;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        ds_model_free(m);
+        return ds_fail(err, "out of memory");
+    }
+    int rc = 0;
+    nm(&L, "embed");
+    rc = rc || wt(&L, &m->embed, c->vocab_size, c->dim, DS_ALLOW_ANY & ~(1u << DS_W_FP4));
+    nm(&L, "head");
+    rc = rc || wt(&L, &m->head, c->vocab_size, c->dim, DS_ALLOW_ANY);
+    nm(&L, "norm.weight");
+    rc = rc || vec(&L, &m->norm, 1, c->dim, 0);
+    rc = rc || hc(&L, &m->hc_head, "hc_head", n, 1);
+    for (int li = 0; !rc && li < c->n_layers; li++) rc = load_layer(&L, li);
+    if (!rc) {
+        m->inv_freq_main = ds_rope_inv_freq(c, 0);
+        m->inv_freq_compress = ds_rope_inv_freq(c, 1);
+        if (!m->inv_freq_main || !m->inv_freq_compress) rc = ds_fail(err, "out of memory");
+    }
+    if (rc) {
+        ds_fail_prefix(err, "%s", dir);
+        ds_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void ds_model_free(ds_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int li = 0; li < m->cfg.n_layers; li++) {
+            ds_layer *ly = &m->layers[li];
+            free(ly->attn_norm);
+            free(ly->ffn_norm);
+            free(ly->hc_attn.base);
+            free(ly->hc_attn.scale);
+            free(ly->hc_ffn.base);
+            free(ly->hc_ffn.scale);
+            free(ly->q_norm);
+            free(ly->kv_norm);
+            free(ly->attn_sink);
+            free(ly->comp.ape);
+            free(ly->comp.norm);
+            free(ly->idx.comp.ape);
+            free(ly->idx.comp.norm);
+            free(ly->gate_bias);
+            free(ly->tid2eid);
+            free(ly->w1);
+            free(ly->w2);
+            free(ly->w3);
+        }
+        free(m->layers);
+    }
+    free(m->norm);
+    free(m->hc_head.base);
+    free(m->hc_head.scale);
+    free(m->inv_freq_main);
+    free(m->inv_freq_compress);
+    ds_checkpoint_close(m->ck);
+    free(m);
+}
+
+uint64_t ds_model_decode_bytes(const ds_model *m) {
+    const ds_config *c = &m->cfg;
+    uint64_t b = ds_weight_bytes(&m->head) + ds_weight_bytes(&m->embed) / (uint64_t)c->vocab_size +
+                 ds_weight_bytes(&m->hc_head.fn);
+    for (int li = 0; li < c->n_layers; li++) {
+        const ds_layer *ly = &m->layers[li];
+        b += ds_weight_bytes(&ly->hc_attn.fn) + ds_weight_bytes(&ly->hc_ffn.fn);
+        b += ds_weight_bytes(&ly->wq_a) + ds_weight_bytes(&ly->wq_b) + ds_weight_bytes(&ly->wkv) +
+             ds_weight_bytes(&ly->wo_a) + ds_weight_bytes(&ly->wo_b);
+        if (ly->ratio) b += ds_weight_bytes(&ly->comp.wkv) + ds_weight_bytes(&ly->comp.wgate);
+        if (ly->is_csa)
+            b += ds_weight_bytes(&ly->idx.wq_b) + ds_weight_bytes(&ly->idx.weights_proj) +
+                 ds_weight_bytes(&ly->idx.comp.wkv) + ds_weight_bytes(&ly->idx.comp.wgate);
+        b += ds_weight_bytes(&ly->gate);
+        if (c->n_shared_experts > 0)
+            b += ds_weight_bytes(&ly->sw1) + ds_weight_bytes(&ly->sw2) + ds_weight_bytes(&ly->sw3);
+        b += (uint64_t)c->n_active_experts *
+             (ds_weight_bytes(&ly->w1[0]) + ds_weight_bytes(&ly->w2[0]) + ds_weight_bytes(&ly->w3[0]));
+    }
+    return b;
+}

@@ -1,0 +1,75 @@
+/* model.h — a DeepSeek-V4 model: config + the checkpoint's tensors, checked
+ * for presence, dtype and shape at load, kept in their storage formats. */
+#ifndef DS_MODEL_H
+#define DS_MODEL_H
+
+#include <stdint.h>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "model/weights.h"
+
+/* A token compressor (paper §2.3): projections to c*d (c = 2 with the CSA
+ * overlap, 1 for HCA), the per-slot position bias `ape` and the RMSNorm. */
+typedef struct ds_compressor_w {
+    int ratio, d, overlap;
+    ds_weight wkv, wgate; /* [c*d, D] */
+    float *ape;           /* [ratio, c*d] */
+    float *norm;          /* [d] */
+} ds_compressor_w;
+
+/* Lightning indexer (paper §2.3.1), CSA layers only. */
+typedef struct ds_indexer_w {
+    ds_weight wq_b;         /* [index_heads * index_head_dim, q_lora] */
+    ds_weight weights_proj; /* [index_heads, D] */
+    ds_compressor_w comp;   /* at index_head_dim, with overlap */
+} ds_indexer_w;
+
+typedef struct ds_hc_w {
+    ds_weight fn;  /* [(2+n)n, nD] */
+    float *base;   /* [(2+n)n] */
+    float *scale;  /* [3] */
+} ds_hc_w;
+
+typedef struct ds_layer {
+    int ratio;   /* 0 sliding only, CSA ratio (indexer), or HCA ratio */
+    int is_csa;  /* has an indexer and overlapping windows */
+    int is_hash; /* routes by tid2eid */
+    float *attn_norm, *ffn_norm;
+    ds_hc_w hc_attn, hc_ffn;
+    ds_weight wq_a, wq_b, wkv, wo_a, wo_b;
+    float *q_norm, *kv_norm, *attn_sink;
+    ds_compressor_w comp;
+    ds_indexer_w idx;
+    ds_weight gate;      /* [E, D] */
+    float *gate_bias;    /* [E] (routed layers) */
+    int32_t *tid2eid;    /* [vocab, k] (hash layers) */
+    ds_weight *w1, *w2, *w3; /* E routed experts each */
+    ds_weight sw1, sw2, sw3; /* shared expert */
+} ds_layer;
+
+typedef struct ds_model {
+    ds_config cfg;
+    ds_checkpoint *ck;
+    char path[1024];
+    ds_weight embed, head; /* [vocab, D] */
+    float *norm;           /* [D] */
+    ds_hc_w hc_head;       /* fn [n, nD], base [n], scale [1] */
+    ds_layer *layers;
+    float *inv_freq_main;     /* [rope_dim/2], rope_theta */
+    float *inv_freq_compress; /* [rope_dim/2], compress_rope_theta (+ YaRN) */
+    uint64_t weight_bytes;    /* every tensor the model reads */
+    int n_tensors_used;
+} ds_model;
+
+/* Opens DIR (config.json + safetensors), validates every tensor the model
+ * needs (missing, dtype, shape, scale grid) with the tensor's name in the
+ * error. MTP tensors (mtp.*) are ignored. */
+int ds_model_load(const char *dir, ds_model **out, ds_err *err);
+void ds_model_free(ds_model *m);
+
+/* Bytes of weights read to decode one token (attention, shared expert, k
+ * routed experts per layer, head, one embedding row) — the decode floor. */
+uint64_t ds_model_decode_bytes(const ds_model *m);
+
+#endif

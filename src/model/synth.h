@@ -1,0 +1,26 @@
+/* synth.h — random-weight DeepSeek-V4 checkpoints in the official layout
+ * (official names, FP8 e4m3 + 128x128 E8M0 block scales for dense weights,
+ * MXFP4 routed experts, BF16 embeddings/head/gates/compressors, F32 norms and
+ * mHC), sharded with model.safetensors.index.json — any V4 shape, for
+ * benchmarks and tests that need real sizes without real weights. */
+#ifndef DS_SYNTH_H
+#define DS_SYNTH_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "format/config.h"
+
+typedef struct ds_synth_opts {
+    int quantized;       /* 1: FP8 + MXFP4 as published; 0: BF16 weights */
+    uint64_t seed;
+    uint64_t shard_bytes; /* target shard size */
+    int progress;         /* print progress to stderr */
+} ds_synth_opts;
+
+/* Fills cfg with a named shape: "flash", "pro" or "tiny". */
+int ds_synth_like(const char *name, ds_config *cfg, ds_err *err);
+/* Writes config.json, the shards and the index into dir (created if needed). */
+int ds_synth_write(const ds_config *cfg, const ds_synth_opts *o, const char *dir, ds_err *err);
+
+#endif

@@ -1,0 +1,17 @@
+/* batch.h — running several sequences together: each step advances every
+ * unfinished sequence by up to `chunk` tokens in one forward pass. */
+#ifndef DS_BATCH_H
+#define DS_BATCH_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/forward.h"
+
+/* Feeds tokens[i][0..n[i]) to seqs[i] for every i, `chunk` tokens per
+ * sequence per step (chunk <= 0: everything in one step). If logits[i] is
+ * non-NULL it receives one row of vocab floats per token. */
+int ds_run_tokens(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens, const int *n,
+                  int n_seqs, int chunk, float **logits, ds_err *err);
+
+#endif

@@ -1,0 +1,28 @@
+/* testutil.h — tiny test harness: CHECK macros count failures; each test
+ * program ends with test_summary() which prints "N passed, N failed". */
+#ifndef DS_TESTUTIL_H
+#define DS_TESTUTIL_H
+
+#include <stdio.h>
+
+extern int test_passed, test_failed;
+
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (cond) {                                                                       \
+            test_passed++;                                                                \
+        } else {                                                                          \
+            test_failed++;                                                                \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);      \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+        }                                                                                 \
+    } while (0)
+
+/* Prints the totals; returns the process exit code (0 iff nothing failed and
+ * at least one check ran). */
+int test_summary(const char *name);
+/* Path under the source tree: returns a static-free buffer owned by caller. */
+void test_path(char *buf, size_t n, const char *rel);
+
+#endif
