@@ -54,6 +54,7 @@ int ds_checkpoint_open(const char *path, ds_checkpoint **out, ds_err *err);
 void ds_checkpoint_close(ds_checkpoint *ck);
 
 const ds_tensor *ds_checkpoint_find(const ds_checkpoint *ck, const char *name); /* NULL if absent */
+/* Tensors are numbered 0..count-1 in name order (strcmp), across all files. */
 int ds_checkpoint_count(const ds_checkpoint *ck);
 const ds_tensor *ds_checkpoint_at(const ds_checkpoint *ck, int i);
 const char *ds_checkpoint_file_path(const ds_checkpoint *ck, int file);
