@@ -1,0 +1,103 @@
+/* test_kernels.c — the matmul kernels: the SIMD path equals the portable
+ * reference path bit for bit for every storage format and odd shapes, the
+ * result of a row never depends on T (tokens in the call) or the thread
+ * count, and dequantization matches the format definitions exactly. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "testutil.h"
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint32_t next(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)(next() % 20001) / 10000.0f - 1.0f; }
+
+static void make(ds_weight *w, ds_wkind kind, int rows, int cols, uint8_t **data, uint8_t **scale) {
+    size_t n = (size_t)rows * cols, bytes = kind == DS_W_F32 ? 4 * n : kind == DS_W_FP8 ? n : kind == DS_W_FP4 ? n / 2 : 2 * n;
+    *data = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) (*data)[i] = (uint8_t)next();
+    if (kind == DS_W_F32)
+        for (size_t i = 0; i < n; i++) ((float *)(void *)*data)[i] = frand();
+    if (kind == DS_W_FP8)
+        for (size_t i = 0; i < n; i++)
+            if (((*data)[i] & 0x7f) == 0x7f) (*data)[i] ^= 1; /* no NaN codes */
+    if (kind == DS_W_F16)
+        for (size_t i = 0; i < n; i++) ((uint16_t *)(void *)*data)[i] &= 0xBBFF; /* finite */
+    if (kind == DS_W_BF16)
+        for (size_t i = 0; i < n; i++) ((uint16_t *)(void *)*data)[i] = (uint16_t)((((uint16_t *)(void *)*data)[i] & 0x803F) | 0x3F00);
+    int sr = kind == DS_W_FP8 ? (rows + 127) / 128 : rows, sc = kind == DS_W_FP8 ? (cols + 127) / 128 : cols / 32;
+    *scale = NULL;
+    memset(w, 0, sizeof *w);
+    if (kind == DS_W_FP8 || kind == DS_W_FP4) {
+        *scale = malloc((size_t)sr * sc);
+        for (int i = 0; i < sr * sc; i++) (*scale)[i] = (uint8_t)(120 + next() % 10);
+        w->scale = *scale;
+        w->scale_cols = sc;
+    }
+    w->kind = kind;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = *data;
+}
+
+int main(void) {
+    /* dequantization against the format definitions */
+    CHECK(ds_fp8_e4m3_to_f32(0x38) == 1.0f, "e4m3 0x38 = %g", ds_fp8_e4m3_to_f32(0x38));
+    CHECK(ds_fp8_e4m3_to_f32(0x7e) == 448.0f, "e4m3 max = %g", ds_fp8_e4m3_to_f32(0x7e));
+    CHECK(ds_fp8_e4m3_to_f32(0x01) == ldexpf(1, -9), "e4m3 min subnormal");
+    CHECK(ds_fp8_e4m3_to_f32(0xb8) == -1.0f, "e4m3 sign");
+    CHECK(isnan(ds_fp8_e4m3_to_f32(0x7f)), "e4m3 NaN");
+    CHECK(ds_e8m0_to_f32(127) == 1.0f && ds_e8m0_to_f32(130) == 8.0f && isnan(ds_e8m0_to_f32(255)), "e8m0");
+    CHECK(ds_bf16_to_f32(0x3f80) == 1.0f && ds_f16_to_f32(0x3c00) == 1.0f && ds_f16_to_f32(0x0001) == ldexpf(1, -24),
+          "bf16/f16");
+
+    ds_backend be1, be3;
+    ds_backend_cpu_init(&be1, 1);
+    ds_backend_cpu_init(&be3, 3);
+    const ds_wkind kinds[] = {DS_W_F32, DS_W_BF16, DS_W_F16, DS_W_FP8, DS_W_FP4};
+    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int R = shapes[s][0], K = shapes[s][1];
+            if (kinds[k] == DS_W_FP4 && K % 32) continue;
+            ds_weight w;
+            uint8_t *data, *scale;
+            make(&w, kinds[k], R, K, &data, &scale);
+            int T = 19;
+            float *x = malloc(sizeof(float) * (size_t)T * K), *y = malloc(sizeof(float) * (size_t)T * R);
+            float *y1 = malloc(sizeof(float) * (size_t)R), *row = malloc(sizeof(float) * (size_t)K);
+            for (int i = 0; i < T * K; i++) x[i] = frand();
+            be3.matmul(&be3, &w, x, T, y);
+            int same_generic = 1, same_t1 = 1;
+            double maxrel = 0;
+            for (int t = 0; t < T; t++) {
+                be1.matmul(&be1, &w, x + (size_t)t * K, 1, y1);
+                for (int r = 0; r < R; r++) {
+                    float g = ds_cpu_row_dot(&w, r, x + (size_t)t * K);
+                    same_generic &= memcmp(&g, &y[(size_t)t * R + r], 4) == 0;
+                    same_t1 &= memcmp(&y1[r], &y[(size_t)t * R + r], 4) == 0;
+                    if (t == 0) { /* against a double-precision dot of the dequantized row */
+                        ds_weight_row_f32(&w, r, row);
+                        double ref = 0, mag = 0;
+                        for (int c = 0; c < K; c++) ref += (double)row[c] * x[c], mag += fabs((double)row[c] * x[c]);
+                        double rel = fabs(ref - y[r]) / (mag + 1e-30);
+                        if (rel > maxrel) maxrel = rel;
+                    }
+                }
+            }
+            CHECK(same_generic, "kind %d %dx%d: SIMD != portable path", (int)kinds[k], R, K);
+            CHECK(same_t1, "kind %d %dx%d: T=19/3 threads != T=1/1 thread", (int)kinds[k], R, K);
+            CHECK(maxrel < 1e-5, "kind %d %dx%d: error vs double %g", (int)kinds[k], R, K, maxrel);
+            free(x);
+            free(y);
+            free(y1);
+            free(row);
+            free(data);
+            free(scale);
+        }
+    return test_summary("kernels");
+}
