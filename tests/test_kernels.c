@@ -59,7 +59,8 @@ int main(void) {
     ds_backend_cpu_init(&be1, 1);
     ds_backend_cpu_init(&be3, 3);
     const ds_wkind kinds[] = {DS_W_F32, DS_W_BF16, DS_W_F16, DS_W_FP8, DS_W_FP4};
-    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}};
+    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}, {6, 200}, {3, 160}};
+    printf("kernel paths tested: generic .. %s\n", ds_cpu_best_path() == DS_CPU_AVX512 ? "avx512" : ds_cpu_best_path() == DS_CPU_AVX2 ? "avx2" : "generic");
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int R = shapes[s][0], K = shapes[s][1];
@@ -72,7 +73,13 @@ int main(void) {
             float *y1 = malloc(sizeof(float) * (size_t)R), *row = malloc(sizeof(float) * (size_t)K);
             for (int i = 0; i < T * K; i++) x[i] = frand();
             be3.matmul(&be3, &w, x, T, y);
-            int same_generic = 1, same_t1 = 1;
+            int same_generic = 1, same_t1 = 1, same_paths = 1;
+            for (int path = DS_CPU_GENERIC; path <= ds_cpu_best_path(); path++) {
+                float *yp = malloc(sizeof(float) * (size_t)T * R);
+                ds_cpu_matmul_path(&be1, &w, x, T, yp, path);
+                same_paths &= memcmp(yp, y, sizeof(float) * (size_t)T * R) == 0;
+                free(yp);
+            }
             double maxrel = 0;
             for (int t = 0; t < T; t++) {
                 be1.matmul(&be1, &w, x + (size_t)t * K, 1, y1);
@@ -90,6 +97,7 @@ int main(void) {
                 }
             }
             CHECK(same_generic, "kind %d %dx%d: SIMD != portable path", (int)kinds[k], R, K);
+            CHECK(same_paths, "kind %d %dx%d: kernel paths (generic..%d) differ", (int)kinds[k], R, K, ds_cpu_best_path());
             CHECK(same_t1, "kind %d %dx%d: T=19/3 threads != T=1/1 thread", (int)kinds[k], R, K);
             CHECK(maxrel < 1e-5, "kind %d %dx%d: error vs double %g", (int)kinds[k], R, K, maxrel);
             free(x);

@@ -22,6 +22,7 @@ typedef struct ds_attn_query {
 struct ds_backend {
     const char *name;
     int n_threads;
+    int cpu_path; /* CPU backend: kernel path (all paths give the same bits) */
     /* y[t][r] = sum_k w[r][k] * x[t][k] for t < T (x: [T][w->cols], y: [T][w->rows]). */
     void (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
     /* Softmax attention with a sink for each query; scale multiplies q.k. */

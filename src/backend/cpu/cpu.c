@@ -70,6 +70,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     memset(be, 0, sizeof *be);
     be->name = "cpu";
     be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    be->cpu_path = ds_cpu_best_path();
     be->matmul = ds_cpu_matmul;
     be->attend = cpu_attend;
     be->parallel_for = cpu_parallel_for;

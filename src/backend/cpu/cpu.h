@@ -4,7 +4,13 @@
 
 #include "backend/backend.h"
 
+enum { DS_CPU_GENERIC = 0, DS_CPU_AVX2 = 1, DS_CPU_AVX512 = 2 };
+
 void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
+/* The same through a chosen kernel path (every path gives the same bits). */
+void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
+/* The fastest path this CPU runs. */
+int ds_cpu_best_path(void);
 /* One output of ds_cpu_matmul through the portable path (tests compare). */
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
 
