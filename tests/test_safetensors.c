@@ -169,10 +169,17 @@ static void test_round_trip(const char *dir) {
         CHECK(ds_checkpoint_count(ck) == 3 && check_data(ds_checkpoint_find(ck, specs[2].name), 2), "one-file dir");
         ds_checkpoint_close(ck);
     }
-    /* Two files and no index: ambiguous. */
+    /* Beside other files (reference data, say) model.safetensors is the checkpoint. */
     CHECK(ds_safetensors_write(path_in(sub, "other.safetensors").s, specs, 1, fill_pattern, &(fill_log){.fail_at = -1},
                                &err) == 0,
           "%s", err.msg);
+    CHECK(ds_checkpoint_open(sub, &ck, &err) == 0, "open dir with model.safetensors + another: %s", err.msg);
+    if (ck) {
+        CHECK(ds_checkpoint_count(ck) == 3, "model.safetensors preferred");
+        ds_checkpoint_close(ck);
+    }
+    /* Two files, neither model.safetensors, and no index: ambiguous. */
+    CHECK(rename(one, path_in(sub, "first.safetensors").s) == 0, "rename");
     EXPECT_FAIL(sub, "model.safetensors.index.json", "2 *.safetensors", NULL);
 }
 

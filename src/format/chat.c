@@ -1,0 +1,1334 @@
+/* chat.c — DeepSeek-V4 prompt encoding / completion parsing (see chat.h).
+ * Written from a reading of the official encoding_dsv4.py; the comments name
+ * the Python function each part follows. JSON is re-printed the way Python's
+ * json.dumps(ensure_ascii=False) prints json.loads' result: ", " / ": "
+ * separators, integers kept digit for digit, floats as repr(), duplicate keys
+ * collapsed (first position, last value), NaN / Infinity accepted. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "format/chat.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pcre2.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ string builder */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sb;
+
+static void sb_add(sb *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *np = realloc(b->p, c);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = c;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_adds(sb *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+/* ------------------------------------------------------------------- JSON */
+
+typedef enum { J_NULL, J_FALSE, J_TRUE, J_INT, J_FLOAT, J_STR, J_ARR, J_OBJ } jtype;
+
+typedef struct jnode jnode;
+struct jnode {
+    jtype t;
+    char *s; /* J_STR: decoded bytes; J_INT: the digits */
+    size_t len;
+    double d;
+    jnode *kids;
+    char **key; /* J_OBJ */
+    size_t *klen;
+    size_t n, cap;
+};
+
+static void jfree(jnode *j) {
+    free(j->s);
+    for (size_t i = 0; i < j->n; i++) {
+        jfree(&j->kids[i]);
+        if (j->key) free(j->key[i]);
+    }
+    free(j->kids);
+    free(j->key);
+    free(j->klen);
+    memset(j, 0, sizeof *j);
+}
+
+typedef struct {
+    const char *p, *end;
+    int depth;
+    const char *why;
+} jp;
+
+static void jws(jp *P) {
+    while (P->p < P->end && (*P->p == ' ' || *P->p == '\t' || *P->p == '\n' || *P->p == '\r')) P->p++;
+}
+
+static int put_cp(sb *b, unsigned cp) {
+    char o[4];
+    int k;
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        k = 1;
+    } else if (cp < 0x800) {
+        o[0] = (char)(0xc0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3f));
+        k = 2;
+    } else if (cp < 0x10000) { /* lone surrogates too (WTF-8), re-escaped on output */
+        o[0] = (char)(0xe0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        o[2] = (char)(0x80 | (cp & 0x3f));
+        k = 3;
+    } else {
+        o[0] = (char)(0xf0 | (cp >> 18));
+        o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+        o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        o[3] = (char)(0x80 | (cp & 0x3f));
+        k = 4;
+    }
+    sb_add(b, o, (size_t)k);
+    return 0;
+}
+
+static int hex4(const char *p, const char *end, unsigned *v) {
+    if (end - p < 4) return -1;
+    unsigned x = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        x <<= 4;
+        if (c >= '0' && c <= '9') x |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') x |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') x |= (unsigned)(c - 'A' + 10);
+        else return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+static int jstring(jp *P, char **out, size_t *out_n) {
+    sb b = {0};
+    P->p++; /* opening quote */
+    for (;;) {
+        if (P->p >= P->end) {
+            P->why = "unterminated string";
+            goto fail;
+        }
+        unsigned char c = (unsigned char)*P->p;
+        if (c == '"') {
+            P->p++;
+            break;
+        }
+        if (c < 0x20) {
+            P->why = "control character in a string";
+            goto fail;
+        }
+        if (c != '\\') {
+            const char *q = P->p;
+            while (q < P->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
+            sb_add(&b, P->p, (size_t)(q - P->p));
+            P->p = q;
+            continue;
+        }
+        if (P->p + 1 >= P->end) {
+            P->why = "unterminated escape";
+            goto fail;
+        }
+        char e = P->p[1];
+        P->p += 2;
+        switch (e) {
+        case '"': sb_add(&b, "\"", 1); break;
+        case '\\': sb_add(&b, "\\", 1); break;
+        case '/': sb_add(&b, "/", 1); break;
+        case 'b': sb_add(&b, "\b", 1); break;
+        case 'f': sb_add(&b, "\f", 1); break;
+        case 'n': sb_add(&b, "\n", 1); break;
+        case 'r': sb_add(&b, "\r", 1); break;
+        case 't': sb_add(&b, "\t", 1); break;
+        case 'u': {
+            unsigned v, w;
+            if (hex4(P->p, P->end, &v)) {
+                P->why = "bad \\u escape";
+                goto fail;
+            }
+            P->p += 4;
+            if (v >= 0xd800 && v <= 0xdbff && P->end - P->p >= 6 && P->p[0] == '\\' && P->p[1] == 'u' &&
+                !hex4(P->p + 2, P->end, &w) && w >= 0xdc00 && w <= 0xdfff) {
+                v = 0x10000 + ((v - 0xd800) << 10) + (w - 0xdc00);
+                P->p += 6;
+            }
+            put_cp(&b, v);
+            break;
+        }
+        default: P->why = "bad escape"; goto fail;
+        }
+    }
+    if (b.oom) {
+        P->why = "out of memory";
+        goto fail;
+    }
+    if (!b.p) {
+        b.p = calloc(1, 1);
+        if (!b.p) {
+            P->why = "out of memory";
+            return -1;
+        }
+    }
+    *out = b.p;
+    *out_n = b.n;
+    return 0;
+fail:
+    free(b.p);
+    return -1;
+}
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static int jnumber(jp *P, jnode *out) {
+    /* Python's NUMBER_RE: (-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)? */
+    const char *s = P->p, *q = s;
+    if (q < P->end && *q == '-') q++;
+    if (q >= P->end || !is_digit(*q)) {
+        P->why = "bad value";
+        return -1;
+    }
+    if (*q == '0') q++;
+    else
+        while (q < P->end && is_digit(*q)) q++;
+    const char *int_end = q;
+    int is_float = 0;
+    if (q + 1 < P->end && *q == '.' && is_digit(q[1])) {
+        q++;
+        while (q < P->end && is_digit(*q)) q++;
+        is_float = 1;
+    }
+    if (q < P->end && (*q == 'e' || *q == 'E')) {
+        const char *r = q + 1;
+        if (r < P->end && (*r == '+' || *r == '-')) r++;
+        if (r < P->end && is_digit(*r)) {
+            while (r < P->end && is_digit(*r)) r++;
+            q = r;
+            is_float = 1;
+        }
+    }
+    P->p = q;
+    if (is_float) {
+        char tmp[512];
+        size_t len = (size_t)(q - s);
+        char *buf = len < sizeof tmp ? tmp : malloc(len + 1);
+        if (!buf) {
+            P->why = "out of memory";
+            return -1;
+        }
+        memcpy(buf, s, len);
+        buf[len] = 0;
+        out->t = J_FLOAT;
+        out->d = strtod(buf, NULL);
+        if (buf != tmp) free(buf);
+        return 0;
+    }
+    /* an int: Python keeps every digit; -0 is 0 */
+    int neg = *s == '-';
+    const char *digits = s + neg;
+    size_t nd = (size_t)(int_end - digits);
+    if (nd == 1 && digits[0] == '0') neg = 0;
+    out->t = J_INT;
+    out->len = nd + (size_t)neg;
+    out->s = malloc(out->len + 1);
+    if (!out->s) {
+        P->why = "out of memory";
+        return -1;
+    }
+    if (neg) out->s[0] = '-';
+    memcpy(out->s + neg, digits, nd);
+    out->s[out->len] = 0;
+    return 0;
+}
+
+static int jvalue(jp *P, jnode *out);
+
+static int jgrow(jnode *j, int obj) {
+    if (j->n < j->cap) return 0;
+    size_t c = j->cap ? j->cap * 2 : 4;
+    jnode *nk = realloc(j->kids, c * sizeof *nk);
+    if (!nk) return -1;
+    j->kids = nk;
+    if (obj) {
+        char **nkey = realloc(j->key, c * sizeof *nkey);
+        if (!nkey) return -1;
+        j->key = nkey;
+        size_t *nl = realloc(j->klen, c * sizeof *nl);
+        if (!nl) return -1;
+        j->klen = nl;
+    }
+    j->cap = c;
+    return 0;
+}
+
+static int jvalue(jp *P, jnode *out) {
+    memset(out, 0, sizeof *out);
+    jws(P);
+    if (P->p >= P->end) {
+        P->why = "unexpected end";
+        return -1;
+    }
+    char c = *P->p;
+    size_t left = (size_t)(P->end - P->p);
+    if (c == '"') {
+        out->t = J_STR;
+        return jstring(P, &out->s, &out->len);
+    }
+    if (c == '{' || c == '[') {
+        int obj = c == '{';
+        if (++P->depth > 512) {
+            P->why = "nested too deep";
+            return -1;
+        }
+        out->t = obj ? J_OBJ : J_ARR;
+        P->p++;
+        jws(P);
+        if (P->p < P->end && *P->p == (obj ? '}' : ']')) {
+            P->p++;
+            P->depth--;
+            return 0;
+        }
+        for (;;) {
+            if (jgrow(out, obj)) {
+                P->why = "out of memory";
+                return -1;
+            }
+            if (obj) {
+                jws(P);
+                if (P->p >= P->end || *P->p != '"') {
+                    P->why = "expected a property name";
+                    return -1;
+                }
+                char *k;
+                size_t kl;
+                if (jstring(P, &k, &kl)) return -1;
+                jws(P);
+                if (P->p >= P->end || *P->p != ':') {
+                    free(k);
+                    P->why = "expected ':'";
+                    return -1;
+                }
+                P->p++;
+                out->key[out->n] = k;
+                out->klen[out->n] = kl;
+            }
+            if (jvalue(P, &out->kids[out->n])) {
+                if (obj) free(out->key[out->n]);
+                jfree(&out->kids[out->n]);
+                return -1;
+            }
+            out->n++;
+            jws(P);
+            if (P->p < P->end && *P->p == ',') {
+                P->p++;
+                continue;
+            }
+            if (P->p < P->end && *P->p == (obj ? '}' : ']')) {
+                P->p++;
+                break;
+            }
+            P->why = obj ? "expected ',' or '}'" : "expected ',' or ']'";
+            return -1;
+        }
+        P->depth--;
+        return 0;
+    }
+    if (left >= 4 && !memcmp(P->p, "null", 4)) {
+        P->p += 4;
+        out->t = J_NULL;
+        return 0;
+    }
+    if (left >= 4 && !memcmp(P->p, "true", 4)) {
+        P->p += 4;
+        out->t = J_TRUE;
+        return 0;
+    }
+    if (left >= 5 && !memcmp(P->p, "false", 5)) {
+        P->p += 5;
+        out->t = J_FALSE;
+        return 0;
+    }
+    if (left >= 3 && !memcmp(P->p, "NaN", 3)) {
+        P->p += 3;
+        out->t = J_FLOAT;
+        out->d = NAN;
+        return 0;
+    }
+    if (left >= 8 && !memcmp(P->p, "Infinity", 8)) {
+        P->p += 8;
+        out->t = J_FLOAT;
+        out->d = INFINITY;
+        return 0;
+    }
+    if (c == '-' && !(left >= 2 && is_digit(P->p[1])) && left >= 9 && !memcmp(P->p, "-Infinity", 9)) {
+        P->p += 9;
+        out->t = J_FLOAT;
+        out->d = -INFINITY;
+        return 0;
+    }
+    return jnumber(P, out);
+}
+
+/* json.loads: one value, whitespace around it, nothing else. */
+static int jparse(const char *s, size_t n, jnode *out, const char **why) {
+    jp P = {s, s + n, 0, NULL};
+    if (jvalue(&P, out)) {
+        jfree(out);
+        *why = P.why ? P.why : "bad JSON";
+        return -1;
+    }
+    jws(&P);
+    if (P.p != P.end) {
+        jfree(out);
+        *why = "extra data after the value";
+        return -1;
+    }
+    return 0;
+}
+
+/* repr(float) */
+static void py_float(sb *b, double d) {
+    if (isnan(d)) {
+        sb_adds(b, "NaN");
+        return;
+    }
+    if (isinf(d)) {
+        sb_adds(b, d < 0 ? "-Infinity" : "Infinity");
+        return;
+    }
+    if (d == 0) {
+        sb_adds(b, signbit(d) ? "-0.0" : "0.0");
+        return;
+    }
+    char buf[64];
+    int p;
+    for (p = 1; p <= 17; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, d);
+        if (strtod(buf, NULL) == d) break;
+    }
+    /* buf: [-]D[.DDD]e[+-]XX */
+    char digits[32];
+    int nd = 0, neg = 0;
+    const char *q = buf;
+    if (*q == '-') {
+        neg = 1;
+        q++;
+    }
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') digits[nd++] = *q;
+    int exp10 = atoi(q + 1);
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    int decpt = exp10 + 1;
+    char out[64];
+    int o = 0;
+    if (neg) out[o++] = '-';
+    if (decpt <= -4 || decpt > 16) {
+        out[o++] = digits[0];
+        if (nd > 1) {
+            out[o++] = '.';
+            memcpy(out + o, digits + 1, (size_t)(nd - 1));
+            o += nd - 1;
+        }
+        o += snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+    } else if (decpt <= 0) {
+        out[o++] = '0';
+        out[o++] = '.';
+        for (int i = 0; i < -decpt; i++) out[o++] = '0';
+        memcpy(out + o, digits, (size_t)nd);
+        o += nd;
+    } else if (decpt >= nd) {
+        memcpy(out + o, digits, (size_t)nd);
+        o += nd;
+        for (int i = nd; i < decpt; i++) out[o++] = '0';
+        out[o++] = '.';
+        out[o++] = '0';
+    } else {
+        memcpy(out + o, digits, (size_t)decpt);
+        o += decpt;
+        out[o++] = '.';
+        memcpy(out + o, digits + decpt, (size_t)(nd - decpt));
+        o += nd - decpt;
+    }
+    sb_add(b, out, (size_t)o);
+}
+
+/* json.dumps of a str, ensure_ascii=False */
+static void py_str(sb *b, const char *s, size_t n) {
+    sb_add(b, "\"", 1);
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n) {
+            unsigned char c = (unsigned char)s[j];
+            if (c < 0x20 || c == '"' || c == '\\') break;
+            /* a lone surrogate (ED A0..BF xx) is written as \udxxx */
+            if (c == 0xed && j + 2 < n && ((unsigned char)s[j + 1] & 0xe0) == 0xa0) break;
+            j++;
+        }
+        sb_add(b, s + i, j - i);
+        if (j >= n) break;
+        unsigned char c = (unsigned char)s[j];
+        char esc[8];
+        switch (c) {
+        case '"': sb_adds(b, "\\\""); break;
+        case '\\': sb_adds(b, "\\\\"); break;
+        case '\n': sb_adds(b, "\\n"); break;
+        case '\r': sb_adds(b, "\\r"); break;
+        case '\t': sb_adds(b, "\\t"); break;
+        case '\b': sb_adds(b, "\\b"); break;
+        case '\f': sb_adds(b, "\\f"); break;
+        case 0xed: {
+            unsigned cp = ((c & 0x0fu) << 12) | (((unsigned char)s[j + 1] & 0x3fu) << 6) |
+                          ((unsigned char)s[j + 2] & 0x3fu);
+            snprintf(esc, sizeof esc, "\\u%04x", cp);
+            sb_adds(b, esc);
+            j += 2;
+            break;
+        }
+        default:
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            sb_adds(b, esc);
+        }
+        i = j + 1;
+    }
+    sb_add(b, "\"", 1);
+}
+
+/* index of the last property with the same key as property i */
+static size_t last_dup(const jnode *j, size_t i) {
+    size_t last = i;
+    for (size_t k = i + 1; k < j->n; k++)
+        if (j->klen[k] == j->klen[i] && !memcmp(j->key[k], j->key[i], j->klen[i])) last = k;
+    return last;
+}
+
+static int first_dup(const jnode *j, size_t i) {
+    for (size_t k = 0; k < i; k++)
+        if (j->klen[k] == j->klen[i] && !memcmp(j->key[k], j->key[i], j->klen[i])) return 1;
+    return 0;
+}
+
+static void py_dump(sb *b, const jnode *j) {
+    switch (j->t) {
+    case J_NULL: sb_adds(b, "null"); break;
+    case J_TRUE: sb_adds(b, "true"); break;
+    case J_FALSE: sb_adds(b, "false"); break;
+    case J_INT: sb_add(b, j->s, j->len); break;
+    case J_FLOAT: py_float(b, j->d); break;
+    case J_STR: py_str(b, j->s, j->len); break;
+    case J_ARR:
+        sb_add(b, "[", 1);
+        for (size_t i = 0; i < j->n; i++) {
+            if (i) sb_add(b, ", ", 2);
+            py_dump(b, &j->kids[i]);
+        }
+        sb_add(b, "]", 1);
+        break;
+    case J_OBJ: {
+        sb_add(b, "{", 1);
+        int first = 1;
+        for (size_t i = 0; i < j->n; i++) {
+            if (first_dup(j, i)) continue;
+            if (!first) sb_add(b, ", ", 2);
+            first = 0;
+            py_str(b, j->key[i], j->klen[i]);
+            sb_add(b, ": ", 2);
+            py_dump(b, &j->kids[last_dup(j, i)]);
+        }
+        sb_add(b, "}", 1);
+        break;
+    }
+    }
+}
+
+/* Python truthiness of a JSON value */
+static int py_truthy(const jnode *j) {
+    switch (j->t) {
+    case J_NULL:
+    case J_FALSE: return 0;
+    case J_TRUE: return 1;
+    case J_INT: return !(j->len == 1 && j->s[0] == '0');
+    case J_FLOAT: return j->d != 0;
+    case J_STR: return j->len > 0;
+    case J_ARR:
+    case J_OBJ: return j->n > 0;
+    }
+    return 1;
+}
+
+static const jnode *jget(const jnode *obj, const char *key) {
+    if (obj->t != J_OBJ) return NULL;
+    const jnode *found = NULL;
+    size_t kl = strlen(key);
+    for (size_t i = 0; i < obj->n; i++)
+        if (obj->klen[i] == kl && !memcmp(obj->key[i], key, kl)) found = &obj->kids[i]; /* last wins */
+    return found;
+}
+
+int ds_chat_json_normalize(const char *json, size_t n, char **out, size_t *out_n, ds_err *err) {
+    jnode j;
+    const char *why;
+    if (jparse(json, n, &j, &why)) return ds_fail(err, "chat: bad JSON: %s", why);
+    sb b = {0};
+    py_dump(&b, &j);
+    jfree(&j);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return ds_fail(err, "chat: out of memory");
+    }
+    *out = b.p;
+    *out_n = b.n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- encoding */
+
+static const char TOOLS_TEMPLATE_A[] =
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
+    "writing a \"<" DS_CHAT_DSML "tool_calls>\" block like the following:\n\n"
+    "<" DS_CHAT_DSML "tool_calls>\n"
+    "<" DS_CHAT_DSML "invoke name=\"$TOOL_NAME\">\n"
+    "<" DS_CHAT_DSML "parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</" DS_CHAT_DSML
+    "parameter>\n"
+    "...\n"
+    "</" DS_CHAT_DSML "invoke>\n"
+    "<" DS_CHAT_DSML "invoke name=\"$TOOL_NAME2\">\n"
+    "...\n"
+    "</" DS_CHAT_DSML "invoke>\n"
+    "</" DS_CHAT_DSML "tool_calls>\n\n"
+    "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, "
+    "booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n"
+    "If thinking_mode is enabled (triggered by " DS_CHAT_THINK_START "), you MUST output your complete reasoning "
+    "inside " DS_CHAT_THINK_START "..." DS_CHAT_THINK_END " BEFORE any tool calls or final response.\n\n"
+    "Otherwise, output directly after " DS_CHAT_THINK_END " with tool calls or final response.\n\n"
+    "### Available Tool Schemas\n\n";
+static const char TOOLS_TEMPLATE_B[] =
+    "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
+
+static const char REASONING_EFFORT_MAX[] =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
+    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
+    "scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+
+static const char RESPONSE_FORMAT_PREFIX[] =
+    "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
+
+static const struct {
+    const char *name, *token;
+} TASKS[] = {
+    {"action", "<\xef\xbd\x9c" "action\xef\xbd\x9c>"},
+    {"query", "<\xef\xbd\x9cquery\xef\xbd\x9c>"},
+    {"authority", "<\xef\xbd\x9c" "authority\xef\xbd\x9c>"},
+    {"domain", "<\xef\xbd\x9c" "domain\xef\xbd\x9c>"},
+    {"title", "<\xef\xbd\x9ctitle\xef\xbd\x9c>"},
+    {"read_url", "<\xef\xbd\x9cread_url\xef\xbd\x9c>"},
+};
+
+typedef struct {
+    int tool_result; /* 0: text block, 1: tool_result block */
+    const char *text;
+    const char *tool_use_id;
+} blk;
+
+/* a message after merge_tool_messages */
+typedef struct {
+    ds_chat_role role;
+    const ds_chat_msg *m; /* source (system / developer / assistant / latest_reminder) */
+    blk *blocks;          /* user */
+    size_t n_blocks, cap_blocks;
+    const char *task;
+    int drop_reasoning; /* reasoning_content popped by _drop_thinking_messages */
+} imsg;
+
+typedef struct {
+    imsg *v;
+    size_t n, cap;
+} imsg_list;
+
+static imsg *imsg_push(imsg_list *l) {
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 8;
+        imsg *nv = realloc(l->v, c * sizeof *nv);
+        if (!nv) return NULL;
+        l->v = nv;
+        l->cap = c;
+    }
+    imsg *m = &l->v[l->n++];
+    memset(m, 0, sizeof *m);
+    return m;
+}
+
+static int blk_push(imsg *m, blk b) {
+    if (m->n_blocks == m->cap_blocks) {
+        size_t c = m->cap_blocks ? m->cap_blocks * 2 : 4;
+        blk *nb = realloc(m->blocks, c * sizeof *nb);
+        if (!nb) return -1;
+        m->blocks = nb;
+        m->cap_blocks = c;
+    }
+    m->blocks[m->n_blocks++] = b;
+    return 0;
+}
+
+static void imsg_list_free(imsg_list *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->v[i].blocks);
+    free(l->v);
+}
+
+/* merge_tool_messages */
+static int merge_tool_messages(const ds_chat_msg *msgs, size_t n, imsg_list *out, ds_err *err) {
+    for (size_t i = 0; i < n; i++) {
+        const ds_chat_msg *m = &msgs[i];
+        imsg *last = out->n ? &out->v[out->n - 1] : NULL;
+        if (m->role == DS_CHAT_ROLE_TOOL) {
+            /* msg.get("content", ""): absent content is "" */
+            blk b = {1, m->content ? m->content : "", m->tool_call_id ? m->tool_call_id : ""};
+            if (last && last->role == DS_CHAT_ROLE_USER && last->blocks) {
+                if (blk_push(last, b)) return ds_fail(err, "chat: out of memory");
+            } else {
+                imsg *u = imsg_push(out);
+                if (!u) return ds_fail(err, "chat: out of memory");
+                u->role = DS_CHAT_ROLE_USER;
+                u->m = m;
+                if (blk_push(u, b)) return ds_fail(err, "chat: out of memory");
+            }
+        } else if (m->role == DS_CHAT_ROLE_USER) {
+            blk b = {0, m->content ? m->content : "", NULL};
+            if (last && last->role == DS_CHAT_ROLE_USER && last->blocks && !last->task) {
+                if (blk_push(last, b)) return ds_fail(err, "chat: out of memory");
+            } else {
+                imsg *u = imsg_push(out);
+                if (!u) return ds_fail(err, "chat: out of memory");
+                u->role = DS_CHAT_ROLE_USER;
+                u->m = m;
+                u->task = m->task;
+                if (blk_push(u, b)) return ds_fail(err, "chat: out of memory");
+            }
+        } else if (m->role <= DS_CHAT_ROLE_LATEST_REMINDER) {
+            imsg *o = imsg_push(out);
+            if (!o) return ds_fail(err, "chat: out of memory");
+            o->role = m->role;
+            o->m = m;
+            o->task = m->task;
+        } else {
+            return ds_fail(err, "chat: message %zu: unknown role %d", i, (int)m->role);
+        }
+    }
+    return 0;
+}
+
+/* sort_tool_results_by_call_order */
+static void sort_tool_results(imsg **list, size_t n) {
+    const ds_chat_tool_call *order = NULL; /* the last assistant's calls */
+    size_t n_order = 0;
+    for (size_t i = 0; i < n; i++) {
+        imsg *m = list[i];
+        if (m->role == DS_CHAT_ROLE_ASSISTANT && m->m->n_tool_calls) {
+            order = m->m->tool_calls;
+            n_order = m->m->n_tool_calls;
+        } else if (m->role == DS_CHAT_ROLE_USER && m->n_blocks) {
+            size_t n_tool = 0, n_ids = 0;
+            for (size_t k = 0; k < m->n_blocks; k++) n_tool += m->blocks[k].tool_result;
+            for (size_t k = 0; k < n_order; k++) n_ids += order[k].id && order[k].id[0];
+            if (n_tool <= 1 || n_ids == 0) continue;
+            /* key: index of the call with that id (the last one if repeated), else 0 */
+            blk *tb = malloc(n_tool * sizeof *tb);
+            size_t *key = malloc(n_tool * sizeof *key);
+            if (!tb || !key) {
+                free(tb);
+                free(key);
+                continue; /* out of memory: leave the order (not reachable in practice) */
+            }
+            size_t t = 0;
+            for (size_t k = 0; k < m->n_blocks; k++) {
+                if (!m->blocks[k].tool_result) continue;
+                size_t kv = 0;
+                for (size_t c = 0; c < n_order; c++)
+                    if (order[c].id && order[c].id[0] && !strcmp(order[c].id, m->blocks[k].tool_use_id)) kv = c;
+                /* stable insertion */
+                size_t p = t;
+                while (p > 0 && key[p - 1] > kv) {
+                    key[p] = key[p - 1];
+                    tb[p] = tb[p - 1];
+                    p--;
+                }
+                key[p] = kv;
+                tb[p] = m->blocks[k];
+                t++;
+            }
+            t = 0;
+            for (size_t k = 0; k < m->n_blocks; k++)
+                if (m->blocks[k].tool_result) m->blocks[k] = tb[t++];
+            free(tb);
+            free(key);
+        }
+    }
+}
+
+static int is_user_like(const imsg *m) { return m->role == DS_CHAT_ROLE_USER || m->role == DS_CHAT_ROLE_DEVELOPER; }
+
+/* find_last_user_index */
+static long last_user_index(imsg **list, size_t n) {
+    for (size_t i = n; i-- > 0;)
+        if (is_user_like(list[i])) return (long)i;
+    return -1;
+}
+
+/* _drop_thinking_messages: keeps user/system/latest_reminder and everything
+ * from the last user on; earlier assistants lose their reasoning, earlier
+ * developer messages are dropped. Returns the new length; with apply, list is
+ * compacted and flags set. */
+static size_t drop_thinking(imsg **list, size_t n, int apply) {
+    long lu = last_user_index(list, n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        imsg *m = list[i];
+        int keep_role = m->role == DS_CHAT_ROLE_USER || m->role == DS_CHAT_ROLE_SYSTEM ||
+                        m->role == DS_CHAT_ROLE_TOOL || m->role == DS_CHAT_ROLE_LATEST_REMINDER;
+        if (keep_role || (long)i >= lu) {
+            if (apply) list[k] = m;
+            k++;
+        } else if (m->role == DS_CHAT_ROLE_ASSISTANT) {
+            if (apply) {
+                m->drop_reasoning = 1;
+                list[k] = m;
+            }
+            k++;
+        }
+    }
+    return k;
+}
+
+static int task_token(const char *task, const char **tok) {
+    for (size_t i = 0; i < sizeof TASKS / sizeof TASKS[0]; i++)
+        if (!strcmp(task, TASKS[i].name)) {
+            *tok = TASKS[i].token;
+            return 0;
+        }
+    return -1;
+}
+
+/* parses a message's tools (OpenAI format) into j; *has = Python truthiness */
+static int parse_tools(const imsg *m, size_t index, jnode *j, int *has, ds_err *err) {
+    *has = 0;
+    memset(j, 0, sizeof *j);
+    if (m->role == DS_CHAT_ROLE_USER || !m->m->tools) return 0;
+    const char *why;
+    if (jparse(m->m->tools, strlen(m->m->tools), j, &why))
+        return ds_fail(err, "chat: message %zu: tools: bad JSON: %s", index, why);
+    if (!py_truthy(j)) return 0;
+    if (j->t != J_ARR) {
+        jfree(j);
+        return ds_fail(err, "chat: message %zu: tools must be a JSON array", index);
+    }
+    for (size_t i = 0; i < j->n; i++)
+        if (!jget(&j->kids[i], "function")) {
+            jfree(j);
+            return ds_fail(err, "chat: message %zu: tools[%zu] has no \"function\"", index, i);
+        }
+    *has = 1;
+    return 0;
+}
+
+/* render_tools */
+static void render_tools(sb *b, const jnode *tools) {
+    sb_adds(b, TOOLS_TEMPLATE_A);
+    for (size_t i = 0; i < tools->n; i++) {
+        if (i) sb_add(b, "\n", 1);
+        py_dump(b, jget(&tools->kids[i], "function"));
+    }
+    sb_adds(b, TOOLS_TEMPLATE_B);
+}
+
+/* the tools / response_format suffix of system and developer messages */
+static int render_extras(sb *b, const imsg *m, size_t index, ds_err *err) {
+    jnode tools;
+    int has;
+    if (parse_tools(m, index, &tools, &has, err)) return -1;
+    if (has) {
+        sb_add(b, "\n\n", 2);
+        render_tools(b, &tools);
+    }
+    jfree(&tools);
+    if (m->m->response_format) {
+        jnode rf;
+        const char *why;
+        if (jparse(m->m->response_format, strlen(m->m->response_format), &rf, &why))
+            return ds_fail(err, "chat: message %zu: response_format: bad JSON: %s", index, why);
+        if (py_truthy(&rf)) {
+            sb_add(b, "\n\n", 2);
+            sb_adds(b, RESPONSE_FORMAT_PREFIX);
+            py_dump(b, &rf);
+        }
+        jfree(&rf);
+    }
+    return 0;
+}
+
+/* encode_arguments_to_dsml */
+static int render_arguments(sb *b, const ds_chat_tool_call *tc, size_t index, ds_err *err) {
+    static const char P_OPEN[] = "<" DS_CHAT_DSML "parameter name=\"";
+    static const char P_CLOSE[] = "</" DS_CHAT_DSML "parameter>";
+    jnode j;
+    const char *why;
+    if (!tc->arguments) { /* json.loads(None) fails: {"arguments": None} */
+        sb_adds(b, P_OPEN);
+        sb_adds(b, "arguments\" string=\"false\">null");
+        sb_adds(b, P_CLOSE);
+        return 0;
+    }
+    if (jparse(tc->arguments, strlen(tc->arguments), &j, &why)) {
+        /* not JSON: one string parameter holding the text */
+        sb_adds(b, P_OPEN);
+        sb_adds(b, "arguments\" string=\"true\">");
+        sb_adds(b, tc->arguments);
+        sb_adds(b, P_CLOSE);
+        return 0;
+    }
+    if (j.t != J_OBJ) {
+        jfree(&j);
+        return ds_fail(err, "chat: message %zu: tool call \"%s\": arguments must be a JSON object", index,
+                       tc->name ? tc->name : "None");
+    }
+    int first = 1;
+    for (size_t i = 0; i < j.n; i++) {
+        if (first_dup(&j, i)) continue;
+        const jnode *v = &j.kids[last_dup(&j, i)];
+        if (!first) sb_add(b, "\n", 1);
+        first = 0;
+        sb_adds(b, P_OPEN);
+        sb_add(b, j.key[i], j.klen[i]);
+        sb_adds(b, v->t == J_STR ? "\" string=\"true\">" : "\" string=\"false\">");
+        if (v->t == J_STR) sb_add(b, v->s, v->len);
+        else py_dump(b, v);
+        sb_adds(b, P_CLOSE);
+    }
+    jfree(&j);
+    return 0;
+}
+
+/* render_message */
+static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinking, int drop, const char *effort,
+                          ds_err *err) {
+    const imsg *m = list[index];
+    long lu = last_user_index(list, n);
+    if (effort && strcmp(effort, "max") && strcmp(effort, "high"))
+        return ds_fail(err, "chat: invalid reasoning effort \"%s\" (high, max or none)", effort);
+    if (index == 0 && thinking && effort && !strcmp(effort, "max")) sb_adds(b, REASONING_EFFORT_MAX);
+
+    switch (m->role) {
+    case DS_CHAT_ROLE_SYSTEM:
+        if (m->m->content) sb_adds(b, m->m->content);
+        if (render_extras(b, m, index, err)) return -1;
+        break;
+    case DS_CHAT_ROLE_DEVELOPER:
+        if (!m->m->content || !m->m->content[0])
+            return ds_fail(err, "chat: message %zu: a developer message needs content", index);
+        sb_adds(b, DS_CHAT_USER);
+        sb_adds(b, m->m->content);
+        if (render_extras(b, m, index, err)) return -1;
+        break;
+    case DS_CHAT_ROLE_USER:
+        sb_adds(b, DS_CHAT_USER);
+        for (size_t k = 0; k < m->n_blocks; k++) {
+            if (k) sb_add(b, "\n\n", 2);
+            if (m->blocks[k].tool_result) {
+                sb_adds(b, "<tool_result>");
+                sb_adds(b, m->blocks[k].text);
+                sb_adds(b, "</tool_result>");
+            } else {
+                sb_adds(b, m->blocks[k].text);
+            }
+        }
+        break;
+    case DS_CHAT_ROLE_LATEST_REMINDER:
+        sb_adds(b, DS_CHAT_LATEST_REMINDER);
+        sb_adds(b, m->m->content ? m->m->content : "None");
+        break;
+    case DS_CHAT_ROLE_ASSISTANT: {
+        int prev_has_task = index > 0 && list[index - 1]->task;
+        if (thinking && !prev_has_task && (!drop || (long)index > lu)) {
+            if (m->m->reasoning_content && !m->drop_reasoning) sb_adds(b, m->m->reasoning_content);
+            sb_adds(b, DS_CHAT_THINK_END);
+        }
+        if (m->m->content) sb_adds(b, m->m->content);
+        if (m->m->n_tool_calls) {
+            sb_adds(b, "\n\n<" DS_CHAT_DSML "tool_calls>\n");
+            for (size_t k = 0; k < m->m->n_tool_calls; k++) {
+                const ds_chat_tool_call *tc = &m->m->tool_calls[k];
+                if (k) sb_add(b, "\n", 1);
+                sb_adds(b, "<" DS_CHAT_DSML "invoke name=\"");
+                sb_adds(b, tc->name ? tc->name : "None");
+                sb_adds(b, "\">\n");
+                if (render_arguments(b, tc, index, err)) return -1;
+                sb_adds(b, "\n</" DS_CHAT_DSML "invoke>");
+            }
+            sb_adds(b, "\n</" DS_CHAT_DSML "tool_calls>");
+        }
+        if (!m->m->wo_eos) sb_adds(b, DS_CHAT_EOS);
+        break;
+    }
+    default: return ds_fail(err, "chat: message %zu: unknown role %d", index, (int)m->role);
+    }
+
+    if (index + 1 < n && list[index + 1]->role != DS_CHAT_ROLE_ASSISTANT &&
+        list[index + 1]->role != DS_CHAT_ROLE_LATEST_REMINDER)
+        return 0;
+    if (m->task) {
+        const char *tt;
+        if (task_token(m->task, &tt))
+            return ds_fail(err, "chat: message %zu: invalid task \"%s\" (action, query, authority, domain, title, "
+                                "read_url)", index, m->task);
+        if (strcmp(m->task, "action")) {
+            sb_adds(b, tt);
+        } else {
+            sb_adds(b, DS_CHAT_ASSISTANT);
+            sb_adds(b, thinking ? DS_CHAT_THINK_START : DS_CHAT_THINK_END);
+            sb_adds(b, tt);
+        }
+    } else if (is_user_like(m)) {
+        sb_adds(b, DS_CHAT_ASSISTANT);
+        if ((!drop && thinking) || (drop && thinking && (long)index >= lu)) sb_adds(b, DS_CHAT_THINK_START);
+        else sb_adds(b, DS_CHAT_THINK_END);
+    }
+    return 0;
+}
+
+/* encode_messages */
+int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
+                   ds_err *err) {
+    *out = NULL;
+    *out_n = 0;
+    static const ds_chat_opts zero_opts;
+    if (!opts) opts = &zero_opts;
+    if (opts->n_context > n) return ds_fail(err, "chat: n_context %zu > %zu messages", opts->n_context, n);
+    imsg_list ctx = {0}, rest = {0};
+    imsg **full = NULL;
+    sb b = {0};
+    int rc = -1;
+    if (merge_tool_messages(msgs, opts->n_context, &ctx, err) ||
+        merge_tool_messages(msgs + opts->n_context, n - opts->n_context, &rest, err))
+        goto done;
+    size_t nf = ctx.n + rest.n;
+    full = malloc((nf ? nf : 1) * sizeof *full);
+    if (!full) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < ctx.n; i++) full[i] = &ctx.v[i];
+    for (size_t i = 0; i < rest.n; i++) full[ctx.n + i] = &rest.v[i];
+    sort_tool_results(full, nf);
+
+    if (!opts->no_bos && opts->n_context == 0) sb_adds(&b, DS_CHAT_BOS);
+    int drop = !opts->keep_reasoning;
+    for (size_t i = 0; i < nf; i++) {
+        jnode t;
+        int has;
+        if (parse_tools(full[i], i, &t, &has, err)) goto done;
+        jfree(&t);
+        if (has) drop = 0;
+    }
+    size_t num_to_render, context_len;
+    if (opts->thinking && drop) {
+        imsg **cl = malloc((ctx.n ? ctx.n : 1) * sizeof *cl);
+        if (!cl) {
+            ds_fail(err, "chat: out of memory");
+            goto done;
+        }
+        for (size_t i = 0; i < ctx.n; i++) cl[i] = &ctx.v[i];
+        size_t n_ctx_dropped = drop_thinking(cl, ctx.n, 0);
+        free(cl);
+        nf = drop_thinking(full, nf, 1);
+        num_to_render = nf - n_ctx_dropped;
+        context_len = nf - num_to_render;
+    } else {
+        num_to_render = rest.n;
+        context_len = ctx.n;
+    }
+    for (size_t i = 0; i < num_to_render; i++)
+        if (render_message(&b, i + context_len, full, nf, opts->thinking, drop, opts->reasoning_effort, err)) goto done;
+    if (b.oom) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
+    if (!b.p) {
+        b.p = calloc(1, 1);
+        if (!b.p) {
+            ds_fail(err, "chat: out of memory");
+            goto done;
+        }
+    }
+    *out = b.p;
+    *out_n = b.n;
+    b.p = NULL;
+    rc = 0;
+done:
+    free(b.p);
+    free(full);
+    imsg_list_free(&ctx);
+    imsg_list_free(&rest);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- parsing */
+
+typedef struct {
+    const char *text;
+    size_t n;
+} span;
+
+/* _read_until_stop: earliest stop at or after *idx (the first listed wins a
+ * tie); returns its index in stops or -1; *content = text between. */
+static int read_until(const char *t, size_t n, size_t *idx, const char *const *stops, int n_stops, span *content) {
+    size_t best = n;
+    int which = -1;
+    for (int k = 0; k < n_stops; k++) {
+        size_t sl = strlen(stops[k]);
+        const char *p = *idx <= n ? memmem(t + *idx, n - *idx, stops[k], sl) : NULL;
+        if (p && (size_t)(p - t) < best) {
+            best = (size_t)(p - t);
+            which = k;
+        }
+    }
+    content->text = t + *idx;
+    if (which < 0) {
+        content->n = n - *idx;
+        *idx = n;
+    } else {
+        content->n = best - *idx;
+        *idx = best + strlen(stops[which]);
+    }
+    return which;
+}
+
+static int span_is(span s, const char *lit) { return s.n == strlen(lit) && !memcmp(s.text, lit, s.n); }
+
+static char *dup_span(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+void ds_chat_reply_free(ds_chat_reply *r) {
+    if (!r) return;
+    free(r->content);
+    free(r->reasoning);
+    for (size_t i = 0; i < r->n_calls; i++) {
+        free(r->calls[i].name);
+        free(r->calls[i].arguments);
+    }
+    free(r->calls);
+    memset(r, 0, sizeof *r);
+}
+
+typedef struct {
+    pcre2_code *name_re, *param_re;
+    pcre2_match_data *md;
+} parse_res;
+
+static pcre2_code *re_compile(const char *pat) {
+    int ec;
+    PCRE2_SIZE eo;
+    return pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_DOTALL | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+}
+
+/* a parameter of the call being parsed */
+typedef struct {
+    span name, value;
+    int is_str;
+} param;
+
+/* parse_tool_calls + decode_dsml_to_arguments */
+static int parse_tool_calls(const char *t, size_t n, size_t *idx, int *stop_which, ds_chat_reply *r, parse_res *re,
+                            ds_err *err) {
+    static const char *const S_INVOKE[] = {"<" DS_CHAT_DSML "invoke", "</" DS_CHAT_DSML "tool_calls>"};
+    static const char *const S_PARAM[] = {"<" DS_CHAT_DSML "parameter", "</" DS_CHAT_DSML "invoke"};
+    static const char *const S_PEND[] = {"/" DS_CHAT_DSML "parameter"};
+    *stop_which = -1; /* -1: none, 0: invoke-like, 1: the tool_calls end */
+    param *ps = NULL;
+    size_t np = 0, cap = 0;
+    int rc = -1;
+    while (*idx < n) {
+        span c;
+        int w = read_until(t, n, idx, S_INVOKE, 2, &c);
+        *stop_which = w == 1 ? 1 : (w < 0 ? -1 : 0);
+        if (!span_is(c, ">\n")) {
+            ds_fail(err, "chat: tool call format error: expected '>\\n' but got '%.*s'", (int)(c.n > 60 ? 60 : c.n),
+                    c.text);
+            goto done;
+        }
+        if (w == 1) break;
+        if (w < 0) {
+            ds_fail(err, "chat: missing special token in tool calls");
+            goto done;
+        }
+        span name_part;
+        w = read_until(t, n, idx, S_PARAM, 2, &name_part);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(re->md);
+        if (pcre2_match(re->name_re, (PCRE2_SPTR)name_part.text, name_part.n, 0, 0, re->md, NULL) < 2) {
+            ds_fail(err, "chat: tool name format error: '%.*s'", (int)(name_part.n > 60 ? 60 : name_part.n),
+                    name_part.text);
+            goto done;
+        }
+        span tool_name = {name_part.text + ov[2], ov[3] - ov[2]};
+        np = 0;
+        while (w == 0) { /* "<｜DSML｜parameter" */
+            span pc;
+            read_until(t, n, idx, S_PEND, 1, &pc);
+            if (pcre2_match(re->param_re, (PCRE2_SPTR)pc.text, pc.n, 0, 0, re->md, NULL) < 4) {
+                ds_fail(err, "chat: parameter format error: '%.*s'", (int)(pc.n > 60 ? 60 : pc.n), pc.text);
+                goto done;
+            }
+            param p = {{pc.text + ov[2], ov[3] - ov[2]}, {pc.text + ov[6], ov[7] - ov[6]},
+                       ov[5] - ov[4] == 4 /* "true" */};
+            for (size_t k = 0; k < np; k++)
+                if (ps[k].name.n == p.name.n && !memcmp(ps[k].name.text, p.name.text, p.name.n)) {
+                    ds_fail(err, "chat: duplicate parameter name: '%.*s'", (int)p.name.n, p.name.text);
+                    goto done;
+                }
+            if (np == cap) {
+                cap = cap ? cap * 2 : 8;
+                param *nps = realloc(ps, cap * sizeof *nps);
+                if (!nps) {
+                    ds_fail(err, "chat: out of memory");
+                    goto done;
+                }
+                ps = nps;
+            }
+            ps[np++] = p;
+            span after;
+            w = read_until(t, n, idx, S_PARAM, 2, &after);
+            if (!span_is(after, ">\n")) {
+                ds_fail(err, "chat: parameter format error: expected '>\\n' but got '%.*s'",
+                        (int)(after.n > 60 ? 60 : after.n), after.text);
+                goto done;
+            }
+        }
+        *stop_which = 0;
+        /* decode_dsml_to_arguments */
+        sb a = {0};
+        sb_add(&a, "{", 1);
+        for (size_t k = 0; k < np; k++) {
+            if (k) sb_add(&a, ", ", 2);
+            py_str(&a, ps[k].name.text, ps[k].name.n);
+            sb_add(&a, ": ", 2);
+            if (ps[k].is_str) py_str(&a, ps[k].value.text, ps[k].value.n);
+            else sb_add(&a, ps[k].value.text, ps[k].value.n);
+        }
+        sb_add(&a, "}", 1);
+        ds_chat_call *nc = realloc(r->calls, (r->n_calls + 1) * sizeof *nc);
+        char *nm = dup_span(tool_name.text, tool_name.n);
+        if (!nc || !nm || a.oom) {
+            if (nc) r->calls = nc;
+            free(nm);
+            free(a.p);
+            ds_fail(err, "chat: out of memory");
+            goto done;
+        }
+        r->calls = nc;
+        r->calls[r->n_calls].name = nm;
+        r->calls[r->n_calls].arguments = a.p;
+        r->n_calls++;
+    }
+    rc = 0;
+done:
+    free(ps);
+    return rc;
+}
+
+/* parse_message_from_completion_text */
+int ds_chat_parse(const char *t, size_t n, int thinking, ds_chat_reply *out, ds_err *err) {
+    static const char TC_START[] = "\n\n<" DS_CHAT_DSML "tool_calls";
+    memset(out, 0, sizeof *out);
+    parse_res re = {0};
+    re.name_re = re_compile("^[\\s\\x{1c}-\\x{1f}\\x{85}]*name=\"(.*?)\">\\n$");
+    re.param_re = re_compile("^ name=\"(.*?)\" string=\"(true|false)\">(.*?)<$");
+    re.md = pcre2_match_data_create(8, NULL);
+    int rc = -1;
+    if (!re.name_re || !re.param_re || !re.md) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
+    size_t idx = 0;
+    span reasoning = {t, 0}, summary;
+    int stop_is_eos = 0, stop_none = 0;
+    if (thinking) {
+        const char *stops[] = {DS_CHAT_THINK_END, TC_START};
+        if (read_until(t, n, &idx, stops, 2, &reasoning) != 0) {
+            ds_fail(err, "chat: invalid thinking format: missing %s", DS_CHAT_THINK_END);
+            goto done;
+        }
+    }
+    const char *stops2[] = {DS_CHAT_EOS, TC_START};
+    int w = read_until(t, n, &idx, stops2, 2, &summary);
+    if (w == 1) {
+        int sw;
+        if (parse_tool_calls(t, n, &idx, &sw, out, &re, err)) goto done;
+        const char *stops3[] = {DS_CHAT_EOS};
+        span rest;
+        int w3 = read_until(t, n, &idx, stops3, 1, &rest);
+        if (rest.n) {
+            ds_fail(err, "chat: unexpected content after tool calls");
+            goto done;
+        }
+        stop_is_eos = w3 == 0;
+        stop_none = w3 < 0;
+    } else if (w == 0) {
+        stop_is_eos = 1;
+    } else {
+        ds_fail(err, "chat: invalid format: missing %s", DS_CHAT_EOS);
+        goto done;
+    }
+    if (idx != n || !(stop_is_eos || stop_none)) {
+        ds_fail(err, "chat: unexpected content at end");
+        goto done;
+    }
+    static const char *const SP[] = {DS_CHAT_BOS, DS_CHAT_EOS, DS_CHAT_THINK_START, DS_CHAT_THINK_END, DS_CHAT_DSML};
+    for (size_t k = 0; k < sizeof SP / sizeof SP[0]; k++) {
+        size_t sl = strlen(SP[k]);
+        if (memmem(summary.text, summary.n, SP[k], sl) || memmem(reasoning.text, reasoning.n, SP[k], sl)) {
+            ds_fail(err, "chat: unexpected special token '%s' in content", SP[k]);
+            goto done;
+        }
+    }
+    out->content = dup_span(summary.text, summary.n);
+    out->reasoning = dup_span(reasoning.text, reasoning.n);
+    if (!out->content || !out->reasoning) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
+    rc = 0;
+done:
+    if (rc) ds_chat_reply_free(out);
+    pcre2_code_free(re.name_re);
+    pcre2_code_free(re.param_re);
+    pcre2_match_data_free(re.md);
+    return rc;
+}
