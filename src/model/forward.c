@@ -28,6 +28,11 @@ static int check_items(const ds_model *m, const ds_batch_item *items, int n, ds_
 }
 
 int ds_forward(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items, ds_err *err) {
+    return ds_forward_observed(m, be, items, n_items, NULL, err);
+}
+
+int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                        const ds_observer *obs, ds_err *err) {
     if (n_items < 1) return ds_fail(err, "empty batch");
     if (check_items(m, items, n_items, err)) return -1;
     const ds_config *c = &m->cfg;
@@ -37,7 +42,7 @@ int ds_forward(const ds_model *m, const ds_backend *be, const ds_batch_item *ite
         if (items[i].logits) R += items[i].all_logits ? items[i].n_tokens : 1;
     }
     size_t nd = (size_t)n * D;
-    ds_step S = {m, be, T, n_items, NULL, NULL, NULL, NULL, NULL, NULL};
+    ds_step S = {m, be, obs, T, n_items, NULL, NULL, NULL, NULL, NULL, NULL};
     S.seqs = malloc((size_t)n_items * sizeof *S.seqs);
     S.seq_row0 = malloc((size_t)n_items * sizeof *S.seq_row0);
     S.seq_n = malloc((size_t)n_items * sizeof *S.seq_n);

@@ -95,7 +95,13 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     if (!logits || !score || !wts || !slot_out || !xg || !yg || !shared || !idx || !count || !members) goto oom;
 
     be->matmul(be, &ly->gate, xn, T, logits);
-    for (int t = 0; t < T; t++) route(c, ly, logits + (size_t)t * E, S->tok_id[t], idx + (size_t)t * k, wts + (size_t)t * k, score);
+    for (int t = 0; t < T; t++) {
+        route(c, ly, logits + (size_t)t * E, S->tok_id[t], idx + (size_t)t * k, wts + (size_t)t * k, score);
+        if (S->obs && S->obs->route) {
+            int s = S->tok_seq[t];
+            S->obs->route(S->obs->ctx, li, s, t - S->seq_row0[s], idx + (size_t)t * k, k);
+        }
+    }
 
     /* group (token, slot) pairs by expert, tokens in row order */
     for (int i = 0; i < T * k; i++) count[idx[i] + 1]++;

@@ -7,11 +7,13 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "model/forward.h"
 #include "model/state.h"
 
 typedef struct ds_step {
     const ds_model *m;
     const ds_backend *be;
+    const ds_observer *obs; /* may be NULL */
     int T;            /* tokens in the step (rows of every activation) */
     int n_seqs;
     ds_seq **seqs;    /* [n_seqs] */
