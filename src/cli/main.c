@@ -15,6 +15,7 @@ static const command commands[] = {
     {"logits", cmd_logits, "run token sequences, write float32 logits per token"},
     {"generate", cmd_generate, "greedy / sampled continuation of token ids"},
     {"bench", cmd_bench, "prefill and decode tokens/s and GB/s against the machine's bandwidth"},
+    {"check", cmd_check, "determinism checker: same requests in random batches, chunkings and thread counts"},
     {"synth", cmd_synth, "write a random-weight checkpoint in the official layout"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
