@@ -64,15 +64,47 @@ static double prefault(const ds_checkpoint *ck) {
     return bytes;
 }
 
+/* Counts the distinct experts each MoE layer reads in a step. */
+typedef struct {
+    unsigned char *used; /* [layers][experts] */
+    int E;
+} expert_use;
+
+static void on_route(void *ctx, int layer, int item, int tok, const int *experts, int k) {
+    expert_use *u = ctx;
+    (void)item, (void)tok;
+    for (int j = 0; j < k; j++) u->used[(size_t)layer * u->E + experts[j]] = 1;
+}
+
+/* Weight bytes a step reads: everything but the routed experts once, plus
+ * each distinct routed expert touched. */
+static double step_bytes(const ds_model *m, const expert_use *u) {
+    const ds_config *c = &m->cfg;
+    /* ds_model_decode_bytes counts k experts per layer: replace them by the distinct ones */
+    double b = (double)ds_model_decode_bytes(m);
+    for (int li = 0; li < c->n_layers; li++) {
+        const ds_layer *ly = &m->layers[li];
+        double e1 = (double)(ds_weight_bytes(&ly->w1[0]) + ds_weight_bytes(&ly->w2[0]) + ds_weight_bytes(&ly->w3[0]));
+        int n = 0;
+        for (int e = 0; e < c->n_routed_experts; e++) n += u->used[(size_t)li * u->E + e];
+        b += e1 * (n - c->n_active_experts);
+    }
+    return b;
+}
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 bench -m DIR [--prompt P] [--gen N] [--threads N]\n"
+    fprintf(f, "usage: dsv4 bench -m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64]\n"
                "  prefill P tokens (default 128), then decode N tokens (default 16) at batch 1;\n"
-               "  prints tokens/s, weight GB/s per decoded token, the measured read bandwidth and the ratio.\n");
+               "  prints tokens/s, weight GB/s per decoded token, the measured read bandwidth and the ratio.\n"
+               "  --batch B,...: also decode with B sequences per step (each prefilled with P/4 tokens) and\n"
+               "  report tokens/s and the weight bytes actually read per step (distinct experts).\n");
 }
 
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     long long prompt = 128, gen = 16, threads = 0;
+    int32_t *batches = NULL;
+    int n_batches = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -87,6 +119,11 @@ int cmd_bench(int argc, char **argv) {
             bad = cli_parse_int(a, v, 1, 1 << 20, &gen);
         } else if (!strcmp(a, "--threads") && v) {
             bad = cli_parse_int(a, v, 1, 1024, &threads);
+        } else if (!strcmp(a, "--batch") && v) {
+            free(batches);
+            bad = cli_parse_tokens(a, v, &batches, &n_batches);
+            for (int b = 0; !bad && b < n_batches; b++) bad = batches[b] < 1 || batches[b] > 4096;
+            if (bad) fprintf(stderr, "dsv4 bench: --batch takes sizes in [1, 4096]\n");
         } else {
             fprintf(stderr, "dsv4 bench: unknown or incomplete option '%s'\n", a);
             bad = 1;
@@ -153,11 +190,49 @@ int cmd_bench(int argc, char **argv) {
            td * 1e3, 1.0 / td, bytes / 1e9, bytes / td / 1e9);
     printf("floor      %.2f tokens/s at %.1f GB/s; achieved %.2f of the bandwidth floor\n", bw * 1e9 / bytes, bw,
            bytes / td / 1e9 / bw);
+    for (int bi = 0; bi < n_batches; bi++) {
+        int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
+        ds_seq **ss = calloc((size_t)B, sizeof *ss);
+        ds_batch_item *its = calloc((size_t)B, sizeof *its);
+        expert_use u = {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts};
+        float *lg = malloc(sizeof(float) * (size_t)B * V);
+        int ok = ss && its && u.used && lg;
+        for (int i = 0; ok && i < B; i++) {
+            ok = ds_seq_new(m, P + gen + 1, &ss[i], &err) == 0;
+            if (ok) its[i] = (ds_batch_item){ss[i], toks + (i * 7) % (prompt + gen - P), P, NULL, 0};
+        }
+        if (ok) ok = ds_forward(m, &be, its, B, &err) == 0; /* prefill all */
+        double t_b = 0, bytes_b = 0;
+        for (long long g = 0; ok && g < gen; g++) {
+            for (int i = 0; i < B; i++) its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
+            memset(u.used, 0, (size_t)c->n_layers * c->n_routed_experts);
+            ds_observer obs = {on_route, &u};
+            double t1 = cli_now();
+            ok = ds_forward_observed(m, &be, its, B, &obs, &err) == 0;
+            t_b += cli_now() - t1;
+            bytes_b += step_bytes(m, &u);
+        }
+        if (ok)
+            printf("batch %-4d decode %lld steps: %.1f ms/step, %.1f tokens/s, weights %.3f GB/step -> %.2f GB/s "
+                   "(%.2f of the bandwidth)\n",
+                   B, gen, t_b / gen * 1e3, B * gen / t_b, bytes_b / gen / 1e9, bytes_b / t_b / 1e9,
+                   bytes_b / t_b / 1e9 / bw);
+        else
+            fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg[0] ? err.msg : "out of memory");
+        for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
+        free(ss);
+        free(its);
+        free(u.used);
+        free(lg);
+        fflush(stdout);
+        if (!ok) goto out;
+    }
     rc = 0;
     goto out;
 fail:
     fprintf(stderr, "dsv4 bench: %s\n", err.msg);
 out:
+    free(batches);
     free(toks);
     free(logits);
     ds_seq_free(seq);
