@@ -19,6 +19,10 @@ static const command commands[] = {
     {"synth", cmd_synth, "write a random-weight checkpoint in the official layout"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
+    {"run", cmd_run, "continue a text prompt, streaming the text (default model: models/kjv)"},
+    {"chat", cmd_chat, "interactive multi-turn chat on stdin / stdout"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file over [BOS] + fixed windows"},
+    {"stats", cmd_stats, "per-layer expert load of the MoE routing on a text file"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,421 @@
+/* cmd_perplexity.c — `dsv4 perplexity` (NLL of a text over fixed windows) and
+ * `dsv4 stats` (per-layer expert load of the MoE routing on a text).
+ *
+ * Both cut the text the same way, the procedure of the bundled model's
+ * reference number (tools/train_bundled.py): ids = the file's bytes encoded
+ * with no added token recognized and no BOS; consecutive non-overlapping
+ * windows of W ids (the last may be shorter; a window of fewer than 2 ids is
+ * dropped); each window is run on a fresh sequence as [BOS] + window. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "format/tokenizer.h"
+#include "model/forward.h"
+
+typedef struct {
+    const char *cmd, *given, *file;
+    long long window, batch, threads;
+    int fractions;
+} text_opts;
+
+/* The text's windows: window i is ids[start[i] .. start[i] + len[i]). */
+typedef struct {
+    int32_t *ids;
+    size_t n_ids, n_bytes;
+    int n_win;
+    size_t *start;
+    int *len;
+} text_windows;
+
+static void windows_free(text_windows *w) {
+    free(w->ids);
+    free(w->start);
+    free(w->len);
+}
+
+/* Parses the options both commands share; 0, or the exit status. */
+static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, void (*usage)(FILE *)) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return -1;
+        } else if (!strcmp(a, "-m") && v) {
+            o->given = v, i++;
+        } else if ((!strcmp(a, "--file") || !strcmp(a, "-f")) && v) {
+            o->file = v, i++;
+        } else if (!strcmp(a, "--window") && v) {
+            if (cli_parse_int(a, v, 2, 1 << 24, &o->window)) goto usage_err;
+            i++;
+        } else if (!strcmp(a, "--batch") && v) {
+            if (cli_parse_int(a, v, 1, 4096, &o->batch)) goto usage_err;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (cli_parse_int(a, v, 1, 1024, &o->threads)) goto usage_err;
+            i++;
+        } else if (stats && !strcmp(a, "--fractions")) {
+            o->fractions = 1;
+        } else {
+            fprintf(stderr, "dsv4 %s: unknown or incomplete option '%s'\n", o->cmd, a);
+            goto usage_err;
+        }
+    }
+    if (!o->file) {
+        fprintf(stderr, "dsv4 %s: --file F is required (the text to evaluate)\n", o->cmd);
+        goto usage_err;
+    }
+    return 0;
+usage_err:
+    usage(stderr);
+    return 2;
+}
+
+/* Reads and tokenizes the file and cuts it into windows. 0 or -1 (message). */
+static int load_windows(const text_opts *o, ds_tokenizer *tok, text_windows *w) {
+    memset(w, 0, sizeof *w);
+    ds_err err = {{0}};
+    char *text = cli_read_file(o->cmd, o->file, &w->n_bytes);
+    if (!text) return -1;
+    int rc = ds_tokenizer_encode(tok, text, w->n_bytes, DS_TOK_PARSE_NONE, &w->ids, &w->n_ids, &err);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "dsv4 %s: %s: %s\n", o->cmd, o->file, err.msg);
+        return -1;
+    }
+    size_t W = (size_t)o->window, nw = (w->n_ids + W - 1) / W;
+    w->start = malloc((nw ? nw : 1) * sizeof *w->start);
+    w->len = malloc((nw ? nw : 1) * sizeof *w->len);
+    if (!w->start || !w->len) {
+        fprintf(stderr, "dsv4 %s: out of memory\n", o->cmd);
+        return -1;
+    }
+    for (size_t s = 0; s < w->n_ids; s += W) {
+        size_t l = w->n_ids - s < W ? w->n_ids - s : W;
+        if (l < 2) continue;
+        w->start[w->n_win] = s;
+        w->len[w->n_win++] = (int)l;
+    }
+    if (!w->n_win) {
+        fprintf(stderr, "dsv4 %s: %s: %zu tokens: no window of at least 2 tokens to evaluate\n", o->cmd, o->file,
+                w->n_ids);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs windows [w0, w0 + nb) as one batch: sequence b gets [BOS] + the
+ * window's first len-1 ids (`feed` tokens: the last id is only predicted)
+ * or, with full = 1, [BOS] + the whole window. */
+static int run_batch(const ds_model *m, const ds_backend *be, const text_windows *w, int32_t bos, int w0, int nb,
+                     int full, ds_seq **seqs, int32_t **toks, float **logits, const void *obs, ds_err *err) {
+    ds_batch_item items[64];
+    for (int b = 0; b < nb; b++) {
+        int len = w->len[w0 + b], n = full ? len + 1 : len;
+        toks[b][0] = bos;
+        memcpy(toks[b] + 1, w->ids + w->start[w0 + b], (size_t)(n - 1) * sizeof **toks);
+        ds_seq_reset(seqs[b]);
+        items[b] = (ds_batch_item){seqs[b], toks[b], n, logits ? logits[b] : NULL, 1};
+    }
+#ifdef DS_HAVE_ROUTE_HOOK
+    if (obs) return ds_forward_observed(m, be, items, nb, obs, err);
+#else
+    (void)obs;
+#endif
+    return ds_forward(m, be, items, nb, err);
+}
+
+/* Sequences, token buffers and (optionally) logits for `nb` windows of up to
+ * W + 1 tokens. */
+typedef struct {
+    int nb;
+    ds_seq **seqs;
+    int32_t **toks;
+    float **logits;
+} batch_bufs;
+
+static void bufs_free(batch_bufs *b) {
+    for (int i = 0; i < b->nb; i++) {
+        if (b->seqs) ds_seq_free(b->seqs[i]);
+        if (b->toks) free(b->toks[i]);
+        if (b->logits) free(b->logits[i]);
+    }
+    free(b->seqs);
+    free(b->toks);
+    free(b->logits);
+}
+
+static int bufs_new(const char *cmd, const ds_model *m, int nb, int W, int with_logits, batch_bufs *b) {
+    ds_err err = {{0}};
+    memset(b, 0, sizeof *b);
+    b->seqs = calloc((size_t)nb, sizeof *b->seqs);
+    b->toks = calloc((size_t)nb, sizeof *b->toks);
+    b->logits = with_logits ? calloc((size_t)nb, sizeof *b->logits) : NULL;
+    if (!b->seqs || !b->toks || (with_logits && !b->logits)) goto oom;
+    b->nb = nb;
+    for (int i = 0; i < nb; i++) {
+        if (ds_seq_new(m, W + 1, &b->seqs[i], &err)) {
+            fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+            return -1;
+        }
+        b->toks[i] = malloc((size_t)(W + 1) * sizeof **b->toks);
+        if (!b->toks[i]) goto oom;
+        if (with_logits && !(b->logits[i] = malloc((size_t)W * (size_t)m->cfg.vocab_size * sizeof(float))))
+            goto oom;
+    }
+    return 0;
+oom:
+    fprintf(stderr, "dsv4 %s: out of memory for %d windows of %d tokens (lower --batch or --window)\n", cmd, nb, W);
+    return -1;
+}
+
+/* At most 64 windows per step, and at most ~1 GiB of logits. */
+static int clamp_batch(const text_opts *o, const ds_model *m, int n_win, int with_logits) {
+    long long nb = o->batch;
+    if (with_logits) {
+        long long per = o->window * (long long)m->cfg.vocab_size * 4;
+        long long lim = per > 0 ? (1LL << 30) / per : nb;
+        if (nb > lim) nb = lim;
+    }
+    if (nb > 64) nb = 64;
+    if (nb > n_win) nb = n_win;
+    return nb < 1 ? 1 : (int)nb;
+}
+
+/* ---------------------------------------------------------- dsv4 perplexity */
+
+static void ppl_usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 perplexity [-m DIR] --file F [--window W] [--batch B] [--threads N]\n"
+            "\n"
+            "Perplexity of the text in F (the procedure of the bundled model's reference number):\n"
+            "  ids = the file's bytes tokenized with no added/special token recognized and no BOS;\n"
+            "  consecutive non-overlapping windows of W ids (the last may be shorter; one of fewer\n"
+            "  than 2 ids is dropped); each window is evaluated on its own as [BOS] + window; the\n"
+            "  NLL is summed over the predictions of every window id (id 0 predicted from BOS, id i\n"
+            "  from BOS + ids[0..i)) with log-softmax in double precision of the float logits;\n"
+            "  perplexity = exp(total NLL / predicted ids).\n"
+            "\n"
+            "  -m DIR        model directory (default as for dsv4 run)\n"
+            "  --file F      the text ('-': standard input)\n"
+            "  --window W    ids per window (default 512)\n"
+            "  --batch B     windows per forward step (default 4; at most ~1 GiB of logits); the\n"
+            "                result does not depend on it\n"
+            "  --threads N   CPU threads (default: all cores); the result does not depend on it\n"
+            "\n"
+            "Standard output gets the (deterministic) results; the speed goes to standard error.\n");
+}
+
+/* NLL of `target` under one row of float logits, in double. */
+static double row_nll(const float *x, int V, int32_t target) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if ((double)x[i] > mx) mx = x[i];
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)x[i] - mx);
+    return mx + log(s) - (double)x[target];
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0};
+    int prc = parse_text_opts(argc, argv, &o, 0, ppl_usage);
+    if (prc) return prc < 0 ? 0 : prc;
+    char dir[4096];
+    if (cli_model_dir(o.cmd, o.given, dir, sizeof dir)) return 1;
+    ds_model *m = NULL;
+    ds_tokenizer *tok = NULL;
+    text_windows w = {0};
+    batch_bufs bb = {0};
+    int rc = 1;
+    ds_err err = {{0}};
+    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    const int V = m->cfg.vocab_size;
+    for (size_t i = 0; i < w.n_ids; i++)
+        if (w.ids[i] >= V) {
+            fprintf(stderr, "dsv4 perplexity: %s: token %zu (id %d) is beyond the model's vocabulary of %d\n", o.file,
+                    i, (int)w.ids[i], V);
+            goto out;
+        }
+    int32_t bos = cli_bos_id(m, tok);
+    int nb = clamp_batch(&o, m, w.n_win, 1);
+    if (bufs_new(o.cmd, m, nb, (int)o.window, 1, &bb)) goto out;
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)o.threads);
+    double total = 0, t0 = cli_now();
+    long long count = 0;
+    for (int w0 = 0; w0 < w.n_win; w0 += nb) {
+        int k = w.n_win - w0 < nb ? w.n_win - w0 : nb;
+        if (run_batch(m, &be, &w, bos, w0, k, 0, bb.seqs, bb.toks, bb.logits, NULL, &err)) {
+            fprintf(stderr, "dsv4 perplexity: window %d: %s\n", w0, err.msg);
+            goto out;
+        }
+        for (int b = 0; b < k; b++) {
+            const int32_t *tgt = w.ids + w.start[w0 + b];
+            for (int j = 0; j < w.len[w0 + b]; j++) total += row_nll(bb.logits[b] + (size_t)j * V, V, tgt[j]);
+            count += w.len[w0 + b];
+        }
+    }
+    double dt = cli_now() - t0, nll = total / (double)count;
+    printf("file: %s (%zu bytes)\n", o.file, w.n_bytes);
+    printf("tokens: %zu (predicted: %lld)\n", w.n_ids, count);
+    printf("windows: %d of up to %lld tokens, each after BOS (id %d)\n", w.n_win, o.window, (int)bos);
+    printf("nll/token: %.6f\n", nll);
+    printf("perplexity: %.6g\n", exp(nll));
+    fflush(stdout);
+    fprintf(stderr, "speed: %lld tokens in %.3f s, %.1f tokens/s (%d windows per step)\n", count, dt,
+            dt > 0 ? (double)count / dt : 0, nb);
+    if (!isfinite(nll)) {
+        fprintf(stderr, "dsv4 perplexity: the NLL is not finite (the model's logits hold inf or NaN)\n");
+        goto out;
+    }
+    rc = 0;
+out:
+    bufs_free(&bb);
+    windows_free(&w);
+    ds_tokenizer_free(tok);
+    ds_model_free(m);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- dsv4 stats */
+
+static void stats_usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 stats [-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions]\n"
+            "\n"
+            "Expert load of the MoE routing on the text in F, cut as dsv4 perplexity cuts it\n"
+            "([BOS] + windows of W ids; every token routed, BOS included): per layer the share of\n"
+            "token-slots routed to each expert, as max/mean and min/mean (1 = perfectly balanced;\n"
+            "hash layers route by token id) and a histogram with one column per expert (height:\n"
+            "load relative to the layer's busiest expert; blank: no token).\n"
+            "\n"
+            "  --fractions   also print every expert's share, per layer\n");
+}
+
+#ifdef DS_HAVE_ROUTE_HOOK
+typedef struct {
+    int E;
+    long long *counts; /* [layers][E] */
+} route_counts;
+
+static void count_route(void *ctx, int layer, int item, int tok, const int *experts, int k) {
+    route_counts *rc = ctx;
+    (void)item;
+    (void)tok;
+    for (int i = 0; i < k; i++)
+        if (experts[i] >= 0 && experts[i] < rc->E) rc->counts[(size_t)layer * rc->E + experts[i]]++;
+}
+
+/* One column per expert (or per group of experts beyond 128): U+2581..U+2588
+ * by load relative to the max; ' ' for none. */
+static void histogram(const long long *c, int E) {
+    static const char *bars[8] = {"\xe2\x96\x81", "\xe2\x96\x82", "\xe2\x96\x83", "\xe2\x96\x84",
+                                  "\xe2\x96\x85", "\xe2\x96\x86", "\xe2\x96\x87", "\xe2\x96\x88"};
+    int g = (E + 127) / 128, cols = (E + g - 1) / g;
+    long long mx = 0;
+    for (int col = 0; col < cols; col++) {
+        long long s = 0;
+        for (int e = col * g; e < E && e < (col + 1) * g; e++) s += c[e];
+        if (s > mx) mx = s;
+    }
+    for (int col = 0; col < cols; col++) {
+        long long s = 0;
+        for (int e = col * g; e < E && e < (col + 1) * g; e++) s += c[e];
+        if (!s || !mx) {
+            fputc(' ', stdout);
+            continue;
+        }
+        long long lvl = (8 * s + mx - 1) / mx; /* ceil, in 1..8 */
+        fputs(bars[lvl < 1 ? 0 : lvl > 8 ? 7 : lvl - 1], stdout);
+    }
+    if (g > 1) printf("  (%d experts per column)", g);
+}
+#endif
+
+int cmd_stats(int argc, char **argv) {
+    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0};
+    int prc = parse_text_opts(argc, argv, &o, 1, stats_usage);
+    if (prc) return prc < 0 ? 0 : prc;
+#ifndef DS_HAVE_ROUTE_HOOK
+    fprintf(stderr, "dsv4 stats: not available yet: this build's model code has no routing hook "
+                    "(DS_HAVE_ROUTE_HOOK in model/forward.h)\n");
+    return 1;
+#else
+    char dir[4096];
+    if (cli_model_dir(o.cmd, o.given, dir, sizeof dir)) return 1;
+    ds_model *m = NULL;
+    ds_tokenizer *tok = NULL;
+    text_windows w = {0};
+    batch_bufs bb = {0};
+    route_counts cnt = {0, NULL};
+    int rc = 1;
+    ds_err err = {{0}};
+    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    const ds_config *c = &m->cfg;
+    for (size_t i = 0; i < w.n_ids; i++)
+        if (w.ids[i] >= c->vocab_size) {
+            fprintf(stderr, "dsv4 stats: %s: token %zu (id %d) is beyond the model's vocabulary of %d\n", o.file, i,
+                    (int)w.ids[i], c->vocab_size);
+            goto out;
+        }
+    int32_t bos = cli_bos_id(m, tok);
+    int nb = clamp_batch(&o, m, w.n_win, 0);
+    if (bufs_new(o.cmd, m, nb, (int)o.window, 0, &bb)) goto out;
+    cnt.E = c->n_routed_experts;
+    cnt.counts = calloc((size_t)c->n_layers * (size_t)cnt.E, sizeof *cnt.counts);
+    if (!cnt.counts) {
+        fprintf(stderr, "dsv4 stats: out of memory\n");
+        goto out;
+    }
+    ds_observer obs = {count_route, &cnt};
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)o.threads);
+    long long n_tok = 0;
+    double t0 = cli_now();
+    for (int w0 = 0; w0 < w.n_win; w0 += nb) {
+        int k = w.n_win - w0 < nb ? w.n_win - w0 : nb;
+        if (run_batch(m, &be, &w, bos, w0, k, 1, bb.seqs, bb.toks, NULL, &obs, &err)) {
+            fprintf(stderr, "dsv4 stats: window %d: %s\n", w0, err.msg);
+            goto out;
+        }
+        for (int b = 0; b < k; b++) n_tok += w.len[w0 + b] + 1;
+    }
+    double dt = cli_now() - t0;
+    printf("file: %s (%zu bytes, %zu tokens)\n", o.file, w.n_bytes, w.n_ids);
+    printf("routed: %lld tokens ([BOS] + %d windows of up to %lld), %d experts, %d per token\n", n_tok, w.n_win,
+           o.window, cnt.E, c->n_active_experts);
+    printf("layer  kind    max/mean  min/mean  load per expert\n");
+    for (int L = 0; L < c->n_layers; L++) {
+        const long long *cl = cnt.counts + (size_t)L * cnt.E;
+        long long sum = 0, mx = 0, mn = -1;
+        for (int e = 0; e < cnt.E; e++) {
+            sum += cl[e];
+            if (cl[e] > mx) mx = cl[e];
+            if (mn < 0 || cl[e] < mn) mn = cl[e];
+        }
+        double mean = (double)sum / cnt.E;
+        printf("%5d  %-6s  %8.3f  %8.3f  ", L, m->layers[L].is_hash ? "hash" : "routed", mean > 0 ? mx / mean : 0,
+               mean > 0 ? mn / mean : 0);
+        histogram(cl, cnt.E);
+        printf("\n");
+        if (o.fractions) {
+            printf("       fractions:");
+            for (int e = 0; e < cnt.E; e++) printf(" %.5f", sum ? (double)cl[e] / (double)sum : 0.0);
+            printf("\n");
+        }
+    }
+    fflush(stdout);
+    fprintf(stderr, "speed: %lld tokens in %.3f s, %.1f tokens/s\n", n_tok, dt, dt > 0 ? (double)n_tok / dt : 0);
+    rc = 0;
+out:
+    free(cnt.counts);
+    bufs_free(&bb);
+    windows_free(&w);
+    ds_tokenizer_free(tok);
+    ds_model_free(m);
+    return rc;
+#endif
+}

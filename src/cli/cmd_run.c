@@ -1,0 +1,660 @@
+/* cmd_run.c — `dsv4 run` (text prompt -> streamed text continuation) and
+ * `dsv4 chat` (interactive multi-turn chat on stdin / stdout), both over
+ * ds_generate; plus the default-model lookup shared with `dsv4 perplexity`. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "format/chat.h"
+#include "format/tokenizer.h"
+#include "model/forward.h"
+#include "runtime/generate.h"
+
+/* ------------------------------------------------------------ shared helpers */
+
+static int has_config(const char *dir) {
+    char p[4096];
+    struct stat st;
+    int k = snprintf(p, sizeof p, "%s/config.json", dir);
+    return k > 0 && (size_t)k < sizeof p && !stat(p, &st) && S_ISREG(st.st_mode);
+}
+
+int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
+    if (given) {
+        if ((size_t)snprintf(out, cap, "%s", given) >= cap) {
+            fprintf(stderr, "dsv4 %s: -m: path too long\n", cmd);
+            return -1;
+        }
+        return 0;
+    }
+    const char *env = getenv("DSV4_MODEL");
+    if (env && *env) {
+        if (!has_config(env)) {
+            fprintf(stderr, "dsv4 %s: DSV4_MODEL=%s: no config.json in that directory\n", cmd, env);
+            return -1;
+        }
+        snprintf(out, cap, "%s", env);
+        return 0;
+    }
+    if (has_config("models/kjv")) {
+        snprintf(out, cap, "models/kjv");
+        return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            char cand[4096 + 32];
+            snprintf(cand, sizeof cand, "%s/../models/kjv", exe);
+            if (has_config(cand) && strlen(cand) < cap) {
+                snprintf(out, cap, "%s", cand);
+                return 0;
+            }
+        }
+    }
+    fprintf(stderr,
+            "dsv4 %s: no model given and no bundled model found (looked at $DSV4_MODEL, ./models/kjv and "
+            "<dir of dsv4>/../models/kjv): pass -m DIR\n",
+            cmd);
+    return -1;
+}
+
+int cli_load_model_tok(const char *cmd, const char *dir, ds_model **m, ds_tokenizer **tok) {
+    ds_err err = {{0}};
+    *m = NULL;
+    *tok = NULL;
+    /* the tokenizer first: it is cheap, and a missing tokenizer.json should
+     * not wait for the weights */
+    if (ds_tokenizer_load(dir, tok, &err) || ds_model_load(dir, m, &err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+        ds_tokenizer_free(*tok);
+        *tok = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int32_t cli_bos_id(const ds_model *m, const ds_tokenizer *tok) {
+    int32_t b = ds_tokenizer_bos_id(tok);
+    return b >= 0 ? b : m->cfg.bos_id;
+}
+
+/* Sampling / common options of run and chat. Returns 1 if `a` was one (and
+ * consumed v: *used = 1), 0 if not, -1 on a bad value (message printed). */
+typedef struct {
+    ds_sampling sp;
+    long long n, threads, chunk;
+    int n_given;
+} gen_opts;
+
+static int parse_gen_opt(const char *a, const char *v, gen_opts *o, int *used) {
+    long long x;
+    *used = 1;
+    if (!v) return 0;
+    if (!strcmp(a, "-n")) {
+        if (cli_parse_int(a, v, 0, 1 << 24, &o->n)) return -1;
+        o->n_given = 1;
+    } else if (!strcmp(a, "--threads")) {
+        if (cli_parse_int(a, v, 1, 1024, &o->threads)) return -1;
+    } else if (!strcmp(a, "--prefill-chunk")) {
+        if (cli_parse_int(a, v, 1, 1 << 20, &o->chunk)) return -1;
+    } else if (!strcmp(a, "--temperature")) {
+        if (cli_parse_double(a, v, &o->sp.temperature)) return -1;
+    } else if (!strcmp(a, "--top-k")) {
+        if (cli_parse_int(a, v, 0, INT32_MAX, &x)) return -1;
+        o->sp.top_k = (int32_t)x;
+    } else if (!strcmp(a, "--top-p")) {
+        if (cli_parse_double(a, v, &o->sp.top_p)) return -1;
+    } else if (!strcmp(a, "--min-p")) {
+        if (cli_parse_double(a, v, &o->sp.min_p)) return -1;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (cli_parse_double(a, v, &o->sp.repetition_penalty)) return -1;
+    } else if (!strcmp(a, "--presence-penalty")) {
+        if (cli_parse_double(a, v, &o->sp.presence_penalty)) return -1;
+    } else if (!strcmp(a, "--frequency-penalty")) {
+        if (cli_parse_double(a, v, &o->sp.frequency_penalty)) return -1;
+    } else if (!strcmp(a, "--seed")) {
+        if (cli_parse_int(a, v, 0, INT64_MAX, &x)) return -1;
+        o->sp.seed = (uint64_t)x;
+    } else {
+        *used = 0;
+        return 0;
+    }
+    return 1;
+}
+
+static void gen_opts_init(gen_opts *o, long long n) {
+    memset(o, 0, sizeof *o);
+    ds_sampling_init(&o->sp);
+    o->sp.temperature = 0;
+    o->n = n;
+}
+
+static const char GEN_OPTS_HELP[] =
+    "  --temperature T    0 = greedy (default); > 0 samples with a counter-based RNG\n"
+    "  --top-k K          keep the K most likely tokens (0 = off)\n"
+    "  --top-p P          nucleus: the smallest set with probability >= P (1 = off)\n"
+    "  --min-p P          drop tokens less likely than P x the most likely (0 = off)\n"
+    "  --repeat-penalty R HF repetition penalty over prompt + generated tokens (1 = off)\n"
+    "  --presence-penalty X, --frequency-penalty X   OpenAI penalties (0 = off)\n"
+    "  --seed S           RNG seed: the same seed gives the same text\n"
+    "  --threads N        CPU threads (default: all cores); the text is the same for any N\n"
+    "  --prefill-chunk N  prompt tokens per forward step (default 512; same results)\n";
+
+static double rate(double n, double s) { return s > 0 ? n / s : 0; }
+
+/* ------------------------------------------------------------------ dsv4 run */
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 run [-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think]] [--raw] [--special]\n"
+            "                [sampling options]\n"
+            "\n"
+            "Continues a text prompt and streams the new text to standard output as it is\n"
+            "generated; then prints prompt and generation speed to standard error.\n"
+            "\n"
+            "  -m DIR             model directory (config.json, safetensors, tokenizer.json); default:\n"
+            "                     $DSV4_MODEL, else ./models/kjv, else <dir of dsv4>/../models/kjv\n"
+            "  -p, --prompt TEXT  the prompt (its exact bytes; added tokens such as <｜User｜> in it\n"
+            "                     become their ids)\n"
+            "  -f, --file FILE    read the prompt from FILE ('-': standard input)\n"
+            "  -n N               tokens to generate at most (default 64); generation stops earlier\n"
+            "                     at the end-of-sentence token\n"
+            "  --raw              no BOS before the prompt (default: BOS + prompt)\n"
+            "  --chat             wrap the prompt as one user message of the DeepSeek-V4 chat template\n"
+            "                     (non-thinking mode; --think: thinking mode)\n"
+            "  --special          also print special tokens (BOS, EOS, ...) met in the output\n"
+            "%s",
+            GEN_OPTS_HELP);
+}
+
+typedef struct {
+    int failed; /* a write to stdout failed */
+    int ends_nl;
+} run_out;
+
+static int run_cb(void *ctx, int32_t token, int is_stop, const char *text, size_t n) {
+    run_out *o = ctx;
+    (void)token;
+    (void)is_stop;
+    if (!n) return 0;
+    if (fwrite(text, 1, n, stdout) != n || fflush(stdout)) {
+        o->failed = 1;
+        return 1;
+    }
+    o->ends_nl = text[n - 1] == '\n';
+    return 0;
+}
+
+static char *read_file_all(const char *cmd, const char *path, size_t *n) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        if (len == cap) {
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) break;
+    }
+    if (buf && ferror(f)) {
+        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno ? errno : EIO));
+        free(buf);
+        buf = NULL;
+    } else if (!buf) {
+        fprintf(stderr, "dsv4 %s: %s: out of memory\n", cmd, path);
+    }
+    if (f != stdin) fclose(f);
+    if (buf) {
+        buf[len] = 0;
+        *n = len;
+    }
+    return buf;
+}
+
+char *cli_read_file(const char *cmd, const char *path, size_t *n) { return read_file_all(cmd, path, n); }
+
+int cmd_run(int argc, char **argv) {
+    const char *given = NULL, *prompt = NULL, *file = NULL;
+    int raw = 0, chat = 0, think = 0, special = 0, rc = 1;
+    gen_opts o;
+    gen_opts_init(&o, 64);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used, r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") && v) {
+            given = v, i++;
+        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) {
+            prompt = v, i++;
+        } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && v) {
+            file = v, i++;
+        } else if (!strcmp(a, "--raw")) {
+            raw = 1;
+        } else if (!strcmp(a, "--chat")) {
+            chat = 1;
+        } else if (!strcmp(a, "--think")) {
+            think = 1;
+        } else if (!strcmp(a, "--special")) {
+            special = 1;
+        } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
+            if (r < 0) goto usage_err;
+            i += used;
+        } else {
+            fprintf(stderr, "dsv4 run: unknown or incomplete option '%s'\n", a);
+            goto usage_err;
+        }
+    }
+    if (!prompt == !file) {
+        fprintf(stderr, "dsv4 run: exactly one of -p TEXT or -f FILE is required\n");
+        goto usage_err;
+    }
+    if (think && !chat) {
+        fprintf(stderr, "dsv4 run: --think needs --chat\n");
+        goto usage_err;
+    }
+    if (chat && raw) {
+        fprintf(stderr, "dsv4 run: --chat and --raw do not go together (the chat template starts with BOS)\n");
+        goto usage_err;
+    }
+    ds_err err = {{0}};
+    if (ds_sampling_validate(&o.sp, &err)) {
+        fprintf(stderr, "dsv4 run: %s\n", err.msg);
+        goto usage_err;
+    }
+
+    char dir[4096];
+    if (cli_model_dir("run", given, dir, sizeof dir)) return 1;
+    char *owned = NULL, *text = NULL;
+    size_t text_n;
+    if (file) {
+        if (!(owned = read_file_all("run", file, &text_n))) return 1;
+        prompt = owned;
+    } else {
+        text_n = strlen(prompt);
+    }
+    ds_model *m = NULL;
+    ds_tokenizer *tok = NULL;
+    int32_t *ids = NULL, *full = NULL;
+    size_t n_ids = 0;
+    if (cli_load_model_tok("run", dir, &m, &tok)) goto out;
+    if (chat) {
+        ds_chat_msg msg = {0};
+        msg.role = DS_CHAT_ROLE_USER;
+        msg.content = prompt;
+        ds_chat_opts co = {0};
+        co.thinking = think;
+        if (strlen(prompt) != text_n) {
+            fprintf(stderr, "dsv4 run: --chat: the prompt holds a NUL byte\n");
+            goto out;
+        }
+        if (ds_chat_encode(&msg, 1, &co, &text, &text_n, &err)) goto fail;
+        if (ds_tokenizer_encode(tok, text, text_n, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
+    } else {
+        if (ds_tokenizer_encode(tok, prompt, text_n, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
+    }
+    int bos = !chat && !raw;
+    full = malloc((n_ids + 1) * sizeof *full);
+    if (!full) {
+        fprintf(stderr, "dsv4 run: out of memory\n");
+        goto out;
+    }
+    if (bos) full[0] = cli_bos_id(m, tok);
+    if (n_ids) memcpy(full + bos, ids, n_ids * sizeof *ids);
+    int n_full = (int)n_ids + bos;
+    if (n_full < 1) {
+        fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
+        goto out;
+    }
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)o.threads);
+    ds_gen_params gp;
+    ds_gen_params_init(&gp);
+    gp.sampling = o.sp;
+    gp.max_new = (int)o.n;
+    gp.prefill_chunk = (int)o.chunk;
+    gp.detok_flags = special ? 0 : DS_DECODE_SKIP_SPECIAL;
+    run_out ro = {0, 1};
+    ds_gen_result res;
+    if (ds_generate(m, &be, tok, NULL, full, n_full, 0, &gp, run_cb, &ro, &res, &err)) goto fail;
+    if (ro.failed) {
+        fprintf(stderr, "dsv4 run: cannot write to standard output\n");
+        goto out;
+    }
+    if (!ro.ends_nl && isatty(STDOUT_FILENO)) fputc('\n', stdout);
+    fflush(stdout);
+    fprintf(stderr, "prompt: %d tokens, %.3f s, %.1f tokens/s\n", res.n_prompt, res.prompt_s,
+            rate(res.n_prompt, res.prompt_s));
+    fprintf(stderr, "generated: %d tokens%s, %.3f s, %.1f tokens/s\n", res.n_gen,
+            res.stop_token >= 0 ? " (end of sentence)" : "", res.gen_s, rate(res.n_gen, res.gen_s));
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "dsv4 run: %s\n", err.msg);
+out:
+    free(full);
+    free(ids);
+    free(text);
+    free(owned);
+    ds_tokenizer_free(tok);
+    ds_model_free(m);
+    return rc;
+usage_err:
+    run_usage(stderr);
+    return 2;
+}
+
+/* ----------------------------------------------------------------- dsv4 chat */
+
+static void chat_usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 chat [-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache]\n"
+            "                 [sampling options]\n"
+            "\n"
+            "Interactive chat on standard input / output with the DeepSeek-V4 chat template: each\n"
+            "input line is a user message; the reply is streamed until the end-of-sentence token.\n"
+            "Ends at end of input or on the line /exit; /reset starts a new conversation.\n"
+            "\n"
+            "  -m DIR             model directory (default as for dsv4 run)\n"
+            "  --think            thinking mode: the reply starts with its reasoning, then </think>\n"
+            "  --system TEXT      a system message at the start of the conversation\n"
+            "  -n N               tokens per reply at most (default: until the context is full)\n"
+            "  --ctx N            context capacity in tokens for the whole conversation (default 4096)\n"
+            "  --verbose          per turn: tokens, cached prefix and speed on standard error\n"
+            "  --no-cache         prefill the whole conversation every turn (same replies, slower)\n"
+            "%s"
+            "\n"
+            "The sequence state is kept between turns: when the new turn's encoding extends the\n"
+            "tokens already in it, only the new tokens are prefilled; otherwise (earlier reasoning\n"
+            "dropped in thinking mode, a reply that re-tokenizes differently) the conversation is\n"
+            "prefilled again. Either way the reply is the same.\n",
+            GEN_OPTS_HELP);
+}
+
+typedef struct {
+    ds_chat_role role;
+    char *content, *reasoning;
+} chat_turn;
+
+typedef struct {
+    int32_t *ids;
+    int n, cap;
+    int failed;
+} chat_reply;
+
+static int chat_cb(void *ctx, int32_t token, int is_stop, const char *text, size_t n) {
+    chat_reply *r = ctx;
+    (void)is_stop;
+    if (token >= 0) {
+        if (r->n == r->cap) {
+            int nc = r->cap ? r->cap * 2 : 256;
+            int32_t *ni = realloc(r->ids, (size_t)nc * sizeof *ni);
+            if (!ni) {
+                r->failed = 2;
+                return 1;
+            }
+            r->ids = ni;
+            r->cap = nc;
+        }
+        r->ids[r->n++] = token;
+    }
+    if (n && (fwrite(text, 1, n, stdout) != n || fflush(stdout))) {
+        r->failed = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static void free_turns(chat_turn *t, int n) {
+    for (int i = 0; i < n; i++) {
+        free(t[i].content);
+        free(t[i].reasoning);
+    }
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *given = NULL, *system = NULL;
+    int think = 0, verbose = 0, no_cache = 0, rc = 1;
+    long long ctx = 4096;
+    gen_opts o;
+    gen_opts_init(&o, 0);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used, r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            chat_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") && v) {
+            given = v, i++;
+        } else if (!strcmp(a, "--system") && v) {
+            system = v, i++;
+        } else if (!strcmp(a, "--ctx") && v) {
+            if (cli_parse_int(a, v, 2, 1 << 24, &ctx)) goto usage_err;
+            i++;
+        } else if (!strcmp(a, "--think")) {
+            think = 1;
+        } else if (!strcmp(a, "--verbose")) {
+            verbose = 1;
+        } else if (!strcmp(a, "--no-cache")) {
+            no_cache = 1;
+        } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
+            if (r < 0) goto usage_err;
+            i += used;
+        } else {
+            fprintf(stderr, "dsv4 chat: unknown or incomplete option '%s'\n", a);
+            goto usage_err;
+        }
+    }
+    ds_err err = {{0}};
+    if (ds_sampling_validate(&o.sp, &err)) {
+        fprintf(stderr, "dsv4 chat: %s\n", err.msg);
+        goto usage_err;
+    }
+    char dir[4096];
+    if (cli_model_dir("chat", given, dir, sizeof dir)) return 1;
+
+    ds_model *m = NULL;
+    ds_tokenizer *tok = NULL;
+    ds_seq *seq = NULL;
+    chat_turn *turns = NULL;
+    ds_chat_msg *msgs = NULL;
+    int n_turns = 0, cap_turns = 0;
+    int32_t *ctx_ids = NULL, *ids = NULL; /* ctx_ids: the tokens in seq */
+    size_t n_ids = 0;
+    int n_ctx = 0;
+    char *line = NULL, *prompt = NULL, *reply_text = NULL;
+    size_t line_cap = 0;
+    chat_reply reply = {0};
+    if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)o.threads);
+    if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
+    if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;
+    int tty = isatty(STDIN_FILENO);
+    if (system) {
+        if (!(turns = malloc(4 * sizeof *turns))) goto oom;
+        cap_turns = 4;
+        turns[0] = (chat_turn){DS_CHAT_ROLE_SYSTEM, dup_str(system), NULL};
+        if (!turns[0].content) goto oom;
+        n_turns = 1;
+    }
+    int n_keep = n_turns; /* /reset keeps the system message */
+    for (;;) {
+        if (tty) fprintf(stderr, "> ");
+        ssize_t ln = getline(&line, &line_cap, stdin);
+        if (ln < 0) break;
+        while (ln > 0 && (line[ln - 1] == '\n' || line[ln - 1] == '\r')) line[--ln] = 0;
+        if ((size_t)ln != strlen(line)) {
+            fprintf(stderr, "dsv4 chat: input line holds a NUL byte; ignored\n");
+            continue;
+        }
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            free_turns(turns + n_keep, n_turns - n_keep);
+            n_turns = n_keep;
+            ds_seq_reset(seq);
+            n_ctx = 0;
+            continue;
+        }
+        if (!ln) continue;
+        if (n_turns + 2 > cap_turns) {
+            int nc = cap_turns ? cap_turns * 2 : 8;
+            chat_turn *nt = realloc(turns, (size_t)nc * sizeof *nt);
+            if (!nt) goto oom;
+            turns = nt;
+            cap_turns = nc;
+        }
+        turns[n_turns] = (chat_turn){DS_CHAT_ROLE_USER, dup_str(line), NULL};
+        if (!turns[n_turns].content) goto oom;
+        n_turns++;
+
+        /* encode the whole conversation */
+        free(msgs);
+        if (!(msgs = calloc((size_t)n_turns, sizeof *msgs))) goto oom;
+        for (int i = 0; i < n_turns; i++) {
+            msgs[i].role = turns[i].role;
+            msgs[i].content = turns[i].content;
+            msgs[i].reasoning_content = turns[i].reasoning;
+        }
+        ds_chat_opts co = {0};
+        co.thinking = think;
+        size_t pn;
+        free(prompt);
+        prompt = NULL;
+        if (ds_chat_encode(msgs, (size_t)n_turns, &co, &prompt, &pn, &err)) goto fail;
+        free(ids);
+        ids = NULL;
+        if (ds_tokenizer_encode(tok, prompt, pn, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
+        if (n_ids + 1 > (size_t)ctx) {
+            fprintf(stderr,
+                    "dsv4 chat: the conversation is %zu tokens, beyond the context of %lld (--ctx); "
+                    "/reset or raise --ctx\n",
+                    n_ids, ctx);
+            goto out;
+        }
+        /* reuse the sequence if it holds a prefix of the new encoding */
+        int cached = 0;
+        if (!no_cache && n_ctx > 0 && (size_t)n_ctx < n_ids && !memcmp(ctx_ids, ids, (size_t)n_ctx * sizeof *ids))
+            cached = n_ctx;
+        if (!cached && seq->pos) ds_seq_reset(seq);
+
+        ds_gen_params gp;
+        ds_gen_params_init(&gp);
+        gp.sampling = o.sp;
+        long long room = ctx - (long long)n_ids + 1;
+        gp.max_new = (int)(o.n_given && o.n < room ? o.n : room);
+        gp.prefill_chunk = (int)o.chunk;
+        gp.detok_flags = DS_DECODE_SKIP_SPECIAL;
+        reply.n = 0;
+        ds_gen_result res;
+        if (ds_generate(m, &be, tok, seq, ids, (int)n_ids, cached, &gp, chat_cb, &reply, &res, &err)) {
+            ds_seq_reset(seq);
+            n_ctx = 0;
+            goto fail;
+        }
+        if (reply.failed) {
+            fprintf(stderr, reply.failed == 2 ? "dsv4 chat: out of memory\n"
+                                              : "dsv4 chat: cannot write to standard output\n");
+            goto out;
+        }
+        fputc('\n', stdout);
+        fflush(stdout);
+        /* the tokens now in the sequence: the prompt + every reply token but the last */
+        memcpy(ctx_ids, ids, n_ids * sizeof *ids);
+        n_ctx = (int)n_ids;
+        if (reply.n > 1) memcpy(ctx_ids + n_ctx, reply.ids, (size_t)(reply.n - 1) * sizeof *ids);
+        n_ctx += reply.n > 0 ? reply.n - 1 : 0;
+        if (seq->pos != n_ctx) { /* cannot happen; be safe rather than wrong */
+            ds_seq_reset(seq);
+            n_ctx = 0;
+        }
+        if (verbose)
+            fprintf(stderr, "[prompt %zu tokens (%d cached): %.1f tokens/s; reply %d tokens%s: %.1f tokens/s]\n",
+                    n_ids, cached, rate(res.n_prompt, res.prompt_s), res.n_gen,
+                    res.stop_token >= 0 ? "" : " (no end of sentence)", rate(res.n_gen, res.gen_s));
+
+        /* store the reply: parsed when it is a complete message */
+        size_t rn;
+        free(reply_text);
+        reply_text = NULL;
+        if (ds_tokenizer_decode(tok, reply.ids, (size_t)reply.n, DS_DECODE_LOSSY, &reply_text, &rn, &err))
+            goto fail;
+        ds_chat_reply pr;
+        chat_turn t = {DS_CHAT_ROLE_ASSISTANT, NULL, NULL};
+        if (!ds_chat_parse(reply_text, rn, think, &pr, &err)) {
+            t.content = pr.content;
+            t.reasoning = think ? pr.reasoning : NULL;
+            if (!think) free(pr.reasoning);
+            pr.content = pr.reasoning = NULL;
+            ds_chat_reply_free(&pr);
+        } else {
+            /* cut by -n / --ctx: expected; with its end-of-sentence: malformed */
+            if (res.stop_token >= 0)
+                fprintf(stderr, "dsv4 chat: the reply is not a well-formed message (%s); kept as plain text\n",
+                        err.msg);
+            free(reply_text);
+            reply_text = NULL;
+            int nr = reply.n - (res.stop_token >= 0);
+            if (ds_tokenizer_decode(tok, reply.ids, (size_t)nr, DS_DECODE_LOSSY | DS_DECODE_SKIP_SPECIAL,
+                                    &reply_text, &rn, &err))
+                goto fail;
+            t.content = reply_text;
+            reply_text = NULL;
+        }
+        if (!t.content) goto oom;
+        turns[n_turns++] = t;
+    }
+    rc = 0;
+    goto out;
+oom:
+    fprintf(stderr, "dsv4 chat: out of memory\n");
+    goto out;
+fail:
+    fprintf(stderr, "dsv4 chat: %s\n", err.msg);
+out:
+    free_turns(turns, n_turns);
+    free(turns);
+    free(msgs);
+    free(ctx_ids);
+    free(ids);
+    free(line);
+    free(prompt);
+    free(reply_text);
+    free(reply.ids);
+    ds_seq_free(seq);
+    ds_tokenizer_free(tok);
+    ds_model_free(m);
+    return rc;
+usage_err:
+    chat_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,73 @@
+/* generate.h — a streaming generation loop over the engine: prefill a prompt
+ * in bounded chunks, then decode token by token, sampling each token with
+ * ds_sample at its absolute position and handing its newly completed UTF-8
+ * text (ds_detok_stream: never a broken character) to a callback.
+ *
+ * Results are those of `dsv4 generate`: the token at position p is sampled
+ * from the logits after the sequence holds p tokens, with the RNG counter p
+ * and the penalty history = the whole prompt + the tokens generated so far.
+ * They do not depend on the prefill chunk size, on the thread count or on
+ * whether a prompt prefix was already in the sequence (ds_forward's
+ * invariance), so a chat that keeps its sequence gives the same replies as
+ * one that re-prefills the whole conversation each turn. */
+#ifndef DS_GENERATE_H
+#define DS_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "format/tokenizer.h"
+#include "model/forward.h"
+#include "runtime/sampler.h"
+
+typedef struct ds_gen_params {
+    ds_sampling sampling;
+    int max_new;             /* tokens to sample at most (>= 0), the stop token included */
+    const int32_t *stop_ids; /* tokens that end generation; NULL (with n_stop 0): the
+                                tokenizer's EOS, else the config's eos_token_id */
+    int n_stop;
+    int prefill_chunk;       /* tokens per prefill step; <= 0: 512 */
+    int64_t max_len;         /* capacity of the sequence ds_generate creates; <= 0:
+                                n_prompt + max_new + 1 (unused when a sequence is given) */
+    int detok_flags;         /* 0 or DS_DECODE_SKIP_SPECIAL, for the callback's text */
+} ds_gen_params;
+
+/* max_new 64, greedy (temperature 0), EOS stops, chunk 512, no flags. */
+void ds_gen_params_init(ds_gen_params *p);
+
+/* Called for every sampled token, in order. text / n: the text this token
+ * completes (possibly empty; valid UTF-8; owned by the loop, valid during the
+ * call). A stop token is reported with is_stop = 1 and empty text (its text is
+ * not decoded). When generation ends with bytes held back (an incomplete
+ * character), one last call has token = -1 and the flushed text (U+FFFD).
+ * So the concatenated text equals ds_tokenizer_decode(LOSSY | detok_flags) of
+ * the sampled tokens other than the stop token. Return nonzero to end
+ * generation early (not an error). */
+typedef int (*ds_gen_token_fn)(void *ctx, int32_t token, int is_stop, const char *text, size_t n);
+
+typedef struct ds_gen_result {
+    int n_prompt;       /* prompt tokens prefilled by this call (the prompt minus the cached prefix) */
+    double prompt_s;    /* seconds of prefill (up to the first token's logits) */
+    int n_gen;          /* tokens sampled, the stop token included */
+    double gen_s;       /* seconds from the end of prefill to the end of generation */
+    int32_t stop_token; /* the stop token that ended generation, or -1 */
+} ds_gen_result;
+
+/* Generates a continuation of prompt[0..n_prompt).
+ * seq: NULL to use a fresh sequence of capacity p->max_len (created and freed
+ *   here); or a caller's sequence whose first n_cached tokens are
+ *   prompt[0..n_cached) (seq->pos must equal n_cached): only the rest is
+ *   prefilled. n_cached < n_prompt unless p->max_new == 0. On return the
+ *   sequence holds the prompt and every sampled token but the last one
+ *   (seq->pos == n_prompt + n_gen - 1 when n_gen > 0); on error reset it.
+ * tok: for the text (may be NULL: the callback then gets empty text).
+ * cb: may be NULL. res: may be NULL.
+ * Errors name the prompt token or parameter at fault; a capacity too small
+ * for the prompt is an error, while generation simply stops when the
+ * sequence is full. */
+int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok, ds_seq *seq, const int32_t *prompt,
+                int n_prompt, int n_cached, const ds_gen_params *p, ds_gen_token_fn cb, void *cb_ctx,
+                ds_gen_result *res, ds_err *err);
+
+#endif
