@@ -107,5 +107,13 @@ int main(void) {
             free(data);
             free(scale);
         }
+    /* the small fixed-order dot used by norms and attention = the portable path */
+    for (int n = 1; n < 300; n += 7) {
+        float a[300], b[300];
+        for (int i = 0; i < n; i++) a[i] = frand(), b[i] = frand();
+        ds_weight w1 = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
+        float f = ds_dot_f32(a, b, n), g = ds_cpu_row_dot(&w1, 0, b);
+        CHECK(!memcmp(&f, &g, 4), "ds_dot_f32 n=%d: %g != portable %g", n, f, g);
+    }
     return test_summary("kernels");
 }

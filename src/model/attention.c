@@ -13,6 +13,29 @@
 
 static float *fbuf(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
 
+/* Per-head work on rows of [T][H][d]: optional unweighted RMSNorm, then RoPE
+ * (inverse for the attention output) at each row's position. */
+typedef struct {
+    float *x;
+    int H, d, half, norm, inverse;
+    const float *inv;
+    const int64_t *pos;
+    float eps;
+} head_job;
+
+static void head_row(void *ctx, int i) {
+    const head_job *J = ctx;
+    float *xh = J->x + (size_t)i * J->d;
+    if (J->norm) ds_rmsnorm(xh, xh, NULL, J->d, J->eps);
+    ds_rope_apply(xh, J->d, J->inv, J->half, J->pos[i / J->H], J->inverse);
+}
+
+void ds_heads_rope(const ds_backend *be, float *x, int T, int H, int d, int norm, const float *inv, int half,
+                   const int64_t *pos, int inverse, float eps) {
+    head_job J = {x, H, d, half, norm, inverse, inv, pos, eps};
+    be->parallel_for(be, T * H, head_row, &J);
+}
+
 /* Feeds the step's tokens of every sequence, in position order, to the
  * layer's compressor; entries completed by a token become visible to it. */
 static int compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int which, const float *kv,
@@ -68,20 +91,13 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
 
     /* queries: q = norm_h(wq_b @ RMSNorm(wq_a @ x)), RoPE on the last r channels */
     be->matmul(be, &ly->wq_a, xn, T, qr);
-    for (int t = 0; t < T; t++) ds_rmsnorm(qr + (size_t)t * QL, qr + (size_t)t * QL, ly->q_norm, QL, c->rms_eps);
+    ds_rmsnorm_rows(be, qr, qr, ly->q_norm, T, QL, c->rms_eps);
     be->matmul(be, &ly->wq_b, qr, T, q);
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) {
-            float *qh = q + ((size_t)t * H + h) * d;
-            ds_rmsnorm(qh, qh, NULL, d, c->rms_eps);
-            ds_rope_apply(qh, d, inv, half, S->tok_pos[t], 0);
-        }
+    ds_heads_rope(be, q, T, H, d, 1, inv, half, S->tok_pos, 0, c->rms_eps);
     /* the single K=V head */
     be->matmul(be, &ly->wkv, xn, T, kv);
-    for (int t = 0; t < T; t++) {
-        ds_rmsnorm(kv + (size_t)t * d, kv + (size_t)t * d, ly->kv_norm, d, c->rms_eps);
-        ds_rope_apply(kv + (size_t)t * d, d, inv, half, S->tok_pos[t], 0);
-    }
+    ds_rmsnorm_rows(be, kv, kv, ly->kv_norm, T, d, c->rms_eps);
+    ds_heads_rope(be, kv, T, 1, d, 0, inv, half, S->tok_pos, 0, c->rms_eps);
     /* compressed entries, then the indexer's choice among them */
     if (ly->ratio && ds_compress_tokens(S, li, &ly->comp, 0, xn, err)) goto done;
     if (ly->is_csa) {
@@ -135,8 +151,7 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     be->attend(be, qs, T * H, d, 1.0f / sqrtf((float)d));
 
     /* values carried their keys' rotation: undo it at the query position */
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) ds_rope_apply(o + ((size_t)t * H + h) * d, d, inv, half, S->tok_pos[t], 1);
+    ds_heads_rope(be, o, T, H, d, 0, inv, half, S->tok_pos, 1, c->rms_eps);
 
     /* grouped output projection: group g of heads through its block of wo_a */
     for (int g = 0; g < G; g++) {

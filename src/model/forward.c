@@ -82,13 +82,13 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
         const ds_layer *ly = &m->layers[li];
         float *tmp;
         ds_mhc_pre(be, c, &ly->hc_attn, X, T, x_in, post, comb, scratch);
-        for (int t = 0; t < T; t++) ds_rmsnorm(xn + (size_t)t * D, x_in + (size_t)t * D, ly->attn_norm, D, c->rms_eps);
+        ds_rmsnorm_rows(be, xn, x_in, ly->attn_norm, T, D, c->rms_eps);
         if (ds_attention(&S, li, xn, y, err)) goto done;
         ds_mhc_post(be, c, X, y, post, comb, T, X2);
         tmp = X, X = X2, X2 = tmp;
 
         ds_mhc_pre(be, c, &ly->hc_ffn, X, T, x_in, post, comb, scratch);
-        for (int t = 0; t < T; t++) ds_rmsnorm(xn + (size_t)t * D, x_in + (size_t)t * D, ly->ffn_norm, D, c->rms_eps);
+        ds_rmsnorm_rows(be, xn, x_in, ly->ffn_norm, T, D, c->rms_eps);
         if (ds_moe(&S, li, xn, y, err)) goto done;
         ds_mhc_post(be, c, X, y, post, comb, T, X2);
         tmp = X, X = X2, X2 = tmp;
@@ -102,7 +102,7 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
         }
         for (int j = 0; j < R; j++) memcpy(hx + (size_t)j * nd, X + (size_t)hrow[j] * nd, nd * sizeof *hx);
         ds_mhc_head(be, c, &m->hc_head, hx, R, x_in, scratch);
-        for (int j = 0; j < R; j++) ds_rmsnorm(xn + (size_t)j * D, x_in + (size_t)j * D, m->norm, D, c->rms_eps);
+        ds_rmsnorm_rows(be, xn, x_in, m->norm, R, D, c->rms_eps);
         be->matmul(be, &m->head, xn, R, hlog);
         r = 0;
         for (int i = 0; i < n_items; i++) {

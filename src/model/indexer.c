@@ -85,9 +85,7 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
         rc = ds_fail(err, "layer %d indexer: out of memory", li);
     } else {
         S->be->matmul(S->be, &ly->idx.wq_b, qr, T, iq);
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < nh; h++)
-                ds_rope_apply(iq + ((size_t)t * nh + h) * dh, dh, m->inv_freq_compress, half, S->tok_pos[t], 0);
+        ds_heads_rope(S->be, iq, T, nh, dh, 0, m->inv_freq_compress, half, S->tok_pos, 0, c->rms_eps);
         S->be->matmul(S->be, &ly->idx.weights_proj, xn, T, iw);
         float ws = 1.0f / sqrtf((float)nh);
         for (size_t i = 0; i < (size_t)T * nh; i++) iw[i] *= ws;

@@ -12,7 +12,7 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 static void mixes(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *f,
                   float *m) {
     int nd = c->hc_mult * c->dim;
-    for (int t = 0; t < T; t++) ds_rmsnorm(f + (size_t)t * nd, X + (size_t)t * nd, NULL, nd, c->rms_eps);
+    ds_rmsnorm_rows(be, f, X, NULL, T, nd, c->rms_eps);
     be->matmul(be, &w->fn, f, T, m);
 }
 
@@ -100,19 +100,32 @@ void ds_mhc_post(const ds_backend *be, const ds_config *c, const float *X, const
     be->parallel_for(be, T, post_token, &J);
 }
 
+typedef struct {
+    const ds_config *c;
+    const ds_hc_w *w;
+    const float *X, *m;
+    float *x;
+} head_job;
+
+static void head_token(void *ctx, int t) {
+    const head_job *J = ctx;
+    const ds_config *c = J->c;
+    int n = c->hc_mult, D = c->dim;
+    float pre[64];
+    for (int i = 0; i < n; i++) pre[i] = sigmoidf(J->m[(size_t)t * n + i] * J->w->scale[0] + J->w->base[i]) + c->hc_eps;
+    const float *Xt = J->X + (size_t)t * n * D;
+    for (int k = 0; k < D; k++) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        J->x[(size_t)t * D + k] = s;
+    }
+}
+
 void ds_mhc_head(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x,
                  float *scratch) {
-    int n = c->hc_mult, D = c->dim, nd = n * D;
+    int nd = c->hc_mult * c->dim;
     float *f = scratch, *m = scratch + (size_t)T * nd;
     mixes(be, c, w, X, T, f, m);
-    for (int t = 0; t < T; t++) {
-        float pre[64];
-        for (int i = 0; i < n; i++) pre[i] = sigmoidf(m[(size_t)t * n + i] * w->scale[0] + w->base[i]) + c->hc_eps;
-        const float *Xt = X + (size_t)t * nd;
-        for (int k = 0; k < D; k++) {
-            float s = pre[0] * Xt[k];
-            for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
-            x[(size_t)t * D + k] = s;
-        }
-    }
+    head_job J = {c, w, X, m, x};
+    be->parallel_for(be, T, head_token, &J);
 }

@@ -78,6 +78,34 @@ static void route(const ds_config *c, const ds_layer *ly, const float *logits, i
     for (int j = 0; j < k; j++) wts[j] = score[idx[j]] / (sum + 1e-20f) * c->route_scale;
 }
 
+typedef struct {
+    const int *idx;
+    const float *wts, *slot_out, *shared;
+    float *out;
+    int k, D;
+} combine_job;
+
+static void combine_token(void *ctx, int t) {
+    const combine_job *J = ctx;
+    int k = J->k, D = J->D, order[64];
+    const int *idx = J->idx + (size_t)t * k;
+    for (int j = 0; j < k; j++) order[j] = j;
+    for (int a = 1; a < k; a++) /* insertion sort by (expert id, slot) */
+        for (int b = a; b > 0 && idx[order[b - 1]] > idx[order[b]]; b--) {
+            int tmp = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = tmp;
+        }
+    float *y = J->out + (size_t)t * D;
+    for (int i = 0; i < D; i++) y[i] = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const float *o = J->slot_out + ((size_t)t * k + order[j]) * D;
+        float w = J->wts[(size_t)t * k + order[j]];
+        for (int i = 0; i < D; i++) y[i] = y[i] + o[i] * w;
+    }
+    for (int i = 0; i < D; i++) y[i] = y[i] + J->shared[(size_t)t * D + i];
+}
+
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
@@ -129,24 +157,8 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     }
 
     /* y = sum over slots in ascending expert id (then slot) of w * E(x), + shared */
-    for (int t = 0; t < T; t++) {
-        int order[64];
-        for (int j = 0; j < k; j++) order[j] = j;
-        for (int a = 1; a < k; a++) /* insertion sort by (expert id, slot) */
-            for (int b = a; b > 0 && idx[(size_t)t * k + order[b - 1]] > idx[(size_t)t * k + order[b]]; b--) {
-                int tmp = order[b];
-                order[b] = order[b - 1];
-                order[b - 1] = tmp;
-            }
-        float *y = out + (size_t)t * D;
-        for (int i = 0; i < D; i++) y[i] = 0.0f;
-        for (int j = 0; j < k; j++) {
-            const float *o = slot_out + ((size_t)t * k + order[j]) * D;
-            float w = wts[(size_t)t * k + order[j]];
-            for (int i = 0; i < D; i++) y[i] = y[i] + o[i] * w;
-        }
-        for (int i = 0; i < D; i++) y[i] = y[i] + shared[(size_t)t * D + i];
-    }
+    combine_job J = {idx, wts, slot_out, shared, out, k, D};
+    be->parallel_for(be, T, combine_token, &J);
     rc = 0;
     goto done;
 oom:

@@ -6,4 +6,8 @@
 
 void ds_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
+struct ds_backend;
+/* The same for T rows of n (rows in parallel on the backend's threads). */
+void ds_rmsnorm_rows(const struct ds_backend *be, float *out, const float *x, const float *w, int T, int n, float eps);
+
 #endif

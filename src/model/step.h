@@ -33,6 +33,11 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
  * attention compressor, 1: the indexer's). */
 int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int which, const float *xn, ds_err *err);
 
+/* RoPE on every head of x [T][H][d] at the rows' positions (inverse: the
+ * conjugate rotation), after an unweighted RMSNorm per head when norm = 1. */
+void ds_heads_rope(const ds_backend *be, float *x, int T, int H, int d, int norm, const float *inv, int half,
+                   const int64_t *pos, int inverse, float eps);
+
 /* Lightning indexer (doc §3.4): feeds the indexer compressor with the step's
  * tokens, then for every row picks the top-k visible compressed entries.
  * sel: [T][index_topk] entry ids ascending, n_sel [T]. */

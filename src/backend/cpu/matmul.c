@@ -501,8 +501,26 @@ static rows4_fn rows4_for(int path) {
 }
 
 float ds_dot_f32(const float *a, const float *b, int n) {
+#ifdef DS_X86
+    /* the dense 16-lane order, as (lo, hi) halves */
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
+    }
+    if (c < n) {
+        float ta[16] = {0}, tb[16] = {0};
+        memcpy(ta, a + c, sizeof(float) * (size_t)(n - c));
+        memcpy(tb, b + c, sizeof(float) * (size_t)(n - c));
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(ta), _mm256_loadu_ps(tb), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(ta + 8), _mm256_loadu_ps(tb + 8), hi);
+    }
+    return hsum8_avx(_mm256_add_ps(lo, hi));
+#else
     ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
     return ds_cpu_row_dot(&w, 0, b);
+#endif
 }
 
 /* Token blocks keep x of a block in cache while all rows stream past. */
