@@ -37,7 +37,7 @@ static double read_bandwidth(int threads) {
             }
             float t[8];
             _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-            s += t[0] + t[7];
+            for (int i = 0; i < 8; i++) s += t[i];
 #else
             for (int i = 0; i < 4096; i++) s += p[i];
 #endif

@@ -79,10 +79,10 @@ static int get_scale(const ds_checkpoint *ck, const char *prefix, int64_t r, int
     return 0;
 }
 
-int ds_weight_get(const ds_checkpoint *ck, const char *prefix, int rows, int cols, unsigned allow, ds_weight *w,
-                  ds_err *err) {
-    char name[512];
-    snprintf(name, sizeof name, "%s.weight", prefix);
+/* The tensor `name` as a weight of `rows` x `cols` in one of the `allow`ed
+ * kinds; FP8 / FP4 take their scale grid from "<prefix>.scale". */
+static int weight_from(const ds_checkpoint *ck, const char *name, const char *prefix, int rows, int cols,
+                       unsigned allow, ds_weight *w, ds_err *err) {
     const ds_tensor *t = ds_checkpoint_find(ck, name);
     if (!t) return ds_fail(err, "tensor '%s' is missing", name);
     memset(w, 0, sizeof *w);
@@ -115,21 +115,15 @@ int ds_weight_get(const ds_checkpoint *ck, const char *prefix, int rows, int col
     return 0;
 }
 
+int ds_weight_get(const ds_checkpoint *ck, const char *prefix, int rows, int cols, unsigned allow, ds_weight *w,
+                  ds_err *err) {
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    return weight_from(ck, name, prefix, rows, cols, allow, w, err);
+}
+
 int ds_weight_get_named(const ds_checkpoint *ck, const char *name, int rows, int cols, ds_weight *w, ds_err *err) {
-    const ds_tensor *t = ds_checkpoint_find(ck, name);
-    if (!t) return ds_fail(err, "tensor '%s' is missing", name);
-    memset(w, 0, sizeof *w);
-    w->rows = rows;
-    w->cols = cols;
-    w->data = t->data;
-    w->name = t->name;
-    switch (t->dtype) {
-    case DS_F32: w->kind = DS_W_F32; break;
-    case DS_BF16: w->kind = DS_W_BF16; break;
-    case DS_F16: w->kind = DS_W_F16; break;
-    default: return ds_fail(err, "tensor '%s': dtype %s, expected F32, BF16 or F16", name, ds_dtype_name(t->dtype));
-    }
-    return check_shape2(t, rows, cols, err);
+    return weight_from(ck, name, name, rows, cols, DS_ALLOW_DENSE, w, err);
 }
 
 ds_weight ds_weight_rows(const ds_weight *w, int r0, int n) {
