@@ -65,10 +65,38 @@ static void free_out(float **o, int k) {
     free(o);
 }
 
+/* The config transformers saved (config.hf.json) describes the same model as
+ * the official config.json. */
+static void same_config(const char *dir) {
+    char a[1100], b[1100];
+    snprintf(a, sizeof a, "%s/config.json", dir);
+    snprintf(b, sizeof b, "%s/config.hf.json", dir);
+    ds_config x, y;
+    ds_err err;
+    int ra = ds_config_load(a, &x, &err);
+    CHECK(ra == 0, "%s", err.msg);
+    int rb = ds_config_load(b, &y, &err);
+    CHECK(rb == 0, "%s", err.msg);
+    if (ra || rb) return;
+    int same = x.vocab_size == y.vocab_size && x.dim == y.dim && x.n_layers == y.n_layers && x.n_heads == y.n_heads &&
+               x.head_dim == y.head_dim && x.rope_dim == y.rope_dim && x.q_lora_rank == y.q_lora_rank &&
+               x.o_groups == y.o_groups && x.o_lora_rank == y.o_lora_rank && x.n_routed_experts == y.n_routed_experts &&
+               x.n_active_experts == y.n_active_experts && x.moe_inter_dim == y.moe_inter_dim &&
+               x.n_hash_layers == y.n_hash_layers && x.window == y.window && x.index_n_heads == y.index_n_heads &&
+               x.index_head_dim == y.index_head_dim && x.index_topk == y.index_topk && x.hc_mult == y.hc_mult &&
+               x.hc_sinkhorn_iters == y.hc_sinkhorn_iters && x.rope_theta == y.rope_theta &&
+               x.compress_rope_theta == y.compress_rope_theta && x.yarn == y.yarn && x.yarn_factor == y.yarn_factor &&
+               x.yarn_orig_max_pos == y.yarn_orig_max_pos && x.swiglu_limit == y.swiglu_limit &&
+               x.route_scale == y.route_scale && x.rms_eps == y.rms_eps &&
+               !memcmp(x.compress_ratio, y.compress_ratio, sizeof(int) * (size_t)x.n_layers);
+    CHECK(same, "%s: config.json and config.hf.json describe different models", dir);
+}
+
 static void fixture(const char *name) {
     char dir[1024], path[1100];
     test_path(dir, sizeof dir, "tests/fixtures/");
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
+    same_config(dir);
     ds_model *m;
     ds_err err;
     int rc = ds_model_load(dir, &m, &err);
