@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "backend/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -535,6 +537,8 @@ typedef struct {
     int t0, tn;
     rows4_fn rows4;
     int path;
+    float *scratch;   /* one decode scratch per thread, or NULL */
+    size_t per_thread;
 } mm_job;
 
 static void mm_group(void *ctx, int g) {
@@ -543,12 +547,9 @@ static void mm_group(void *ctx, int g) {
     int R = w->rows, K = w->cols;
     int rs[4];
     for (int i = 0; i < 4; i++) rs[i] = g * 4 + i < R ? g * 4 + i : g * 4;
-    float *buf = NULL;
-    if (j->tn >= SCRATCH_MIN_TOKENS) { /* decode the rows once for the whole token block */
-        int Kp = (K + 15) & ~15, nb = (K + 31) / 32 + 1;
-        buf = malloc(sizeof(float) * 4 * (size_t)(Kp + nb));
-    }
-    if (buf) {
+    float *buf = j->tn >= SCRATCH_MIN_TOKENS && j->scratch ? j->scratch + (size_t)omp_get_thread_num() * j->per_thread
+                                                          : NULL;
+    if (buf) { /* decode the rows once for the whole token block */
         int Kp = (K + 15) & ~15, nb = (K + 31) / 32 + 1;
         scratch4 S;
         for (int i = 0; i < 4; i++) {
@@ -569,7 +570,6 @@ static void mm_group(void *ctx, int g) {
                 dots4_generic(&S, x, out);
             for (int i = 0; i < 4 && g * 4 + i < R; i++) j->y[(size_t)t * (size_t)R + (size_t)(g * 4 + i)] = out[i];
         }
-        free(buf);
         return;
     }
     for (int t = j->t0; t < j->t0 + j->tn; t++) { /* one token (or no memory): fused decode */
@@ -582,10 +582,17 @@ static void mm_group(void *ctx, int g) {
 void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
     int groups = (w->rows + 3) / 4;
     rows4_fn f = rows4_for(path);
+    size_t per = 0;
+    float *scratch = NULL;
+    if (T >= SCRATCH_MIN_TOKENS) { /* without memory the fused path gives the same bits */
+        per = 4 * (size_t)(((w->cols + 15) & ~15) + (w->cols + 31) / 32 + 1);
+        scratch = malloc(sizeof(float) * per * (size_t)(be->n_threads > 0 ? be->n_threads : 1));
+    }
     for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
-        mm_job j = {w, x, y, t0, T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK, f, path};
+        mm_job j = {w, x, y, t0, T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK, f, path, scratch, per};
         be->parallel_for(be, groups, mm_group, &j);
     }
+    free(scratch);
 }
 
 void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
