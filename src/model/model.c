@@ -188,6 +188,13 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
         return -1;
     }
     const ds_config *c = &m->cfg;
+    /* limits of the engine's fixed-size per-token arrays */
+    if (c->hc_mult > 64 || c->n_active_experts > 64 || c->n_routed_experts > 4096) {
+        ds_fail(err, "%s/config.json: hc_mult %d, num_experts_per_tok %d, n_routed_experts %d exceed what this engine "
+                "supports (64, 64, 4096)", dir, c->hc_mult, c->n_active_experts, c->n_routed_experts);
+        ds_model_free(m);
+        return -1;
+    }
     loader L = {m, err, {0}};
     int n = c->hc_mult;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
