@@ -8,7 +8,7 @@ Runs on the GPU machine (torch + transformers >= 5.17 with models/deepseek_v4 + 
 
     python3 tools/corpus_kjv.py                 # here: writes build-kjv/train.txt, models/kjv/heldout.txt
     PYTHONUNBUFFERED=1 python3 tools/train_bundled.py --train build-kjv/train.txt \
-        --heldout models/kjv/heldout.txt --out $OUT --budget 565
+        --heldout models/kjv/heldout.txt --out $OUT --budget 450 --post-reserve 110 --max-epochs 5
 
 One call does everything (see tools/README-bundled.md):
   1. trains a byte-level BPE tokenizer (DeepSeek-V3/V4 pre-tokenizer, V4 special tokens);
