@@ -290,18 +290,19 @@ AVX512 static inline __m512 dec16_512(const ds_weight *w, const uint8_t *row, in
     return _mm512_setzero_ps();
 }
 
-AVX512 static inline void chunks4_512(const ds_weight *w, const uint8_t *const *row, const float *x, int c0, int len,
-                                      __m512 *p) {
-    size_t esz = row_bytes(w) / (size_t)w->cols;
-    for (int i = 0; i < 4; i++) p[i] = _mm512_setzero_ps();
+/* NR rows (1, 2 or 4) x one token; NR is a compile-time constant at every
+ * call, so the loops unroll. Fewer rows = fewer concurrent memory streams. */
+AVX512 __attribute__((always_inline)) static inline void chunks_512(const ds_weight *w, const uint8_t *const *row,
+                                                                    const float *x, int c0, int len, __m512 *p,
+                                                                    const int NR) {
+    for (int i = 0; i < NR; i++) p[i] = _mm512_setzero_ps();
     int j = 0;
     for (; j + 16 <= len; j += 16) {
-        if (!(((size_t)(c0 + j) * esz) & 63)) prefetch_next(row, (size_t)(c0 + j) * esz, esz * (size_t)w->cols);
         __m512 xv = _mm512_loadu_ps(x + c0 + j);
-        for (int i = 0; i < 4; i++) p[i] = _mm512_fmadd_ps(dec16_512(w, row[i], c0 + j), xv, p[i]);
+        for (int i = 0; i < NR; i++) p[i] = _mm512_fmadd_ps(dec16_512(w, row[i], c0 + j), xv, p[i]);
     }
     if (j < len)
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < NR; i++) {
             float tw[16] = {0}, tx[16] = {0};
             for (int k = 0; j + k < len && k < 16; k++) {
                 tw[k] = elem(w, row[i], c0 + j + k);
@@ -311,25 +312,26 @@ AVX512 static inline void chunks4_512(const ds_weight *w, const uint8_t *const *
         }
 }
 
-AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, float *out) {
+AVX512 __attribute__((always_inline)) static inline void rows_512(const ds_weight *w, const int *rs, const float *x,
+                                                                  float *out, const int NR) {
     int K = w->cols;
     size_t rb = row_bytes(w);
     const uint8_t *row[4];
-    for (int i = 0; i < 4; i++) row[i] = w->data + (size_t)rs[i] * rb;
+    for (int i = 0; i < NR; i++) row[i] = w->data + (size_t)rs[i] * rb;
     __m512 p[4], a[4];
     if (w->kind == DS_W_F32 || w->kind == DS_W_BF16 || w->kind == DS_W_F16) {
-        chunks4_512(w, row, x, 0, K, p);
-        for (int i = 0; i < 4; i++) out[i] = hsum16_512(p[i]);
+        chunks_512(w, row, x, 0, K, p, NR);
+        for (int i = 0; i < NR; i++) out[i] = hsum16_512(p[i]);
         return;
     }
-    for (int i = 0; i < 4; i++) a[i] = _mm512_setzero_ps();
+    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
     if (w->kind == DS_W_FP8) {
         size_t srow[4];
-        for (int i = 0; i < 4; i++) srow[i] = fp8_srow(w, rs[i]);
+        for (int i = 0; i < NR; i++) srow[i] = fp8_srow(w, rs[i]);
         for (int kb = 0; kb * DS_FP8_BLOCK < K; kb++) {
             int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-            chunks4_512(w, row, x, c0, len, p);
-            for (int i = 0; i < 4; i++)
+            chunks_512(w, row, x, c0, len, p, NR);
+            for (int i = 0; i < NR; i++)
                 a[i] = _mm512_fmadd_ps(p[i], _mm512_set1_ps(scale_of(w, srow[i] + (size_t)kb) * 256.0f), a[i]);
         }
     } else { /* FP4: 32 codes -> 32 fp16 in element order -> 2 x 16 floats */
@@ -339,8 +341,7 @@ AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, 
         for (int g = 0; g < G; g++) {
             const float *xg = x + g * DS_FP4_GROUP;
             __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
-            if (!(g & 3)) prefetch_next(row, (size_t)g * 16, (size_t)K / 2);
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < NR; i++) {
                 __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row[i] + g * 16)));
                 __m256i codes = _mm256_or_si256(_mm256_and_si256(wv, mlo), _mm256_and_si256(_mm256_slli_epi16(wv, 4), mhi));
                 __m256i hb = _mm256_shuffle_epi8(tbl, codes);
@@ -352,7 +353,21 @@ AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, 
             }
         }
     }
-    for (int i = 0; i < 4; i++) out[i] = hsum16_512(a[i]);
+    for (int i = 0; i < NR; i++) out[i] = hsum16_512(a[i]);
+}
+
+#ifndef DS_ROWS_PER_STREAM
+#define DS_ROWS_PER_STREAM 1
+#endif
+AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, float *out) {
+#if DS_ROWS_PER_STREAM == 1
+    for (int i = 0; i < 4; i++) rows_512(w, rs + i, x, out + i, 1);
+#elif DS_ROWS_PER_STREAM == 2
+    rows_512(w, rs, x, out, 2);
+    rows_512(w, rs + 2, x, out + 2, 2);
+#else
+    rows_512(w, rs, x, out, 4);
+#endif
 }
 #endif
 
