@@ -19,7 +19,8 @@ typedef struct ds_batch_item {
 /* Optional observer of a step's decisions (for statistics; never changes
  * results). route: the k experts chosen for token `tok` of batch item `item`
  * at MoE layer `layer` (ascending ids for routed layers, table order for hash
- * layers). */
+ * layers). Called on the calling thread, one token at a time, in row order,
+ * so a callback needs no locking. */
 #define DS_HAVE_ROUTE_HOOK 1
 typedef struct ds_observer {
     void (*route)(void *ctx, int layer, int item, int tok, const int *experts, int k);
