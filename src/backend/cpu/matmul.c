@@ -265,6 +265,7 @@ __attribute__((unused)) static void rows4_avx2(const ds_weight *w, const int *rs
 
 /* ---- AVX-512: a 16-lane vector is one register ---- */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 
 AVX512 static inline float hsum16_512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -286,6 +287,58 @@ AVX512 static inline __m512 dec16_512(const ds_weight *w, const uint8_t *row, in
     case DS_W_FP4: break;
     }
     return _mm512_setzero_ps();
+}
+
+/* Sixteen group scales starting at index i (n <= 16 valid) as floats, with the
+ * scalar decoder's values (e8m0: e == 0 -> 2^-127, else e << 23). */
+AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    if (w->scale_f32) return _mm512_maskz_loadu_ps(m, w->scale + 4 * i);
+    __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, w->scale + i));
+    __m512i bits = _mm512_slli_epi32(e, 23);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                 _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(bits);
+}
+
+/* One MXFP4 row, two groups (32 bytes) per step: the low / high nibbles go
+ * through the E2M1 table (pshufb), then one byte permute per group places
+ * table[code] in the high byte of each element's fp16 (low byte zeroed by
+ * the mask); scales are decoded 16 groups at a time. */
+AVX512VBMI static float row1_fp4_512(const ds_weight *w, int r, const float *x) {
+    int K = w->cols, G = K / DS_FP4_GROUP;
+    const uint8_t *row = w->data + (size_t)r * (size_t)(K / 2);
+    size_t sbase = (size_t)r * (size_t)w->scale_cols;
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    /* element k of group 0: odd byte 2k+1 <- L[k/2] (k even) or H[k/2] (k odd); group 1: +16 */
+    uint8_t ib[64];
+    for (int k = 0; k < 32; k++) ib[2 * k] = 0, ib[2 * k + 1] = (uint8_t)((k & 1 ? 64 : 0) + k / 2);
+    const __m512i idx0 = _mm512_loadu_si512(ib), idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(16));
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    __m512 acc = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
+    for (int g = 0; g < G; g += 2) {
+        if (!(g & 15)) sv = scales16_512(w, sbase + (size_t)g, G - g < 16 ? G - g : 16);
+        const float *xg = x + g * DS_FP4_GROUP;
+        int two = g + 1 < G; /* g is even: g and g+1 share the scale window */
+        __m256i b = two ? _mm256_loadu_si256((const __m256i *)(const void *)(row + g * 16))
+                        : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + g * 16)));
+        __m512i L = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)));
+        __m512i H = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)));
+        __m512i h0 = _mm512_maskz_permutex2var_epi8(odd, L, idx0, H);
+        __m512 g0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h0, 1)), _mm512_loadu_ps(xg + 16),
+                                    _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h0)), _mm512_loadu_ps(xg),
+                                                    _mm512_setzero_ps()));
+        acc = _mm512_fmadd_ps(g0, _mm512_permutexvar_ps(_mm512_set1_epi32(g & 15), sv), acc);
+        if (two) {
+            __m512i h1 = _mm512_maskz_permutex2var_epi8(odd, L, idx1, H);
+            __m512 g1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h1, 1)), _mm512_loadu_ps(xg + 48),
+                                        _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h1)),
+                                                        _mm512_loadu_ps(xg + 32), _mm512_setzero_ps()));
+            acc = _mm512_fmadd_ps(g1, _mm512_permutexvar_ps(_mm512_set1_epi32((g + 1) & 15), sv), acc);
+        }
+    }
+    return hsum16_512(acc);
 }
 
 /* NR rows x one token; NR is a compile-time constant at every call, so the
@@ -332,6 +385,10 @@ AVX512 __attribute__((always_inline)) static inline void rows_512(const ds_weigh
             for (int i = 0; i < NR; i++)
                 a[i] = _mm512_fmadd_ps(p[i], _mm512_set1_ps(scale_of(w, srow[i] + (size_t)kb) * 256.0f), a[i]);
         }
+    } else if (NR == 1) {
+        a[0] = _mm512_setzero_ps();
+        out[0] = row1_fp4_512(w, rs[0], x);
+        return;
     } else { /* FP4: 32 codes -> 32 fp16 in element order -> 2 x 16 floats */
         const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi));
         const __m256i mlo = _mm256_set1_epi16(0x000f), mhi = _mm256_set1_epi16(0x0f00);
@@ -365,7 +422,8 @@ AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, 
 int ds_cpu_best_path(void) {
 #ifdef DS_X86
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vbmi"))
         return DS_CPU_AVX512;
     return DS_CPU_AVX2;
 #else
