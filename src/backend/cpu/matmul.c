@@ -1,19 +1,22 @@
 /* matmul.c — CPU matrix products on weights kept in their storage format.
  *
  * The reduction order of one output y[t][r] is fixed by the weight's shape
- * alone (16 lanes; "fma" is a fused multiply-add, accumulators start at 0):
- *  - dense (F32/BF16/F16): P = fma(W[c..c+16), X[c..c+16), P) over 16-column
- *    chunks in order (a partial last chunk is zero-padded); y = hsum(P).
- *  - FP8 (128x128 blocks): per 128-column block B = the same chunk sum with
- *    the fp16-decoded codes (value / 256, exact); A = fma(B, scale*256, A)
- *    over blocks in order; y = hsum(A).
- *  - FP4 (MXFP4, groups of 32): G = fma(W[16..32), X, fma(W[0..16), X, 0));
- *    A = fma(G, scale, A) over groups in order; y = hsum(A).
+ * alone. Vectors have 16 lanes; "fma" is a fused multiply-add; accumulators
+ * start at 0; a partial last 16-column chunk is zero-padded.
+ *  - dense (F32/BF16/F16): chunk c goes to P[c % 4] = fma(W_c, X_c, P[c % 4]);
+ *    y = hsum((P0 + P1) + (P2 + P3)).
+ *  - blocked (FP8: 128-column blocks with the fp16-decoded codes, value/256,
+ *    exact, and multiplier scale*256; MXFP4: 32-column groups with the E2M1
+ *    values and multiplier scale): inside block b, chunk j goes to
+ *    B[j % 2]; A[b % 2] = fma(B0 + B1, multiplier_b, A[b % 2]);
+ *    y = hsum(A0 + A1).
  *  - hsum(v) = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) with a_i = v_i + v_{i+8}.
+ * Several independent chains keep one row's reduction from waiting on FMA
+ * latency, so a thread can stream one row at a time (one memory stream).
  * The portable path computes exactly these operations; the AVX2 path holds a
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
- * three give the same bits. Nothing depends on T, on which rows are computed
- * together, on the thread count or on the path the CPU supports. */
+ * three give the same bits. Nothing depends on T, on the thread count or on
+ * the path the CPU supports. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +98,9 @@ static inline void l16_fma(l16 *acc, const float *a, const float *b) {
     for (int i = 0; i < 16; i++) acc->v[i] = fmaf(a[i], b[i], acc->v[i]);
 }
 
-static inline void l16_fma_s(l16 *acc, const l16 *p, float s) {
-    for (int i = 0; i < 16; i++) acc->v[i] = fmaf(p->v[i], s, acc->v[i]);
+static inline l16 l16_add(l16 a, const l16 *b) {
+    for (int i = 0; i < 16; i++) a.v[i] += b->v[i];
+    return a;
 }
 
 static inline float hsum16(const float *v) {
@@ -107,64 +111,69 @@ static inline float hsum16(const float *v) {
     return g[0] + g[1];
 }
 
-/* chunk sum over columns [c0, c0+len) of one row, starting from 0 */
-static l16 chunks_generic(const ds_weight *w, const uint8_t *row, const float *x, int c0, int len) {
-    l16 p = {{0}};
-    for (int j = 0; j < len; j += 16) {
+/* chunk c of [c0, c0+len) goes to p[c % nchains] */
+static void chunks_generic(const ds_weight *w, const uint8_t *row, const float *x, int c0, int len, l16 *p,
+                           int nchains) {
+    for (int i = 0; i < nchains; i++) memset(&p[i], 0, sizeof p[i]);
+    for (int j = 0, c = 0; j < len; j += 16, c++) {
         float tw[16] = {0}, tx[16] = {0};
         for (int i = 0; i < 16 && j + i < len; i++) {
             tw[i] = elem(w, row, c0 + j + i);
             tx[i] = x[c0 + j + i];
         }
-        l16_fma(&p, tw, tx);
+        l16_fma(&p[c % nchains], tw, tx);
     }
-    return p;
 }
 
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x) {
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
     int K = w->cols;
+    l16 p[4];
     if (w->kind == DS_W_FP8 || w->kind == DS_W_FP4) {
         int blk = w->kind == DS_W_FP8 ? DS_FP8_BLOCK : DS_FP4_GROUP;
         size_t srow = w->kind == DS_W_FP8 ? fp8_srow(w, r) : (size_t)r * (size_t)w->scale_cols;
         float mul = w->kind == DS_W_FP8 ? 256.0f : 1.0f;
-        l16 acc = {{0}};
+        l16 acc[2];
+        memset(acc, 0, sizeof acc);
         for (int b = 0; b * blk < K; b++) {
             int c0 = b * blk, len = K - c0 < blk ? K - c0 : blk;
-            l16 p = chunks_generic(w, row, x, c0, len);
-            l16_fma_s(&acc, &p, scale_of(w, srow + (size_t)b) * mul);
+            chunks_generic(w, row, x, c0, len, p, 2);
+            l16 s = l16_add(p[0], &p[1]);
+            float m = scale_of(w, srow + (size_t)b) * mul;
+            for (int i = 0; i < 16; i++) acc[b & 1].v[i] = fmaf(s.v[i], m, acc[b & 1].v[i]);
         }
-        return hsum16(acc.v);
+        l16 a = l16_add(acc[0], &acc[1]);
+        return hsum16(a.v);
     }
-    l16 p = chunks_generic(w, row, x, 0, K);
-    return hsum16(p.v);
-}
-
-static void rows4_generic(const ds_weight *w, const int *rs, const float *x, float *out) {
-    for (int i = 0; i < 4; i++) out[i] = ds_cpu_row_dot(w, rs[i], x);
+    chunks_generic(w, row, x, 0, K, p, 4);
+    l16 a = l16_add(p[0], &p[1]), b = l16_add(p[2], &p[3]);
+    a = l16_add(a, &b);
+    return hsum16(a.v);
 }
 
 #ifdef DS_X86
-/* bytes ahead of each row stream to prefetch */
-/* The four rows of a group are contiguous, and so is the next group: while
- * the kernel walks offset `off` of each row, fetch the matching 256 bytes of
- * the next group, so memory runs one group ahead of the arithmetic. */
-static inline void prefetch_next(const uint8_t *const *row, size_t off, size_t rb) {
-    const char *next = (const char *)row[0] + 4 * rb + 4 * off;
-    _mm_prefetch(next, _MM_HINT_T0);
-    _mm_prefetch(next + 64, _MM_HINT_T0);
-    _mm_prefetch(next + 128, _MM_HINT_T0);
-    _mm_prefetch(next + 192, _MM_HINT_T0);
-}
-
-/* ---- AVX2: a 16-lane vector is (lo, hi) ---- */
-
 static inline float hsum8_avx(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     __m128 h = _mm_add_ps(lo, hi);
     __m128 g = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(g, _mm_shuffle_ps(g, g, 1)));
 }
+
+/* ---- AVX2: a 16-lane vector is (lo, hi) ---- */
+typedef struct {
+    __m256 lo, hi;
+} v16;
+
+static inline v16 v16_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline v16 v16_add(v16 a, v16 b) { return (v16){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline v16 v16_fma(__m256 wl, __m256 wh, const float *x, v16 p) {
+    return (v16){_mm256_fmadd_ps(wl, _mm256_loadu_ps(x), p.lo), _mm256_fmadd_ps(wh, _mm256_loadu_ps(x + 8), p.hi)};
+}
+static inline v16 v16_fma_s(v16 p, float m, v16 a) {
+    __m256 s = _mm256_set1_ps(m);
+    return (v16){_mm256_fmadd_ps(p.lo, s, a.lo), _mm256_fmadd_ps(p.hi, s, a.hi)};
+}
+static inline float v16_hsum(v16 v) { return hsum8_avx(_mm256_add_ps(v.lo, v.hi)); }
 
 static inline __m256 dec8_avx2(const ds_weight *w, const uint8_t *row, int c) {
     switch (w->kind) {
@@ -183,84 +192,74 @@ static inline __m256 dec8_avx2(const ds_weight *w, const uint8_t *row, int c) {
     return _mm256_setzero_ps();
 }
 
-/* four rows x one token; dense and FP8 (chunk sums over [c0, c0+len)) */
-__attribute__((always_inline)) static inline void chunks4_avx2(const ds_weight *w, const uint8_t *const *row,
-                                                               const float *x, int c0, int len, __m256 *lo,
-                                                               __m256 *hi) {
-    size_t esz = row_bytes(w) / (size_t)w->cols;
-    for (int i = 0; i < 4; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+/* chunk c of [c0, c0+len) into p[c % n] (dense / FP8), in rounds of n chunks */
+__attribute__((always_inline)) static inline void chunks_avx2(const ds_weight *w, const uint8_t *row,
+                                                               const float *x, int c0, int len, v16 *p, const int n) {
+    for (int i = 0; i < n; i++) p[i] = v16_zero();
     int j = 0;
-    for (; j + 16 <= len; j += 16) {
-        if (!(((size_t)(c0 + j) * esz) & 63)) prefetch_next(row, (size_t)(c0 + j) * esz, esz * (size_t)w->cols);
-        __m256 x0 = _mm256_loadu_ps(x + c0 + j), x1 = _mm256_loadu_ps(x + c0 + j + 8);
-        for (int i = 0; i < 4; i++) {
-            lo[i] = _mm256_fmadd_ps(dec8_avx2(w, row[i], c0 + j), x0, lo[i]);
-            hi[i] = _mm256_fmadd_ps(dec8_avx2(w, row[i], c0 + j + 8), x1, hi[i]);
+    for (; j + 16 * n <= len; j += 16 * n)
+        for (int i = 0; i < n; i++)
+            p[i] = v16_fma(dec8_avx2(w, row, c0 + j + 16 * i), dec8_avx2(w, row, c0 + j + 16 * i + 8),
+                           x + c0 + j + 16 * i, p[i]);
+    for (int i = 0; i < n; i++) {
+        int jj = j + 16 * i;
+        if (jj >= len) break;
+        if (len - jj >= 16) {
+            p[i] = v16_fma(dec8_avx2(w, row, c0 + jj), dec8_avx2(w, row, c0 + jj + 8), x + c0 + jj, p[i]);
+        } else {
+            float tw[16] = {0}, tx[16] = {0};
+            for (int k = 0; jj + k < len; k++) {
+                tw[k] = elem(w, row, c0 + jj + k);
+                tx[k] = x[c0 + jj + k];
+            }
+            p[i] = v16_fma(_mm256_loadu_ps(tw), _mm256_loadu_ps(tw + 8), tx, p[i]);
         }
     }
-    if (j < len)
-        for (int i = 0; i < 4; i++) {
-            float tw[16] = {0}, tx[16] = {0};
-            for (int k = 0; j + k < len && k < 16; k++) {
-                tw[k] = elem(w, row[i], c0 + j + k);
-                tx[k] = x[c0 + j + k];
-            }
-            lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(tw), _mm256_loadu_ps(tx), lo[i]);
-            hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(tw + 8), _mm256_loadu_ps(tx + 8), hi[i]);
-        }
 }
 
-__attribute__((unused)) static void rows4_avx2(const ds_weight *w, const int *rs, const float *x, float *out) {
+static float row_avx2(const ds_weight *w, int r, const float *x) {
     int K = w->cols;
-    size_t rb = row_bytes(w);
-    const uint8_t *row[4];
-    for (int i = 0; i < 4; i++) row[i] = w->data + (size_t)rs[i] * rb;
-    __m256 lo[4], hi[4], alo[4], ahi[4];
+    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
+    v16 p[4], acc[2] = {v16_zero(), v16_zero()};
     if (w->kind == DS_W_F32 || w->kind == DS_W_BF16 || w->kind == DS_W_F16) {
-        chunks4_avx2(w, row, x, 0, K, lo, hi);
-        for (int i = 0; i < 4; i++) out[i] = hsum8_avx(_mm256_add_ps(lo[i], hi[i]));
-        return;
+        chunks_avx2(w, row, x, 0, K, p, 4);
+        return v16_hsum(v16_add(v16_add(p[0], p[1]), v16_add(p[2], p[3])));
     }
-    for (int i = 0; i < 4; i++) alo[i] = ahi[i] = _mm256_setzero_ps();
     if (w->kind == DS_W_FP8) {
-        size_t srow[4];
-        for (int i = 0; i < 4; i++) srow[i] = fp8_srow(w, rs[i]);
+        size_t srow = fp8_srow(w, r);
         for (int kb = 0; kb * DS_FP8_BLOCK < K; kb++) {
             int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-            chunks4_avx2(w, row, x, c0, len, lo, hi);
-            for (int i = 0; i < 4; i++) {
-                __m256 s = _mm256_set1_ps(scale_of(w, srow[i] + (size_t)kb) * 256.0f);
-                alo[i] = _mm256_fmadd_ps(lo[i], s, alo[i]);
-                ahi[i] = _mm256_fmadd_ps(hi[i], s, ahi[i]);
-            }
+            chunks_avx2(w, row, x, c0, len, p, 2);
+            v16 s = v16_add(p[0], p[1]);
+            float m = scale_of(w, srow + (size_t)kb) * 256.0f;
+            if (kb & 1)
+                acc[1] = v16_fma_s(s, m, acc[1]);
+            else
+                acc[0] = v16_fma_s(s, m, acc[0]);
         }
-    } else { /* FP4 */
+    } else { /* FP4: chunk 0 = elements 0-15, chunk 1 = 16-31 of each group */
         const __m128i tbl = _mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi);
         const __m128i m4 = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
-        int G = K / DS_FP4_GROUP;
-        for (int g = 0; g < G; g++) {
+        size_t srow = (size_t)r * (size_t)w->scale_cols;
+        for (int g = 0; g < K / DS_FP4_GROUP; g++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(row + g * 16));
+            __m128i l = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4));
+            __m128i h = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+            __m128i e0 = _mm_unpacklo_epi8(l, h), e1 = _mm_unpackhi_epi8(l, h);
             const float *xg = x + g * DS_FP4_GROUP;
-            __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
-            __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
-            if (!(g & 3)) prefetch_next(row, (size_t)g * 16, (size_t)K / 2);
-            for (int i = 0; i < 4; i++) {
-                __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(row[i] + g * 16));
-                __m128i l = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4));
-                __m128i h = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
-                __m128i e0 = _mm_unpacklo_epi8(l, h), e1 = _mm_unpackhi_epi8(l, h);
-                __m256 w0 = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e0));
-                __m256 w1 = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e0));
-                __m256 w2 = _mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e1));
-                __m256 w3 = _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e1));
-                __m256 glo = _mm256_fmadd_ps(w2, x2, _mm256_fmadd_ps(w0, x0, _mm256_setzero_ps()));
-                __m256 ghi = _mm256_fmadd_ps(w3, x3, _mm256_fmadd_ps(w1, x1, _mm256_setzero_ps()));
-                __m256 s = _mm256_set1_ps(scale_of(w, (size_t)rs[i] * (size_t)w->scale_cols + (size_t)g));
-                alo[i] = _mm256_fmadd_ps(glo, s, alo[i]);
-                ahi[i] = _mm256_fmadd_ps(ghi, s, ahi[i]);
-            }
+            v16 b0 = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e0)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e0)),
+                             xg, v16_zero());
+            v16 b1 = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e1)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e1)),
+                             xg + 16, v16_zero());
+            v16 s = v16_add(b0, b1);
+            float m = scale_of(w, srow + (size_t)g);
+            if (g & 1)
+                acc[1] = v16_fma_s(s, m, acc[1]);
+            else
+                acc[0] = v16_fma_s(s, m, acc[0]);
         }
     }
-    for (int i = 0; i < 4; i++) out[i] = hsum8_avx(_mm256_add_ps(alo[i], ahi[i]));
+    return v16_hsum(v16_add(acc[0], acc[1]));
 }
 
 /* ---- AVX-512: a 16-lane vector is one register ---- */
@@ -272,21 +271,91 @@ AVX512 static inline float hsum16_512(__m512 v) {
     return hsum8_avx(a);
 }
 
-AVX512 static inline __m512 dec16_512(const ds_weight *w, const uint8_t *row, int c) {
-    switch (w->kind) {
+/* 16 decoded weights at column c; kind is a constant at every call site */
+AVX512 __attribute__((always_inline)) static inline __m512 dec16k(const uint8_t *row, int c, const int kind) {
+    switch (kind) {
     case DS_W_F32: return _mm512_loadu_ps((const float *)(const void *)(row + 4 * (size_t)c));
     case DS_W_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * (size_t)c))), 16));
     case DS_W_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * (size_t)c)));
-    case DS_W_FP8: {
+    default: { /* FP8 */
         __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(row + c));
         return _mm512_cvtph_ps(
             _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xBFFF)));
     }
-    case DS_W_FP4: break;
     }
-    return _mm512_setzero_ps();
+}
+
+/* One chunk [c, c+16) clipped to end, zero-padded (the rare odd-size tail). */
+AVX512 static __m512 tail_fma(const ds_weight *w, const uint8_t *row, const float *x, int c, int end, __m512 p) {
+    float tw[16] = {0}, tx[16] = {0};
+    for (int k = 0; c + k < end && k < 16; k++) {
+        tw[k] = elem(w, row, c + k);
+        tx[k] = x[c + k];
+    }
+    return _mm512_fmadd_ps(_mm512_loadu_ps(tw), _mm512_loadu_ps(tx), p);
+}
+
+/* Dense row: chunk c -> p[c % 4]. */
+AVX512 __attribute__((always_inline)) static inline float row_dense_512(const ds_weight *w, int r, const float *x,
+                                                                         const int kind) {
+    int K = w->cols;
+    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
+    __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+    int c = 0;
+    for (; c + 64 <= K; c += 64) {
+        p0 = _mm512_fmadd_ps(dec16k(row, c, kind), _mm512_loadu_ps(x + c), p0);
+        p1 = _mm512_fmadd_ps(dec16k(row, c + 16, kind), _mm512_loadu_ps(x + c + 16), p1);
+        p2 = _mm512_fmadd_ps(dec16k(row, c + 32, kind), _mm512_loadu_ps(x + c + 32), p2);
+        p3 = _mm512_fmadd_ps(dec16k(row, c + 48, kind), _mm512_loadu_ps(x + c + 48), p3);
+    }
+    if (c < K) p0 = c + 16 <= K ? _mm512_fmadd_ps(dec16k(row, c, kind), _mm512_loadu_ps(x + c), p0) : tail_fma(w, row, x, c, K, p0);
+    if (c + 16 < K) p1 = c + 32 <= K ? _mm512_fmadd_ps(dec16k(row, c + 16, kind), _mm512_loadu_ps(x + c + 16), p1) : tail_fma(w, row, x, c + 16, K, p1);
+    if (c + 32 < K) p2 = c + 48 <= K ? _mm512_fmadd_ps(dec16k(row, c + 32, kind), _mm512_loadu_ps(x + c + 32), p2) : tail_fma(w, row, x, c + 32, K, p2);
+    if (c + 48 < K) p3 = tail_fma(w, row, x, c + 48, K, p3);
+    return hsum16_512(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)));
+}
+
+/* FP8 block [c0, c0+len): chunk j -> b[j % 2], returns b0 + b1. */
+AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const ds_weight *w, const uint8_t *row,
+                                                                          const float *x, int c0, int len) {
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0;
+    if (len == DS_FP8_BLOCK) {
+        for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+            b0 = _mm512_fmadd_ps(dec16k(row, c0 + j, DS_W_FP8), _mm512_loadu_ps(x + c0 + j), b0);
+            b1 = _mm512_fmadd_ps(dec16k(row, c0 + j + 16, DS_W_FP8), _mm512_loadu_ps(x + c0 + j + 16), b1);
+        }
+    } else {
+        for (int j = 0; j < len; j += 32) {
+            b0 = j + 16 <= len ? _mm512_fmadd_ps(dec16k(row, c0 + j, DS_W_FP8), _mm512_loadu_ps(x + c0 + j), b0)
+                               : tail_fma(w, row, x, c0 + j, c0 + len, b0);
+            if (j + 16 < len)
+                b1 = j + 32 <= len
+                         ? _mm512_fmadd_ps(dec16k(row, c0 + j + 16, DS_W_FP8), _mm512_loadu_ps(x + c0 + j + 16), b1)
+                         : tail_fma(w, row, x, c0 + j + 16, c0 + len, b1);
+        }
+    }
+    return _mm512_add_ps(b0, b1);
+}
+
+/* FP8 row: block kb -> a[kb % 2]. */
+AVX512 static float row_fp8_512(const ds_weight *w, int r, const float *x) {
+    int K = w->cols;
+    const uint8_t *row = w->data + (size_t)r * (size_t)K;
+    size_t srow = fp8_srow(w, r);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (int kb = 0; kb * DS_FP8_BLOCK < K; kb += 2) {
+        int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
+        a0 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len), _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f),
+                             a0);
+        c0 += DS_FP8_BLOCK;
+        if (c0 >= K) break;
+        len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
+        a1 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len),
+                             _mm512_set1_ps(scale_of(w, srow + (size_t)kb + 1) * 256.0f), a1);
+    }
+    return hsum16_512(_mm512_add_ps(a0, a1));
 }
 
 /* Sixteen group scales starting at index i (n <= 16 valid) as floats, with the
@@ -304,8 +373,8 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
 /* One MXFP4 row, two groups (32 bytes) per step: the low / high nibbles go
  * through the E2M1 table (pshufb), then one byte permute per group places
  * table[code] in the high byte of each element's fp16 (low byte zeroed by
- * the mask); scales are decoded 16 groups at a time. */
-AVX512VBMI static float row1_fp4_512(const ds_weight *w, int r, const float *x) {
+ * the mask); scales are decoded 16 groups at a time. Group g -> A[g % 2]. */
+AVX512VBMI static float row_fp4_512(const ds_weight *w, int r, const float *x) {
     int K = w->cols, G = K / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(K / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
@@ -316,7 +385,7 @@ AVX512VBMI static float row1_fp4_512(const ds_weight *w, int r, const float *x) 
     for (int k = 0; k < 32; k++) ib[2 * k] = 0, ib[2 * k + 1] = (uint8_t)((k & 1 ? 64 : 0) + k / 2);
     const __m512i idx0 = _mm512_loadu_si512(ib), idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(16));
     const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
-    __m512 acc = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
     for (int g = 0; g < G; g += 2) {
         if (!(g & 15)) sv = scales16_512(w, sbase + (size_t)g, G - g < 16 ? G - g : 16);
         const float *xg = x + g * DS_FP4_GROUP;
@@ -326,96 +395,31 @@ AVX512VBMI static float row1_fp4_512(const ds_weight *w, int r, const float *x) 
         __m512i L = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)));
         __m512i H = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)));
         __m512i h0 = _mm512_maskz_permutex2var_epi8(odd, L, idx0, H);
-        __m512 g0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h0, 1)), _mm512_loadu_ps(xg + 16),
-                                    _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h0)), _mm512_loadu_ps(xg),
-                                                    _mm512_setzero_ps()));
-        acc = _mm512_fmadd_ps(g0, _mm512_permutexvar_ps(_mm512_set1_epi32(g & 15), sv), acc);
+        __m512 s0 = _mm512_add_ps(
+            _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h0)), _mm512_loadu_ps(xg), _mm512_setzero_ps()),
+            _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h0, 1)), _mm512_loadu_ps(xg + 16),
+                            _mm512_setzero_ps()));
+        a0 = _mm512_fmadd_ps(s0, _mm512_permutexvar_ps(_mm512_set1_epi32(g & 15), sv), a0);
         if (two) {
             __m512i h1 = _mm512_maskz_permutex2var_epi8(odd, L, idx1, H);
-            __m512 g1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h1, 1)), _mm512_loadu_ps(xg + 48),
-                                        _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h1)),
-                                                        _mm512_loadu_ps(xg + 32), _mm512_setzero_ps()));
-            acc = _mm512_fmadd_ps(g1, _mm512_permutexvar_ps(_mm512_set1_epi32((g + 1) & 15), sv), acc);
+            __m512 s1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h1)),
+                                                      _mm512_loadu_ps(xg + 32), _mm512_setzero_ps()),
+                                      _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h1, 1)),
+                                                      _mm512_loadu_ps(xg + 48), _mm512_setzero_ps()));
+            a1 = _mm512_fmadd_ps(s1, _mm512_permutexvar_ps(_mm512_set1_epi32((g + 1) & 15), sv), a1);
         }
     }
-    return hsum16_512(acc);
+    return hsum16_512(_mm512_add_ps(a0, a1));
 }
 
-/* NR rows x one token; NR is a compile-time constant at every call, so the
- * loops unroll. */
-AVX512 __attribute__((always_inline)) static inline void chunks_512(const ds_weight *w, const uint8_t *const *row,
-                                                                    const float *x, int c0, int len, __m512 *p,
-                                                                    const int NR) {
-    for (int i = 0; i < NR; i++) p[i] = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= len; j += 16) {
-        __m512 xv = _mm512_loadu_ps(x + c0 + j);
-        for (int i = 0; i < NR; i++) p[i] = _mm512_fmadd_ps(dec16_512(w, row[i], c0 + j), xv, p[i]);
+AVX512 static float row_512(const ds_weight *w, int r, const float *x) {
+    switch (w->kind) {
+    case DS_W_FP4: return row_fp4_512(w, r, x);
+    case DS_W_FP8: return row_fp8_512(w, r, x);
+    case DS_W_BF16: return row_dense_512(w, r, x, DS_W_BF16);
+    case DS_W_F16: return row_dense_512(w, r, x, DS_W_F16);
+    default: return row_dense_512(w, r, x, DS_W_F32);
     }
-    if (j < len)
-        for (int i = 0; i < NR; i++) {
-            float tw[16] = {0}, tx[16] = {0};
-            for (int k = 0; j + k < len && k < 16; k++) {
-                tw[k] = elem(w, row[i], c0 + j + k);
-                tx[k] = x[c0 + j + k];
-            }
-            p[i] = _mm512_fmadd_ps(_mm512_loadu_ps(tw), _mm512_loadu_ps(tx), p[i]);
-        }
-}
-
-AVX512 __attribute__((always_inline)) static inline void rows_512(const ds_weight *w, const int *rs, const float *x,
-                                                                  float *out, const int NR) {
-    int K = w->cols;
-    size_t rb = row_bytes(w);
-    const uint8_t *row[4];
-    for (int i = 0; i < NR; i++) row[i] = w->data + (size_t)rs[i] * rb;
-    __m512 p[4], a[4];
-    if (w->kind == DS_W_F32 || w->kind == DS_W_BF16 || w->kind == DS_W_F16) {
-        chunks_512(w, row, x, 0, K, p, NR);
-        for (int i = 0; i < NR; i++) out[i] = hsum16_512(p[i]);
-        return;
-    }
-    for (int i = 0; i < NR; i++) a[i] = _mm512_setzero_ps();
-    if (w->kind == DS_W_FP8) {
-        size_t srow[4];
-        for (int i = 0; i < NR; i++) srow[i] = fp8_srow(w, rs[i]);
-        for (int kb = 0; kb * DS_FP8_BLOCK < K; kb++) {
-            int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-            chunks_512(w, row, x, c0, len, p, NR);
-            for (int i = 0; i < NR; i++)
-                a[i] = _mm512_fmadd_ps(p[i], _mm512_set1_ps(scale_of(w, srow[i] + (size_t)kb) * 256.0f), a[i]);
-        }
-    } else if (NR == 1) {
-        a[0] = _mm512_setzero_ps();
-        out[0] = row1_fp4_512(w, rs[0], x);
-        return;
-    } else { /* FP4: 32 codes -> 32 fp16 in element order -> 2 x 16 floats */
-        const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi));
-        const __m256i mlo = _mm256_set1_epi16(0x000f), mhi = _mm256_set1_epi16(0x0f00);
-        int G = K / DS_FP4_GROUP;
-        for (int g = 0; g < G; g++) {
-            const float *xg = x + g * DS_FP4_GROUP;
-            __m512 x0 = _mm512_loadu_ps(xg), x1 = _mm512_loadu_ps(xg + 16);
-            for (int i = 0; i < NR; i++) {
-                __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(row[i] + g * 16)));
-                __m256i codes = _mm256_or_si256(_mm256_and_si256(wv, mlo), _mm256_and_si256(_mm256_slli_epi16(wv, 4), mhi));
-                __m256i hb = _mm256_shuffle_epi8(tbl, codes);
-                __m512 w0 = _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(hb)), 8));
-                __m512 w1 = _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(hb, 1)), 8));
-                __m512 gs = _mm512_fmadd_ps(w1, x1, _mm512_fmadd_ps(w0, x0, _mm512_setzero_ps()));
-                a[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(scale_of(w, (size_t)rs[i] * (size_t)w->scale_cols + (size_t)g)),
-                                       a[i]);
-            }
-        }
-    }
-    for (int i = 0; i < NR; i++) out[i] = hsum16_512(a[i]);
-}
-
-/* One row at a time: a single memory stream per thread. Measured on the flash
- * shape (2 threads, weights from the page cache): BF16 45 GB/s, FP8 34 GB/s,
- * MXFP4 19 GB/s, against 20 / 11 / 7 GB/s with four interleaved row streams. */
-AVX512 static void rows4_512(const ds_weight *w, const int *rs, const float *x, float *out) {
-    for (int i = 0; i < 4; i++) rows_512(w, rs + i, x, out + i, 1);
 }
 #endif
 
@@ -431,36 +435,22 @@ int ds_cpu_best_path(void) {
 #endif
 }
 
-typedef void (*rows4_fn)(const ds_weight *, const int *, const float *, float *);
+typedef float (*row_fn)(const ds_weight *, int, const float *);
 
-static rows4_fn rows4_for(int path) {
+static row_fn row_for(int path) {
 #ifdef DS_X86
-    if (path == DS_CPU_AVX512) return rows4_512;
-    if (path == DS_CPU_AVX2) return rows4_avx2;
+    if (path == DS_CPU_AVX512) return row_512;
+    if (path == DS_CPU_AVX2) return row_avx2;
 #endif
     (void)path;
-    return rows4_generic;
+    return ds_cpu_row_dot;
 }
 
 float ds_dot_f32(const float *a, const float *b, int n) {
-#ifdef DS_X86
-    /* the dense 16-lane order, as (lo, hi) halves */
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-    int c = 0;
-    for (; c + 16 <= n; c += 16) {
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + c + 8), _mm256_loadu_ps(b + c + 8), hi);
-    }
-    if (c < n) {
-        float ta[16] = {0}, tb[16] = {0};
-        memcpy(ta, a + c, sizeof(float) * (size_t)(n - c));
-        memcpy(tb, b + c, sizeof(float) * (size_t)(n - c));
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(ta), _mm256_loadu_ps(tb), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(ta + 8), _mm256_loadu_ps(tb + 8), hi);
-    }
-    return hsum8_avx(_mm256_add_ps(lo, hi));
-#else
     ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
+#ifdef DS_X86
+    return row_avx2(&w, 0, b);
+#else
     return ds_cpu_row_dot(&w, 0, b);
 #endif
 }
@@ -473,26 +463,23 @@ typedef struct {
     const float *x;
     float *y;
     int t0, tn;
-    rows4_fn rows4;
+    row_fn row;
 } mm_job;
 
+/* Rows 4g..4g+3, one at a time (a single memory stream per thread); the
+ * rows stay in cache while the block's tokens pass. */
 static void mm_group(void *ctx, int g) {
     const mm_job *j = ctx;
     const ds_weight *w = j->w;
     int R = w->rows, K = w->cols;
-    int rs[4];
-    for (int i = 0; i < 4; i++) rs[i] = g * 4 + i < R ? g * 4 + i : g * 4;
-    /* the group's rows stay in cache while the block's tokens pass */
-    for (int t = j->t0; t < j->t0 + j->tn; t++) {
-        float out[4];
-        j->rows4(w, rs, j->x + (size_t)t * (size_t)K, out);
-        for (int i = 0; i < 4 && g * 4 + i < R; i++) j->y[(size_t)t * (size_t)R + (size_t)(g * 4 + i)] = out[i];
-    }
+    for (int r = g * 4; r < g * 4 + 4 && r < R; r++)
+        for (int t = j->t0; t < j->t0 + j->tn; t++)
+            j->y[(size_t)t * (size_t)R + (size_t)r] = j->row(w, r, j->x + (size_t)t * (size_t)K);
 }
 
 void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
     int groups = (w->rows + 3) / 4;
-    rows4_fn f = rows4_for(path);
+    row_fn f = row_for(path);
     for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         mm_job j = {w, x, y, t0, T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK, f};
         be->parallel_for(be, groups, mm_group, &j);
