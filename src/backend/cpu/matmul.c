@@ -5,11 +5,14 @@
  * start at 0; a partial last 16-column chunk is zero-padded.
  *  - dense (F32/BF16/F16): chunk c goes to P[c % 4] = fma(W_c, X_c, P[c % 4]);
  *    y = hsum((P0 + P1) + (P2 + P3)).
- *  - blocked (FP8: 128-column blocks with the fp16-decoded codes, value/256,
- *    exact, and multiplier scale*256; MXFP4: 32-column groups with the E2M1
- *    values and multiplier scale): inside block b, chunk j goes to
- *    B[j % 2]; A[b % 2] = fma(B0 + B1, multiplier_b, A[b % 2]);
- *    y = hsum(A0 + A1).
+ *  - FP8 (128-column blocks, fp16-decoded codes = value/256, exact): inside
+ *    block b, chunk j goes to B[j % 2]; A[b % 2] = fma(B0 + B1, scale_b*256,
+ *    A[b % 2]); y = hsum(A0 + A1).
+ *  - MXFP4 (32-column groups, E2M1 values): lane j of E = w[2j] * x[2j] and
+ *    of O = w[2j+1] * x[2j+1] (the low and high nibbles of byte j);
+ *    A[g % 2] = fma(E + O, scale_g, A[g % 2]); y = hsum(A0 + A1). The
+ *    kernels read x in "FP4 order" (per 32 columns: the 16 even, then the 16
+ *    odd columns), made once per matmul.
  *  - hsum(v) = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) with a_i = v_i + v_{i+8}.
  * Several independent chains keep one row's reduction from waiting on FMA
  * latency, so a thread can stream one row at a time (one memory stream).
@@ -125,14 +128,57 @@ static void chunks_generic(const ds_weight *w, const uint8_t *row, const float *
     }
 }
 
+/* x in FP4 order: per 32 columns, the 16 even then the 16 odd columns (K % 32 == 0). */
+static void fp4_order_x(const float *x, int K, float *xp) {
+    for (int g = 0; g < K; g += 32)
+        for (int j = 0; j < 16; j++) {
+            xp[g + j] = x[g + 2 * j];
+            xp[g + 16 + j] = x[g + 2 * j + 1];
+        }
+}
+
+/* One MXFP4 group g of row r with x32 in FP4 order: A[g % 2] += (E + O) * scale. */
+static void fp4_group_generic(const ds_weight *w, const uint8_t *row, int r, int g, const float *x32, l16 *acc) {
+    l16 e = {{0}}, o = {{0}};
+    for (int j = 0; j < 16; j++) {
+        e.v[j] = fmaf(elem(w, row, 32 * g + 2 * j), x32[j], 0.0f);
+        o.v[j] = fmaf(elem(w, row, 32 * g + 2 * j + 1), x32[16 + j], 0.0f);
+    }
+    l16 part = l16_add(e, &o);
+    float m = scale_of(w, (size_t)r * (size_t)w->scale_cols + (size_t)g);
+    for (int i = 0; i < 16; i++) acc[g & 1].v[i] = fmaf(part.v[i], m, acc[g & 1].v[i]);
+}
+
+/* The portable MXFP4 row with x already in FP4 order. */
+static float row_fp4_generic(const ds_weight *w, int r, const float *xp) {
+    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
+    l16 acc[2];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < w->cols / DS_FP4_GROUP; g++) fp4_group_generic(w, row, r, g, xp + g * DS_FP4_GROUP, acc);
+    l16 a = l16_add(acc[0], &acc[1]);
+    return hsum16(a.v);
+}
+
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x) {
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
     int K = w->cols;
     l16 p[4];
-    if (w->kind == DS_W_FP8 || w->kind == DS_W_FP4) {
-        int blk = w->kind == DS_W_FP8 ? DS_FP8_BLOCK : DS_FP4_GROUP;
-        size_t srow = w->kind == DS_W_FP8 ? fp8_srow(w, r) : (size_t)r * (size_t)w->scale_cols;
-        float mul = w->kind == DS_W_FP8 ? 256.0f : 1.0f;
+    if (w->kind == DS_W_FP4) {
+        float xp[32 * 8];
+        l16 acc[2];
+        memset(acc, 0, sizeof acc);
+        for (int g0 = 0; g0 < K / DS_FP4_GROUP; g0 += 8) { /* up to 8 groups through a small buffer */
+            int n = K / DS_FP4_GROUP - g0 < 8 ? K / DS_FP4_GROUP - g0 : 8;
+            fp4_order_x(x + g0 * DS_FP4_GROUP, n * DS_FP4_GROUP, xp);
+            for (int g = g0; g < g0 + n; g++) fp4_group_generic(w, row, r, g, xp + (g - g0) * DS_FP4_GROUP, acc);
+        }
+        l16 a = l16_add(acc[0], &acc[1]);
+        return hsum16(a.v);
+    }
+    if (w->kind == DS_W_FP8) {
+        int blk = DS_FP8_BLOCK;
+        size_t srow = fp8_srow(w, r);
+        float mul = 256.0f;
         l16 acc[2];
         memset(acc, 0, sizeof acc);
         for (int b = 0; b * blk < K; b++) {
@@ -237,34 +283,38 @@ static float row_avx2(const ds_weight *w, int r, const float *x) {
             else
                 acc[0] = v16_fma_s(s, m, acc[0]);
         }
-    } else { /* FP4: chunk 0 = elements 0-15, chunk 1 = 16-31 of each group */
-        const __m128i tbl = _mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi);
-        const __m128i m4 = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
-        size_t srow = (size_t)r * (size_t)w->scale_cols;
-        for (int g = 0; g < K / DS_FP4_GROUP; g++) {
-            __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(row + g * 16));
-            __m128i l = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4));
-            __m128i h = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
-            __m128i e0 = _mm_unpacklo_epi8(l, h), e1 = _mm_unpackhi_epi8(l, h);
-            const float *xg = x + g * DS_FP4_GROUP;
-            v16 b0 = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e0)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e0)),
-                             xg, v16_zero());
-            v16 b1 = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, e1)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, e1)),
-                             xg + 16, v16_zero());
-            v16 s = v16_add(b0, b1);
-            float m = scale_of(w, srow + (size_t)g);
-            if (g & 1)
-                acc[1] = v16_fma_s(s, m, acc[1]);
-            else
-                acc[0] = v16_fma_s(s, m, acc[0]);
-        }
+    }
+    return v16_hsum(v16_add(acc[0], acc[1]));
+}
+
+/* MXFP4 row with x in FP4 order: E from the low nibbles, O from the high. */
+static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
+    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
+    const __m128i tbl = _mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi);
+    const __m128i m4 = _mm_set1_epi8(0x0f), zero = _mm_setzero_si128();
+    size_t srow = (size_t)r * (size_t)w->scale_cols;
+    v16 acc[2] = {v16_zero(), v16_zero()};
+    for (int g = 0; g < w->cols / DS_FP4_GROUP; g++) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(row + g * 16));
+        __m128i l = _mm_shuffle_epi8(tbl, _mm_and_si128(b, m4));
+        __m128i h = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+        const float *xg = xp + g * DS_FP4_GROUP;
+        v16 e = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, l)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, l)), xg,
+                        v16_zero());
+        v16 o = v16_fma(_mm256_cvtph_ps(_mm_unpacklo_epi8(zero, h)), _mm256_cvtph_ps(_mm_unpackhi_epi8(zero, h)),
+                        xg + 16, v16_zero());
+        v16 part = v16_add(e, o);
+        float m = scale_of(w, srow + (size_t)g);
+        if (g & 1)
+            acc[1] = v16_fma_s(part, m, acc[1]);
+        else
+            acc[0] = v16_fma_s(part, m, acc[0]);
     }
     return v16_hsum(v16_add(acc[0], acc[1]));
 }
 
 /* ---- AVX-512: a 16-lane vector is one register ---- */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#define AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 
 AVX512 static inline float hsum16_512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -370,51 +420,34 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
     return _mm512_castsi512_ps(bits);
 }
 
-/* One MXFP4 row, two groups (32 bytes) per step: the low / high nibbles go
- * through the E2M1 table (pshufb), then one byte permute per group places
- * table[code] in the high byte of each element's fp16 (low byte zeroed by
- * the mask); scales are decoded 16 groups at a time. Group g -> A[g % 2]. */
-AVX512VBMI static float row_fp4_512(const ds_weight *w, int r, const float *x) {
-    int K = w->cols, G = K / DS_FP4_GROUP;
-    const uint8_t *row = w->data + (size_t)r * (size_t)(K / 2);
+/* One MXFP4 row with x in FP4 order: the 16 bytes of a group zero-extend to
+ * 16 dwords; vpermps reads the low 4 bits, so the table lookup of the low
+ * nibbles (E) is one permute and of the high nibbles (O) a shift and one
+ * more; scales are decoded 16 groups at a time. */
+AVX512 static float row_fp4_512(const ds_weight *w, int r, const float *xp) {
+    int G = w->cols / DS_FP4_GROUP;
+    const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
-    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)e2m1_f16_hi));
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    /* element k of group 0: odd byte 2k+1 <- L[k/2] (k even) or H[k/2] (k odd); group 1: +16 */
-    uint8_t ib[64];
-    for (int k = 0; k < 32; k++) ib[2 * k] = 0, ib[2 * k + 1] = (uint8_t)((k & 1 ? 64 : 0) + k / 2);
-    const __m512i idx0 = _mm512_loadu_si512(ib), idx1 = _mm512_add_epi8(idx0, _mm512_set1_epi8(16));
-    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
-    for (int g = 0; g < G; g += 2) {
+    const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, sv = a0;
+    for (int g = 0; g < G; g++) {
         if (!(g & 15)) sv = scales16_512(w, sbase + (size_t)g, G - g < 16 ? G - g : 16);
-        const float *xg = x + g * DS_FP4_GROUP;
-        int two = g + 1 < G; /* g is even: g and g+1 share the scale window */
-        __m256i b = two ? _mm256_loadu_si256((const __m256i *)(const void *)(row + g * 16))
-                        : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + g * 16)));
-        __m512i L = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(b, m4)));
-        __m512i H = _mm512_castsi256_si512(_mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)));
-        __m512i h0 = _mm512_maskz_permutex2var_epi8(odd, L, idx0, H);
-        __m512 s0 = _mm512_add_ps(
-            _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h0)), _mm512_loadu_ps(xg), _mm512_setzero_ps()),
-            _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h0, 1)), _mm512_loadu_ps(xg + 16),
-                            _mm512_setzero_ps()));
-        a0 = _mm512_fmadd_ps(s0, _mm512_permutexvar_ps(_mm512_set1_epi32(g & 15), sv), a0);
-        if (two) {
-            __m512i h1 = _mm512_maskz_permutex2var_epi8(odd, L, idx1, H);
-            __m512 s1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h1)),
-                                                      _mm512_loadu_ps(xg + 32), _mm512_setzero_ps()),
-                                      _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h1, 1)),
-                                                      _mm512_loadu_ps(xg + 48), _mm512_setzero_ps()));
-            a1 = _mm512_fmadd_ps(s1, _mm512_permutexvar_ps(_mm512_set1_epi32((g + 1) & 15), sv), a1);
-        }
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + g * 16)));
+        const float *xg = xp + g * DS_FP4_GROUP;
+        __m512 e = _mm512_fmadd_ps(_mm512_permutexvar_ps(d, tbl), _mm512_loadu_ps(xg), _mm512_setzero_ps());
+        __m512 o = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tbl), _mm512_loadu_ps(xg + 16),
+                                   _mm512_setzero_ps());
+        __m512 m = _mm512_permutexvar_ps(_mm512_set1_epi32(g & 15), sv);
+        if (g & 1)
+            a1 = _mm512_fmadd_ps(_mm512_add_ps(e, o), m, a1);
+        else
+            a0 = _mm512_fmadd_ps(_mm512_add_ps(e, o), m, a0);
     }
     return hsum16_512(_mm512_add_ps(a0, a1));
 }
 
 AVX512 static float row_512(const ds_weight *w, int r, const float *x) {
     switch (w->kind) {
-    case DS_W_FP4: return row_fp4_512(w, r, x);
     case DS_W_FP8: return row_fp8_512(w, r, x);
     case DS_W_BF16: return row_dense_512(w, r, x, DS_W_BF16);
     case DS_W_F16: return row_dense_512(w, r, x, DS_W_F16);
@@ -426,8 +459,7 @@ AVX512 static float row_512(const ds_weight *w, int r, const float *x) {
 int ds_cpu_best_path(void) {
 #ifdef DS_X86
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vbmi"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
         return DS_CPU_AVX512;
     return DS_CPU_AVX2;
 #else
@@ -437,13 +469,14 @@ int ds_cpu_best_path(void) {
 
 typedef float (*row_fn)(const ds_weight *, int, const float *);
 
-static row_fn row_for(int path) {
+/* The row kernel of a path; MXFP4 kernels take x in FP4 order. */
+static row_fn row_for(int path, int fp4) {
 #ifdef DS_X86
-    if (path == DS_CPU_AVX512) return row_512;
-    if (path == DS_CPU_AVX2) return row_avx2;
+    if (path == DS_CPU_AVX512) return fp4 ? row_fp4_512 : row_512;
+    if (path == DS_CPU_AVX2) return fp4 ? row_fp4_avx2 : row_avx2;
 #endif
     (void)path;
-    return ds_cpu_row_dot;
+    return fp4 ? row_fp4_generic : ds_cpu_row_dot;
 }
 
 float ds_dot_f32(const float *a, const float *b, int n) {
@@ -478,12 +511,20 @@ static void mm_group(void *ctx, int g) {
 }
 
 void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
-    int groups = (w->rows + 3) / 4;
-    row_fn f = row_for(path);
+    int groups = (w->rows + 3) / 4, fp4 = w->kind == DS_W_FP4;
+    float *xp = NULL;
+    if (fp4) { /* FP4 order, once per matmul */
+        xp = malloc(sizeof(float) * (size_t)T * (size_t)w->cols);
+        if (!xp) abort(); /* T x K floats; a failure here has no way to report */
+        for (int t = 0; t < T; t++) fp4_order_x(x + (size_t)t * w->cols, w->cols, xp + (size_t)t * w->cols);
+        x = xp;
+    }
+    row_fn f = row_for(path, fp4);
     for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         mm_job j = {w, x, y, t0, T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK, f};
         be->parallel_for(be, groups, mm_group, &j);
     }
+    free(xp);
 }
 
 void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
