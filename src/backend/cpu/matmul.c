@@ -480,10 +480,29 @@ static row_fn row_for(int path, int fp4) {
 }
 
 float ds_dot_f32(const float *a, const float *b, int n) {
-    ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
 #ifdef DS_X86
-    return row_avx2(&w, 0, b);
+    /* the dense order (chunk c -> P[c % 4]) for F32 rows, without dispatch */
+    v16 p0 = v16_zero(), p1 = p0, p2 = p0, p3 = p0;
+    int c = 0;
+    for (; c + 64 <= n; c += 64) {
+        p0 = v16_fma(_mm256_loadu_ps(a + c), _mm256_loadu_ps(a + c + 8), b + c, p0);
+        p1 = v16_fma(_mm256_loadu_ps(a + c + 16), _mm256_loadu_ps(a + c + 24), b + c + 16, p1);
+        p2 = v16_fma(_mm256_loadu_ps(a + c + 32), _mm256_loadu_ps(a + c + 40), b + c + 32, p2);
+        p3 = v16_fma(_mm256_loadu_ps(a + c + 48), _mm256_loadu_ps(a + c + 56), b + c + 48, p3);
+    }
+    if (c < n) { /* the last partial round, through the general path's order */
+        v16 *q[4] = {&p0, &p1, &p2, &p3};
+        for (int i = 0; i < 4 && c + 16 * i < n; i++) {
+            int m = n - c - 16 * i < 16 ? n - c - 16 * i : 16;
+            float ta[16] = {0}, tb[16] = {0};
+            memcpy(ta, a + c + 16 * i, sizeof(float) * (size_t)m);
+            memcpy(tb, b + c + 16 * i, sizeof(float) * (size_t)m);
+            *q[i] = v16_fma(_mm256_loadu_ps(ta), _mm256_loadu_ps(ta + 8), tb, *q[i]);
+        }
+    }
+    return v16_hsum(v16_add(v16_add(p0, p1), v16_add(p2, p3)));
 #else
+    ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
     return ds_cpu_row_dot(&w, 0, b);
 #endif
 }
