@@ -62,8 +62,13 @@ static double read_bandwidth(const ds_checkpoint *ck, int threads, double *anon,
     int nb = 0;
     for (int i = 0; i < ds_checkpoint_count(ck); i++) {
         const ds_tensor *t = ds_checkpoint_at(ck, i);
-        int k = nb < 64 ? nb++ : 63;
-        if (k == 63 && big[63] && big[63]->nbytes >= t->nbytes) continue;
+        int k;
+        if (nb < 64)
+            k = nb++;
+        else if (t->nbytes > big[63]->nbytes)
+            k = 63;
+        else
+            continue;
         big[k] = t;
         for (; k > 0 && big[k - 1]->nbytes < big[k]->nbytes; k--) {
             const ds_tensor *x = big[k];
@@ -164,18 +169,21 @@ int cmd_bench(int argc, char **argv) {
         }
         if (bad) {
             usage(stderr);
+            free(batches);
             return 2;
         }
         i++;
     }
     if (!dir) {
         usage(stderr);
+        free(batches);
         return 2;
     }
     ds_model *m;
     ds_err err;
     if (ds_model_load(dir, &m, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", err.msg);
+        free(batches);
         return 1;
     }
     ds_backend be;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# dsv4 bench runs to the end on a fixture (here also under ASan/UBSan) and
+# prints every figure it promises: bandwidth floor, prefill, decode, ratio,
+# batched decode. (It measures; it asserts no speed.)
+set -u
+DSV4="$1"
+SRC="$2"
+out=$("$DSV4" bench -m "$SRC/tests/fixtures/q128" --prompt 8 --gen 2 --batch 2,3 2>&1)
+rc=$?
+pass=0
+fail=0
+check() { if echo "$out" | grep -q -- "$1"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: no '$1'"; fi; }
+[ $rc -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: exit status $rc"; }
+check "read bandwidth"
+check "the model's mapped weights"
+check "prefill .* tokens/s"
+check "decode .* GB/s"
+check "of the bandwidth floor"
+check "batch 2 .* tokens/s"
+check "batch 3 .* tokens/s"
+"$DSV4" bench -m "$SRC/tests/fixtures/q128" --batch 0 >/dev/null 2>&1
+[ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --batch 0 must be a usage error"; }
+echo "$out"
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
