@@ -23,5 +23,18 @@ for m in tiny q128; do
 done
 run "check catches batch dependence" 1 "$DSV4" check -m "$SRC/tests/fixtures/tiny" --trials 2 --self-test
 run "check rejects a bad mode" 2 "$DSV4" check -m "$SRC/tests/fixtures/tiny" --mode sometimes
+# process to process: two separate runs (1 thread, whole prefill, both sequences batched /
+# 3 threads, chunks of 7, the sequences in the other order) write byte-identical logits
+T=$(mktemp -d)
+A=$(python3 -c "import random; r=random.Random(7); print(','.join(str(r.randrange(512)) for _ in range(150)))")
+B=$(python3 -c "import random; r=random.Random(8); print(','.join(str(r.randrange(512)) for _ in range(90)))")
+"$DSV4" logits -m "$SRC/tests/fixtures/q128" --tokens "$A" --tokens "$B" -o "$T/x" --threads 1 &&
+"$DSV4" logits -m "$SRC/tests/fixtures/q128" --tokens "$B" --tokens "$A" -o "$T/y" --threads 3 --prefill-chunk 7
+if cmp -s "$T/x.0.f32" "$T/y.1.f32" && cmp -s "$T/x.1.f32" "$T/y.0.f32" && [ -s "$T/x.0.f32" ]; then
+    pass=$((pass + 1)); echo "ok   logits identical across processes, threads, chunking and batch order"
+else
+    fail=$((fail + 1)); echo "FAIL logits differ across processes"
+fi
+rm -rf "$T"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
