@@ -17,76 +17,6 @@
 
 /* ------------------------------------------------------------ shared helpers */
 
-static int has_config(const char *dir) {
-    char p[4096];
-    struct stat st;
-    int k = snprintf(p, sizeof p, "%s/config.json", dir);
-    return k > 0 && (size_t)k < sizeof p && !stat(p, &st) && S_ISREG(st.st_mode);
-}
-
-int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
-    if (given) {
-        if ((size_t)snprintf(out, cap, "%s", given) >= cap) {
-            fprintf(stderr, "dsv4 %s: -m: path too long\n", cmd);
-            return -1;
-        }
-        return 0;
-    }
-    const char *env = getenv("DSV4_MODEL");
-    if (env && *env) {
-        if (!has_config(env)) {
-            fprintf(stderr, "dsv4 %s: DSV4_MODEL=%s: no config.json in that directory\n", cmd, env);
-            return -1;
-        }
-        snprintf(out, cap, "%s", env);
-        return 0;
-    }
-    if (has_config("models/kjv")) {
-        snprintf(out, cap, "models/kjv");
-        return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            char cand[4096 + 32];
-            snprintf(cand, sizeof cand, "%s/../models/kjv", exe);
-            if (has_config(cand) && strlen(cand) < cap) {
-                snprintf(out, cap, "%s", cand);
-                return 0;
-            }
-        }
-    }
-    fprintf(stderr,
-            "dsv4 %s: no model given and no bundled model found (looked at $DSV4_MODEL, ./models/kjv and "
-            "<dir of dsv4>/../models/kjv): pass -m DIR\n",
-            cmd);
-    return -1;
-}
-
-int cli_load_model_tok(const char *cmd, const char *dir, ds_model **m, ds_tokenizer **tok) {
-    ds_err err = {{0}};
-    *m = NULL;
-    *tok = NULL;
-    /* the tokenizer first: it is cheap, and a missing tokenizer.json should
-     * not wait for the weights */
-    if (ds_tokenizer_load(dir, tok, &err) || ds_model_load(dir, m, &err)) {
-        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
-        ds_tokenizer_free(*tok);
-        *tok = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-int32_t cli_bos_id(const ds_model *m, const ds_tokenizer *tok) {
-    int32_t b = ds_tokenizer_bos_id(tok);
-    return b >= 0 ? b : m->cfg.bos_id;
-}
-
 /* Sampling / common options of run and chat. Returns 1 if `a` was one (and
  * consumed v: *used = 1), 0 if not, -1 on a bad value (message printed). */
 typedef struct {
@@ -194,45 +124,6 @@ static int run_cb(void *ctx, int32_t token, int is_stop, const char *text, size_
     return 0;
 }
 
-static char *read_file_all(const char *cmd, const char *path, size_t *n) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        if (len == cap) {
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    if (buf && ferror(f)) {
-        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno ? errno : EIO));
-        free(buf);
-        buf = NULL;
-    } else if (!buf) {
-        fprintf(stderr, "dsv4 %s: %s: out of memory\n", cmd, path);
-    }
-    if (f != stdin) fclose(f);
-    if (buf) {
-        buf[len] = 0;
-        *n = len;
-    }
-    return buf;
-}
-
-char *cli_read_file(const char *cmd, const char *path, size_t *n) { return read_file_all(cmd, path, n); }
 
 int cmd_run(int argc, char **argv) {
     const char *given = NULL, *prompt = NULL, *file = NULL;
@@ -290,7 +181,7 @@ int cmd_run(int argc, char **argv) {
     char *owned = NULL, *text = NULL;
     size_t text_n;
     if (file) {
-        if (!(owned = read_file_all("run", file, &text_n))) return 1;
+        if (!(owned = cli_read_file("run", file, &text_n))) return 1;
         prompt = owned;
     } else {
         text_n = strlen(prompt);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli/commands.h"
+#include "cli/util.h"
 #include "format/tokenizer.h"
 
 static void tokenize_usage(FILE *f) {
@@ -50,51 +51,6 @@ static void detokenize_usage(FILE *f) {
             "between tokens): by default those bytes are written as they are; --lossy\n"
             "replaces each invalid sequence by U+FFFD. An id out of range or without a\n"
             "token is an error (exit status 1).\n");
-}
-
-static char *read_all(FILE *f, size_t *n) {
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) return NULL;
-    for (;;) {
-        if (len == cap) {
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return NULL;
-    }
-    buf[len] = 0;
-    *n = len;
-    return buf;
-}
-
-static char *read_path(const char *path, size_t *n, const char *cmd) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, path, strerror(errno));
-        return NULL;
-    }
-    char *buf = read_all(f, n);
-    if (!buf) fprintf(stderr, "dsv4 %s: %s: read error\n", cmd, path);
-    if (f != stdin) fclose(f);
-    return buf;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int write_ids(const int32_t *ids, size_t n) {
@@ -148,16 +104,16 @@ int cmd_tokenize(int argc, char **argv) {
     }
     ds_err err = {{0}};
     ds_tokenizer *tok;
-    double t0 = now_s();
+    double t0 = cli_now();
     if (ds_tokenizer_load(model, &tok, &err)) {
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
         return 1;
     }
-    double t1 = now_s();
+    double t1 = cli_now();
     size_t n;
     char *owned = NULL;
     if (file) {
-        owned = read_path(file, &n, "tokenize");
+        owned = cli_read_file("tokenize", file, &n);
         if (!owned) {
             ds_tokenizer_free(tok);
             return 1;
@@ -168,9 +124,9 @@ int cmd_tokenize(int argc, char **argv) {
     }
     int32_t *ids;
     size_t n_ids;
-    double t2 = now_s();
+    double t2 = cli_now();
     int rc = ds_tokenizer_encode(tok, text, n, mode, &ids, &n_ids, &err);
-    double t3 = now_s();
+    double t3 = cli_now();
     if (rc) {
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
     } else {
@@ -256,7 +212,7 @@ int cmd_detokenize(int argc, char **argv) {
     char *owned = NULL;
     if (!strcmp(ids_arg, "-")) {
         size_t n;
-        owned = read_path("-", &n, "detokenize");
+        owned = cli_read_file("detokenize", "-", &n);
         if (!owned) return 1;
         if (strlen(owned) != n) {
             fprintf(stderr, "dsv4 detokenize: standard input holds a NUL byte\n");

@@ -3,7 +3,14 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "common/io.h"
+#include "format/tokenizer.h"
+#include "model/model.h"
 
 int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n) {
     *out = NULL;
@@ -74,4 +81,84 @@ double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int has_config(const char *dir) {
+    char p[4096];
+    struct stat st;
+    int k = snprintf(p, sizeof p, "%s/config.json", dir);
+    return k > 0 && (size_t)k < sizeof p && !stat(p, &st) && S_ISREG(st.st_mode);
+}
+
+int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
+    if (given) {
+        if ((size_t)snprintf(out, cap, "%s", given) >= cap) {
+            fprintf(stderr, "dsv4 %s: -m: path too long\n", cmd);
+            return -1;
+        }
+        return 0;
+    }
+    const char *env = getenv("DSV4_MODEL");
+    if (env && *env) {
+        if (!has_config(env)) {
+            fprintf(stderr, "dsv4 %s: DSV4_MODEL=%s: no config.json in that directory\n", cmd, env);
+            return -1;
+        }
+        snprintf(out, cap, "%s", env);
+        return 0;
+    }
+    if (has_config("models/kjv")) {
+        snprintf(out, cap, "models/kjv");
+        return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            char cand[4096 + 32];
+            snprintf(cand, sizeof cand, "%s/../models/kjv", exe);
+            if (has_config(cand) && strlen(cand) < cap) {
+                snprintf(out, cap, "%s", cand);
+                return 0;
+            }
+        }
+    }
+    fprintf(stderr,
+            "dsv4 %s: no model given and no bundled model found (looked at $DSV4_MODEL, ./models/kjv and "
+            "<dir of dsv4>/../models/kjv): pass -m DIR\n",
+            cmd);
+    return -1;
+}
+
+int cli_load_model_tok(const char *cmd, const char *dir, ds_model **m, ds_tokenizer **tok) {
+    ds_err err = {{0}};
+    *m = NULL;
+    *tok = NULL;
+    /* the tokenizer first: it is cheap, and a missing tokenizer.json should
+     * not wait for the weights */
+    if (ds_tokenizer_load(dir, tok, &err) || ds_model_load(dir, m, &err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+        ds_tokenizer_free(*tok);
+        *tok = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int32_t cli_bos_id(const ds_model *m, const ds_tokenizer *tok) {
+    int32_t b = ds_tokenizer_bos_id(tok);
+    return b >= 0 ? b : m->cfg.bos_id;
+}
+
+char *cli_read_file(const char *cmd, const char *path, size_t *n) {
+    char *buf;
+    ds_err err;
+    if (ds_read_file(path, 0, &buf, n, &err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+        return NULL;
+    }
+    return buf;
 }

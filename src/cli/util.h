@@ -2,6 +2,7 @@
 #ifndef DS_CLI_UTIL_H
 #define DS_CLI_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Parses "5,17,42" or "5 17 42" into a malloc'd array; -1 with a message
@@ -10,6 +11,19 @@ int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n);
 /* Parses a non-negative integer option value; -1 (message) if malformed. */
 int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
 int cli_parse_double(const char *opt, const char *s, double *out);
+/* Reads a whole file ('-': stdin) with ds_read_file; NULL with a message on
+ * stderr naming `cmd` and the file. */
+char *cli_read_file(const char *cmd, const char *path, size_t *n);
+struct ds_model;
+struct ds_tokenizer;
+/* The model directory: `given` (-m) if non-NULL, else $DSV4_MODEL, else
+ * ./models/kjv, else <dir of the executable>/../models/kjv (the first holding
+ * config.json). -1 with a message on stderr naming `cmd` if none. */
+int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap);
+/* Loads DIR's tokenizer.json, then its weights; -1 with a message on stderr. */
+int cli_load_model_tok(const char *cmd, const char *dir, struct ds_model **m, struct ds_tokenizer **tok);
+/* The tokenizer's BOS id, else config.json's bos_token_id. */
+int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
 /* Seconds from a monotonic clock. */
 double cli_now(void);
 

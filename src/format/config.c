@@ -6,6 +6,7 @@
  * compress_rope_theta and rope_scaling. Every error names the file and key. */
 #include "format/config.h"
 
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <float.h>
@@ -17,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "common/io.h"
 
 #define CONFIG_FILE_MAX ((size_t)16 << 20)
 #define JSON_INT_MAX 9007199254740992.0 /* 2^53 */
@@ -424,27 +427,11 @@ int ds_config_parse(const char *json, const char *what, ds_config *cfg, ds_err *
 }
 
 int ds_config_load(const char *path, ds_config *cfg, ds_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_fail(err, "%s: %s", path, strerror(errno));
-    char *buf = malloc(CONFIG_FILE_MAX + 1);
-    if (!buf) {
-        fclose(f);
-        return ds_fail(err, "%s: out of memory", path);
-    }
-    size_t len = fread(buf, 1, CONFIG_FILE_MAX + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    int rc;
-    if (bad)
-        rc = ds_fail(err, "%s: read error", path);
-    else if (len > CONFIG_FILE_MAX)
-        rc = ds_fail(err, "%s: larger than %zu bytes", path, CONFIG_FILE_MAX);
-    else if (memchr(buf, 0, len))
-        rc = ds_fail(err, "%s: contains a NUL byte", path);
-    else {
-        buf[len] = 0;
-        rc = ds_config_parse(buf, path, cfg, err);
-    }
+    char *buf;
+    size_t len;
+    if (ds_read_file(path, CONFIG_FILE_MAX, &buf, &len, err)) return -1;
+    int rc = memchr(buf, 0, len) ? ds_fail(err, "%s: contains a NUL byte", path)
+                                 : ds_config_parse(buf, path, cfg, err);
     free(buf);
     return rc;
 }

@@ -7,6 +7,7 @@
  *  "__metadata__": {...}}, then the data area; offsets are relative to it. */
 #include "format/safetensors.h"
 
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -19,6 +20,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/io.h"
 
 #define HEADER_MAX ((uint64_t)100 << 20) /* 100 MB: the limit the safetensors spec uses */
 #define INDEX_FILE_MAX ((size_t)256 << 20)
@@ -98,45 +101,6 @@ static int json_uint(const cJSON *v, uint64_t *out) {
     double d = v->valuedouble;
     if (!(d >= 0.0) || d > JSON_INT_MAX || d != floor(d)) return -1;
     *out = (uint64_t)d;
-    return 0;
-}
-
-/* Reads a whole (small) file into a NUL-terminated buffer. */
-static int read_text(const char *path, size_t max, char **out, ds_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_fail(err, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= max) {
-                fclose(f);
-                free(buf);
-                return ds_fail(err, "%s: file is larger than %zu bytes", path, max);
-            }
-            cap = cap ? cap * 2 : 65536;
-            if (cap > max) cap = max;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                return ds_fail(err, "%s: out of memory", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return ds_fail(err, "%s: read error", path);
-    }
-    if (!buf && !(buf = malloc(1))) return ds_fail(err, "%s: out of memory", path);
-    buf[len] = 0;
-    *out = buf;
     return 0;
 }
 
@@ -435,7 +399,7 @@ static int safe_rel_name(const char *s) {
 
 static int open_index(ds_checkpoint *ck, const char *dir, const char *ipath, ds_err *err) {
     char *text = NULL;
-    if (read_text(ipath, INDEX_FILE_MAX, &text, err) != 0) return -1;
+    if (ds_read_file(ipath, INDEX_FILE_MAX, &text, NULL, err) != 0) return -1;
     int rc = -1;
     wm_entry *wm = NULL, *byfile = NULL;
     const char **shards = NULL;

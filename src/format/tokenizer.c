@@ -27,6 +27,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/io.h"
+
 #define DS_MAX_VOCAB_ID 16777216 /* sanity bound on ids read from the file */
 #define DS_MAX_SPLITS 16
 #ifndef DS_CACHE_SLOTS
@@ -180,47 +182,6 @@ struct ds_tokenizer {
 };
 
 /* ------------------------------------------------------------ small utils */
-
-static char *read_file(const char *path, size_t *n, ds_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ds_fail(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        fclose(f);
-        ds_fail(err, "%s: out of memory", path);
-        return NULL;
-    }
-    for (;;) {
-        if (len == cap) {
-            char *nb = realloc(buf, cap * 2 + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                ds_fail(err, "%s: out of memory", path);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        ds_fail(err, "%s: read error", path);
-        return NULL;
-    }
-    buf[len] = 0;
-    *n = len;
-    return buf;
-}
 
 /* GPT-2 bytes_to_unicode: the code point that stands for byte b. */
 static unsigned byte_to_cp(unsigned b) {
@@ -945,8 +906,8 @@ int ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_err *err) {
         if (k < 0 || (size_t)k >= sizeof file) return ds_fail(err, "%s: path too long", path);
     }
     size_t n;
-    char *json = read_file(file, &n, err);
-    if (!json) return -1;
+    char *json;
+    if (ds_read_file(file, 0, &json, &n, err)) return -1;
     int rc = ds_tokenizer_load_json(json, n, file, out, err);
     free(json);
     return rc;
