@@ -15,11 +15,12 @@ int ds_comp_state_init(ds_comp_state *s, const ds_compressor_w *w, int64_t max_l
     s->entries = malloc((size_t)s->cap * (size_t)w->d * sizeof(float));
     s->pend_kv = malloc((size_t)w->ratio * (size_t)cd * sizeof(float));
     s->pend_gate = malloc((size_t)w->ratio * (size_t)cd * sizeof(float));
+    s->slots = malloc(4 * (size_t)w->ratio * sizeof(float));
     if (w->overlap) {
         s->prev_kv = malloc((size_t)w->ratio * (size_t)w->d * sizeof(float));
         s->prev_gate = malloc((size_t)w->ratio * (size_t)w->d * sizeof(float));
     }
-    if (!s->entries || !s->pend_kv || !s->pend_gate || (w->overlap && (!s->prev_kv || !s->prev_gate))) {
+    if (!s->entries || !s->pend_kv || !s->pend_gate || !s->slots || (w->overlap && (!s->prev_kv || !s->prev_gate))) {
         ds_comp_state_free(s);
         return -1;
     }
@@ -32,6 +33,7 @@ void ds_comp_state_free(ds_comp_state *s) {
     free(s->pend_gate);
     free(s->prev_kv);
     free(s->prev_gate);
+    free(s->slots);
     memset(s, 0, sizeof *s);
 }
 
@@ -55,22 +57,23 @@ int ds_comp_push(const ds_compressor_w *w, ds_comp_state *s, const float *kv, co
 
     float *e = s->entries + (size_t)s->n_entries * (size_t)d;
     int off = w->overlap ? d : 0; /* series B (overlap) or the only series */
+    /* per channel, softmax over the slots (the previous window's series A
+     * first, then this window), then the weighted sum of the kv slots */
+    int np = w->overlap && s->has_prev ? R : 0, ns = np + R;
+    float *g = s->slots, *v = s->slots + ns;
     for (int c = 0; c < d; c++) {
-        /* softmax over the slots (prev series A first, then this window) */
-        float m = -INFINITY;
-        if (w->overlap && s->has_prev)
-            for (int j = 0; j < R; j++) m = fmaxf(m, s->prev_gate[(size_t)j * d + c]);
-        for (int j = 0; j < R; j++) m = fmaxf(m, s->pend_gate[(size_t)j * cd + off + c]);
-        float sum = 0.0f;
-        if (w->overlap && s->has_prev)
-            for (int j = 0; j < R; j++) sum += expf(s->prev_gate[(size_t)j * d + c] - m);
-        for (int j = 0; j < R; j++) sum += expf(s->pend_gate[(size_t)j * cd + off + c] - m);
-        float acc = 0.0f;
-        if (w->overlap && s->has_prev)
-            for (int j = 0; j < R; j++)
-                acc += s->prev_kv[(size_t)j * d + c] * (expf(s->prev_gate[(size_t)j * d + c] - m) / sum);
-        for (int j = 0; j < R; j++)
-            acc += s->pend_kv[(size_t)j * cd + off + c] * (expf(s->pend_gate[(size_t)j * cd + off + c] - m) / sum);
+        for (int j = 0; j < np; j++) {
+            g[j] = s->prev_gate[(size_t)j * d + c];
+            v[j] = s->prev_kv[(size_t)j * d + c];
+        }
+        for (int j = 0; j < R; j++) {
+            g[np + j] = s->pend_gate[(size_t)j * cd + off + c];
+            v[np + j] = s->pend_kv[(size_t)j * cd + off + c];
+        }
+        float m = -INFINITY, sum = 0.0f, acc = 0.0f;
+        for (int j = 0; j < ns; j++) m = fmaxf(m, g[j]);
+        for (int j = 0; j < ns; j++) sum += (g[j] = expf(g[j] - m));
+        for (int j = 0; j < ns; j++) acc += v[j] * (g[j] / sum);
         e[c] = acc;
     }
     ds_rmsnorm(e, e, w->norm, d, eps);

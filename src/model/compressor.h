@@ -22,6 +22,7 @@ typedef struct ds_comp_state {
     float *pend_kv, *pend_gate; /* [ratio][c*d]: rows of the unfinished window (gate includes ape) */
     float *prev_kv, *prev_gate; /* [ratio][d]: series A of the last finished window (overlap) */
     int has_prev;
+    float *slots;               /* [2][2 * ratio]: gates and values of one channel's slots */
 } ds_comp_state;
 
 int ds_comp_state_init(ds_comp_state *s, const ds_compressor_w *w, int64_t max_len);
