@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <immintrin.h>
+
 #include "backend/cpu/cpu.h"
 #include "testutil.h"
 
@@ -59,7 +61,7 @@ int main(void) {
     ds_backend_cpu_init(&be1, 1);
     ds_backend_cpu_init(&be3, 3);
     const ds_wkind kinds[] = {DS_W_F32, DS_W_BF16, DS_W_F16, DS_W_FP8, DS_W_FP4};
-    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}, {6, 200}, {3, 160}};
+    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}, {6, 200}, {3, 160}, {4, 96}, {2, 32}, {5, 416}};
     printf("kernel paths tested: generic .. %s\n", ds_cpu_best_path() == DS_CPU_AVX512 ? "avx512" : ds_cpu_best_path() == DS_CPU_AVX2 ? "avx2" : "generic");
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -107,6 +109,38 @@ int main(void) {
             free(data);
             free(scale);
         }
+    /* FP8 through the AVX-512 "raw" kernels (x scaled by 2^112): inputs that
+     * would overflow (|x| >= 2^16) and denormals-are-zero mode must fall back
+     * to kernels with the portable path's bits. The weights include e4m3
+     * subnormals, which DAZ would read as zero in the raw kernels. */
+    {
+        int R = 37, K = 520;
+        ds_weight w;
+        uint8_t *data, *scale;
+        make(&w, DS_W_FP8, R, K, &data, &scale);
+        for (int i = 0; i < R * K; i += 7) data[i] = (uint8_t)(data[i] & 0x87); /* subnormal codes */
+        float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * R);
+        const float big[] = {1.0f, 65535.99f, 65536.0f, 3.0e6f, INFINITY};
+        for (int daz = 0; daz < 2; daz++)
+            for (size_t b = 0; b < sizeof big / sizeof big[0]; b++) {
+                for (int i = 0; i < K; i++) x[i] = frand();
+                x[K / 3] = -big[b];
+                unsigned csr = _mm_getcsr();
+                if (daz) _mm_setcsr(csr | 0x40);
+                be3.matmul(&be3, &w, x, 1, y);
+                _mm_setcsr(csr);
+                int same = 1;
+                for (int r = 0; r < R; r++) {
+                    float g = ds_cpu_row_dot(&w, r, x);
+                    same &= memcmp(&g, &y[r], 4) == 0;
+                }
+                CHECK(same, "FP8 with |x| up to %.9g%s: SIMD != portable path", (double)big[b], daz ? " under DAZ" : "");
+            }
+        free(x);
+        free(y);
+        free(data);
+        free(scale);
+    }
     /* the small fixed-order dot used by norms and attention = the portable path */
     for (int n = 1; n < 300; n += 7) {
         float a[300], b[300];
