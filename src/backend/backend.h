@@ -19,12 +19,24 @@ typedef struct ds_attn_query {
     float *out;                /* [d] */
 } ds_attn_query;
 
+/* One product of a batch: y[t][r] = sum_k w[r][k] * x[t][k] for t < T. */
+typedef struct ds_matmul_job {
+    const ds_weight *w;
+    const float *x; /* [T][w->cols] */
+    int T;
+    float *y;       /* [T][w->rows] */
+} ds_matmul_job;
+
 struct ds_backend {
     const char *name;
     int n_threads;
     int cpu_path; /* CPU backend: kernel path (all paths give the same bits) */
     /* y[t][r] = sum_k w[r][k] * x[t][k] for t < T (x: [T][w->cols], y: [T][w->rows]). */
     void (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
+    /* Independent products (their y must not overlap any x) run together —
+     * on the CPU in one parallel region; each output has the bits matmul
+     * would give it. */
+    void (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n);
     /* Softmax attention with a sink for each query; scale multiplies q.k. */
     void (*attend)(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale);
     /* Runs fn(ctx, i) for i in [0, n) on the backend's threads; each i must

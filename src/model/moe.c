@@ -20,23 +20,84 @@ static void swiglu(float *a, const float *up, size_t n, float limit) {
     }
 }
 
-/* y [n][D] = w2 @ swiglu(w1 @ x, w3 @ x) for n rows of x [n][D]. */
-static int expert(const ds_backend *be, const ds_weight *w1, const ds_weight *w2, const ds_weight *w3, float limit,
-                  const float *x, int n, float *y) {
-    int I = w1->rows;
-    float *h1 = malloc((size_t)n * I * sizeof *h1), *h3 = malloc((size_t)n * I * sizeof *h3);
-    if (!h1 || !h3) {
-        free(h1);
-        free(h3);
-        return -1;
+/* The experts run in batches of up to MOE_BATCH_ROWS gathered rows (or one
+ * expert's rows when more): a batch's w1 and w3 products run together, then
+ * its SwiGLUs, then its w2 products together — so at batch 1 a layer's
+ * experts cost two parallel regions, not three per expert. */
+#define MOE_BATCH_ROWS 256
+
+typedef struct {
+    const ds_layer *ly;
+    const float *xn;
+    const int *count, *members; /* (token, slot) pairs grouped by expert */
+    int T, k, D, E, shared;     /* shared: run the shared expert as "expert E" */
+    float limit;
+    float *slot_out, *shared_out;
+} moe_run;
+
+static int expert_rows(const moe_run *M, int e) {
+    return e < M->E ? M->count[e + 1] - M->count[e] : M->shared ? M->T : 0;
+}
+
+/* Experts [*e, ...) that fit one batch; returns the next expert. */
+static int run_batch(const ds_backend *be, const moe_run *M, int e, size_t cap, size_t imax, float *xg, float *h1,
+                     float *h3, float *yg, ds_matmul_job *j13, ds_matmul_job *j2) {
+    const ds_layer *ly = M->ly;
+    int D = M->D, k = M->k, nj = 0, e0 = e;
+    size_t rows = 0;
+    for (; e <= M->E; e++) {
+        int n = expert_rows(M, e);
+        if (!n) continue;
+        if (rows > 0 && rows + (size_t)n > cap) break;
+        const float *x = M->xn;
+        if (e < M->E) {
+            for (int j = 0; j < n; j++)
+                memcpy(xg + (rows + (size_t)j) * D, M->xn + (size_t)(M->members[M->count[e] + j] / k) * D,
+                       (size_t)D * sizeof(float));
+            x = xg + rows * D;
+        }
+        const ds_weight *w1 = e < M->E ? &ly->w1[e] : &ly->sw1, *w3 = e < M->E ? &ly->w3[e] : &ly->sw3;
+        const ds_weight *w2 = e < M->E ? &ly->w2[e] : &ly->sw2;
+        j13[2 * nj] = (ds_matmul_job){w1, x, n, h1 + rows * imax};
+        j13[2 * nj + 1] = (ds_matmul_job){w3, x, n, h3 + rows * imax};
+        j2[nj++] = (ds_matmul_job){w2, h1 + rows * imax, n, e < M->E ? yg + rows * D : M->shared_out};
+        rows += (size_t)n;
     }
-    be->matmul(be, w1, x, n, h1);
-    be->matmul(be, w3, x, n, h3);
-    swiglu(h1, h3, (size_t)n * I, limit);
-    be->matmul(be, w2, h1, n, y);
+    be->matmul_many(be, j13, 2 * nj);
+    for (int i = 0; i < nj; i++) swiglu(j13[2 * i].y, j13[2 * i + 1].y, (size_t)j2[i].T * (size_t)j2[i].w->cols, M->limit);
+    be->matmul_many(be, j2, nj);
+    /* routed outputs back to their (token, slot) rows */
+    rows = 0;
+    for (int i = e0; i < e; i++) {
+        int n = expert_rows(M, i);
+        if (i == M->E || !n) continue;
+        for (int j = 0; j < n; j++)
+            memcpy(M->slot_out + (size_t)M->members[M->count[i] + j] * D, yg + (rows + (size_t)j) * D,
+                   (size_t)D * sizeof(float));
+        rows += (size_t)n;
+    }
+    return e;
+}
+
+static int run_experts(const ds_backend *be, const moe_run *M) {
+    size_t cap = (size_t)M->T > MOE_BATCH_ROWS ? (size_t)M->T : MOE_BATCH_ROWS;
+    size_t imax = (size_t)M->ly->w1[0].rows;
+    if (M->shared && (size_t)M->ly->sw1.rows > imax) imax = (size_t)M->ly->sw1.rows;
+    float *xg = malloc(cap * M->D * sizeof *xg), *yg = malloc(cap * M->D * sizeof *yg);
+    float *h1 = malloc(cap * imax * sizeof *h1), *h3 = malloc(cap * imax * sizeof *h3);
+    ds_matmul_job *j13 = malloc(2 * (size_t)(M->E + 1) * sizeof *j13), *j2 = malloc((size_t)(M->E + 1) * sizeof *j2);
+    int rc = -1;
+    if (xg && yg && h1 && h3 && j13 && j2) {
+        for (int e = 0; e <= M->E;) e = run_batch(be, M, e, cap, imax, xg, h1, h3, yg, j13, j2);
+        rc = 0;
+    }
+    free(xg);
+    free(yg);
     free(h1);
     free(h3);
-    return 0;
+    free(j13);
+    free(j2);
+    return rc;
 }
 
 /* Routing of one token: expert ids (ascending for routed layers) and weights. */
@@ -116,11 +177,10 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     int rc = -1;
     float *logits = malloc((size_t)T * E * sizeof *logits), *score = malloc((size_t)E * sizeof *score);
     float *wts = malloc((size_t)T * k * sizeof *wts), *slot_out = malloc((size_t)T * k * D * sizeof *slot_out);
-    float *xg = malloc((size_t)T * D * sizeof *xg), *yg = malloc((size_t)T * D * sizeof *yg);
     float *shared = malloc((size_t)T * D * sizeof *shared);
     int *idx = malloc((size_t)T * k * sizeof *idx), *count = calloc((size_t)E + 1, sizeof *count);
     int *members = malloc((size_t)T * k * sizeof *members);
-    if (!logits || !score || !wts || !slot_out || !xg || !yg || !shared || !idx || !count || !members) goto oom;
+    if (!logits || !score || !wts || !slot_out || !shared || !idx || !count || !members) goto oom;
 
     be->matmul(be, &ly->gate, xn, T, logits);
     for (int t = 0; t < T; t++) {
@@ -141,20 +201,9 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
         for (int i = 0; i < T * k; i++) members[fill[idx[i]]++] = i;
         free(fill);
     }
-    for (int e = 0; e < E; e++) {
-        int n = count[e + 1] - count[e];
-        if (!n) continue;
-        for (int j = 0; j < n; j++)
-            memcpy(xg + (size_t)j * D, xn + (size_t)(members[count[e] + j] / k) * D, (size_t)D * sizeof(float));
-        if (expert(be, &ly->w1[e], &ly->w2[e], &ly->w3[e], L, xg, n, yg)) goto oom;
-        for (int j = 0; j < n; j++)
-            memcpy(slot_out + (size_t)members[count[e] + j] * D, yg + (size_t)j * D, (size_t)D * sizeof(float));
-    }
-    if (c->n_shared_experts > 0) {
-        if (expert(be, &ly->sw1, &ly->sw2, &ly->sw3, L, xn, T, shared)) goto oom;
-    } else {
-        memset(shared, 0, (size_t)T * D * sizeof *shared);
-    }
+    if (c->n_shared_experts <= 0) memset(shared, 0, (size_t)T * D * sizeof *shared);
+    moe_run M = {ly, xn, count, members, T, k, D, E, c->n_shared_experts > 0, L, slot_out, shared};
+    if (run_experts(be, &M)) goto oom;
 
     /* y = sum over slots in ascending expert id (then slot) of w * E(x), + shared */
     combine_job J = {idx, wts, slot_out, shared, out, k, D};
@@ -168,8 +217,6 @@ done:
     free(score);
     free(wts);
     free(slot_out);
-    free(xg);
-    free(yg);
     free(shared);
     free(idx);
     free(count);

@@ -72,6 +72,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     be->cpu_path = ds_cpu_best_path();
     be->matmul = ds_cpu_matmul;
+    be->matmul_many = ds_cpu_matmul_many;
     be->attend = cpu_attend;
     be->parallel_for = cpu_parallel_for;
     return 0;

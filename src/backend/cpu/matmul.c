@@ -584,24 +584,33 @@ float ds_dot_f32(const float *a, const float *b, int n) {
 /* Token blocks keep x of a block in cache while all rows stream past. */
 #define TOKEN_BLOCK 32
 
+/* A product ready to run: x copied (see mm_prepare), its row kernel, and its
+ * first row group in the batch's numbering. */
 typedef struct {
     const ds_weight *w;
-    const float *x;
+    float *xp;
+    size_t xstride; /* floats between tokens of xp */
+    int T, g0, groups;
     float *y;
-    size_t xstride; /* floats between tokens of x */
-    int t0, tn;
     row_fn row;
+} mm_prep;
+
+typedef struct {
+    const mm_prep *p;
+    int n, t0; /* tokens [t0, t0 + TOKEN_BLOCK) */
 } mm_job;
 
-/* Rows 4g..4g+3, one at a time (a single memory stream per thread); the
- * rows stay in cache while the block's tokens pass. */
+/* Rows 4g..4g+3 of the product owning group g, one at a time (a single
+ * memory stream per thread); the rows stay in cache while the block's tokens
+ * pass. */
 static void mm_group(void *ctx, int g) {
     const mm_job *j = ctx;
-    const ds_weight *w = j->w;
-    int R = w->rows;
-    for (int r = g * 4; r < g * 4 + 4 && r < R; r++)
-        for (int t = j->t0; t < j->t0 + j->tn; t++)
-            j->y[(size_t)t * (size_t)R + (size_t)r] = j->row(w, r, j->x + (size_t)t * j->xstride);
+    const mm_prep *p = j->p;
+    while (g >= p->g0 + p->groups) p++;
+    const ds_weight *w = p->w;
+    int R = w->rows, t1 = j->t0 + TOKEN_BLOCK < p->T ? j->t0 + TOKEN_BLOCK : p->T;
+    for (int r = (g - p->g0) * 4; r < (g - p->g0) * 4 + 4 && r < R; r++)
+        for (int t = j->t0; t < t1; t++) p->y[(size_t)t * (size_t)R + (size_t)r] = p->row(w, r, p->xp + (size_t)t * p->xstride);
 }
 
 /* 1 when every x is below 2^16 in magnitude (or not finite), so x * 2^112
@@ -619,16 +628,17 @@ static int fp8_raw_ok(const float *x, size_t n) {
 #endif
 }
 
-void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
-    int K = w->cols, groups = (w->rows + 3) / 4, fp4 = w->kind == DS_W_FP4;
-    int raw = path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(x, (size_t)T * (size_t)K);
-    /* x is always copied, once per matmul: rows on 64-byte lines (no split
+static void mm_prepare(const ds_matmul_job *jb, int path, int g0, mm_prep *p) {
+    const ds_weight *w = jb->w;
+    int K = w->cols, T = jb->T, fp4 = w->kind == DS_W_FP4;
+    int raw = path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K);
+    /* x is always copied, once per product: rows on 64-byte lines (no split
      * vector loads), in FP4 order for MXFP4, scaled by 2^112 for FP8_RAW */
     size_t xstride = fp4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    float *xp = aligned_alloc(64, sizeof(float) * (size_t)T * xstride);
+    float *xp = aligned_alloc(64, sizeof(float) * (size_t)(T ? T : 1) * xstride);
     if (!xp) abort(); /* T x K floats; a failure here has no way to report */
     for (int t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * (size_t)K;
+        const float *xt = jb->x + (size_t)t * (size_t)K;
         float *dst = xp + (size_t)t * xstride;
         if (fp4)
             fp4_order_x(xt, K, dst);
@@ -637,16 +647,47 @@ void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x
         else
             memcpy(dst, xt, sizeof(float) * (size_t)K);
     }
-    row_fn f = row_for(path, fp4);
+    *p = (mm_prep){w, xp, xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fp4)};
 #ifdef DS_X86
-    if (raw) f = row_fp8raw_512;
+    if (raw) p->row = row_fp8raw_512;
 #endif
-    for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
-        mm_job j = {w, xp, y, xstride, t0, T - t0 < TOKEN_BLOCK ? T - t0 : TOKEN_BLOCK, f};
-        be->parallel_for(be, groups, mm_group, &j);
-    }
-    free(xp);
 }
+
+/* Every product's row groups in one parallel region per token block. */
+static void mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
+    mm_prep *p = malloc(sizeof *p * (size_t)(n ? n : 1));
+    if (!p) abort();
+    int groups = 0, T = 0;
+    for (int i = 0; i < n; i++) {
+        mm_prepare(&jobs[i], path, groups, &p[i]);
+        groups += p[i].groups;
+        if (jobs[i].T > T) T = jobs[i].T;
+    }
+    for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+        /* the products with tokens in this block, renumbered */
+        int m = 0, g = 0;
+        mm_prep *q = malloc(sizeof *q * (size_t)(n ? n : 1));
+        if (!q) abort();
+        for (int i = 0; i < n; i++)
+            if (p[i].T > t0) {
+                q[m] = p[i];
+                q[m].g0 = g;
+                g += q[m++].groups;
+            }
+        mm_job j = {q, m, t0};
+        be->parallel_for(be, g, mm_group, &j);
+        free(q);
+    }
+    for (int i = 0; i < n; i++) free(p[i].xp);
+    free(p);
+}
+
+void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
+    ds_matmul_job j = {w, x, T, y};
+    mm_run(be, &j, 1, path);
+}
+
+void ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n) { mm_run(be, jobs, n, be->cpu_path); }
 
 void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
     ds_cpu_matmul_path(be, w, x, T, y, be->cpu_path);
