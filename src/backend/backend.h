@@ -27,10 +27,21 @@ typedef struct ds_matmul_job {
     float *y;       /* [T][w->rows] */
 } ds_matmul_job;
 
+/* Where the time goes (dsv4 bench): while a backend's profile is set, its
+ * products and attention add their wall time here. A batch of products
+ * (matmul_many) counts, time and bytes, under the storage kind holding most
+ * of its weight bytes. Only the calling thread writes it. */
+typedef struct ds_profile {
+    double mm_seconds[5], mm_bytes[5]; /* by ds_wkind */
+    long mm_calls[5];
+    double attend_seconds;
+} ds_profile;
+
 struct ds_backend {
     const char *name;
     int n_threads;
     int cpu_path; /* CPU backend: kernel path (all paths give the same bits) */
+    ds_profile *profile; /* NULL: no accounting */
     /* y[t][r] = sum_k w[r][k] * x[t][k] for t < T (x: [T][w->cols], y: [T][w->rows]). */
     void (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
     /* Independent products (their y must not overlap any x) run together —

@@ -50,9 +50,9 @@ static double read_bandwidth(const ds_checkpoint *ck, int threads, double *anon,
     if (buf) {
         memset(buf, 1, n);
         for (int rep = 0; rep < 5; rep++) {
-            double t0 = cli_now();
+            double t0 = ds_now();
             sink += sum_blocks(buf, n / sizeof(float), threads);
-            double g = (double)n / (cli_now() - t0) / 1e9;
+            double g = (double)n / (ds_now() - t0) / 1e9;
             if (g > *anon) *anon = g;
         }
         free(buf);
@@ -77,16 +77,33 @@ static double read_bandwidth(const ds_checkpoint *ck, int threads, double *anon,
         }
     }
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = cli_now(), bytes = 0;
+        double t0 = ds_now(), bytes = 0;
         for (int i = 0; i < nb && bytes < (double)n; i++) {
             size_t nf = (size_t)(big[i]->nbytes / 4) / 4096 * 4096;
             sink += sum_blocks((const float *)(const void *)big[i]->data, nf, threads);
             bytes += (double)nf * 4;
         }
-        double g = bytes / (cli_now() - t0) / 1e9;
+        double g = bytes / (ds_now() - t0) / 1e9;
         if (bytes > 0 && g > *mapped) *mapped = g;
     }
     return sink == -1 ? 0 : (*anon > *mapped ? *anon : *mapped);
+}
+
+/* One line per weight kind (batches under their main kind), attention and
+ * the rest, per decoded token. */
+static void print_profile(const ds_profile *p, double steps, double step_s) {
+    static const char *const name[5] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
+    double rest = step_s;
+    printf("where      per token:");
+    for (int k = 0; k < 5; k++) {
+        if (!p->mm_calls[k]) continue;
+        double s = p->mm_seconds[k] / steps;
+        rest -= s;
+        printf(" %s %.2f ms (%.1f GB/s, %.0f calls)%s", name[k], s * 1e3, p->mm_bytes[k] / p->mm_seconds[k] / 1e9,
+               (double)p->mm_calls[k] / steps, ";");
+    }
+    rest -= p->attend_seconds / steps;
+    printf(" attention %.2f ms; other %.2f ms\n", p->attend_seconds / steps * 1e3, rest * 1e3);
 }
 
 /* Touches every page of every tensor so that no timed step waits on the disk
@@ -206,8 +223,8 @@ int cmd_bench(int argc, char **argv) {
            c->n_routed_experts, c->n_active_experts, V);
     printf("backend    cpu, %d threads, batch 1\n", be.n_threads);
     fflush(stdout);
-    double t_pf = cli_now(), mapped = prefault(m->ck);
-    printf("warm-up    %.2f GB of weights paged in, %.1f s\n", mapped / 1e9, cli_now() - t_pf);
+    double t_pf = ds_now(), mapped = prefault(m->ck);
+    printf("warm-up    %.2f GB of weights paged in, %.1f s\n", mapped / 1e9, ds_now() - t_pf);
     fflush(stdout);
     double bw_anon, bw_mapped, bw = read_bandwidth(m->ck, be.n_threads, &bw_anon, &bw_mapped);
     printf("memory     read bandwidth %.1f GB/s (%d threads, best of 5: fresh 1 GiB buffer %.1f GB/s, the model's "
@@ -218,21 +235,25 @@ int cmd_bench(int argc, char **argv) {
     ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
-    double t0 = cli_now();
+    double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
-    double tp = cli_now() - t0;
-    t0 = cli_now();
+    double tp = ds_now() - t0;
+    ds_profile prof = {0};
+    be.profile = &prof;
+    t0 = ds_now();
     for (long long g = 0; g < gen; g++) {
         ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
         if (ds_forward(m, &be, &d, 1, &err)) goto fail;
     }
-    double td = (cli_now() - t0) / (double)gen;
+    double td = (ds_now() - t0) / (double)gen;
+    be.profile = NULL;
     double bytes = (double)ds_model_decode_bytes(m);
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s\n", prompt, tp, (double)prompt / tp);
     printf("decode     %lld tokens: %.2f ms/token, %.2f tokens/s, weights %.3f GB/token -> %.2f GB/s\n", gen,
            td * 1e3, 1.0 / td, bytes / 1e9, bytes / td / 1e9);
     printf("floor      %.2f tokens/s at %.1f GB/s; achieved %.2f of the bandwidth floor\n", bw * 1e9 / bytes, bw,
            bytes / td / 1e9 / bw);
+    print_profile(&prof, (double)gen, td);
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
         ds_seq **ss = calloc((size_t)B, sizeof *ss);
@@ -250,9 +271,9 @@ int cmd_bench(int argc, char **argv) {
             for (int i = 0; i < B; i++) its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
             memset(u.used, 0, (size_t)c->n_layers * c->n_routed_experts);
             ds_observer obs = {on_route, &u};
-            double t1 = cli_now();
+            double t1 = ds_now();
             ok = ds_forward_observed(m, &be, its, B, &obs, &err) == 0;
-            t_b += cli_now() - t1;
+            t_b += ds_now() - t1;
             bytes_b += step_bytes(m, &u);
         }
         if (ok)

@@ -244,7 +244,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (bufs_new(o.cmd, m, nb, (int)o.window, 1, &bb)) goto out;
     ds_backend be;
     ds_backend_cpu_init(&be, (int)o.threads);
-    double total = 0, t0 = cli_now();
+    double total = 0, t0 = ds_now();
     long long count = 0;
     for (int w0 = 0; w0 < w.n_win; w0 += nb) {
         int k = w.n_win - w0 < nb ? w.n_win - w0 : nb;
@@ -258,7 +258,7 @@ int cmd_perplexity(int argc, char **argv) {
             count += w.len[w0 + b];
         }
     }
-    double dt = cli_now() - t0, nll = total / (double)count;
+    double dt = ds_now() - t0, nll = total / (double)count;
     printf("file: %s (%zu bytes)\n", o.file, w.n_bytes);
     printf("tokens: %zu (predicted: %lld)\n", w.n_ids, count);
     printf("windows: %d of up to %lld tokens, each after BOS (id %d)\n", w.n_win, o.window, (int)bos);
@@ -374,7 +374,7 @@ int cmd_stats(int argc, char **argv) {
     ds_backend be;
     ds_backend_cpu_init(&be, (int)o.threads);
     long long n_tok = 0;
-    double t0 = cli_now();
+    double t0 = ds_now();
     for (int w0 = 0; w0 < w.n_win; w0 += nb) {
         int k = w.n_win - w0 < nb ? w.n_win - w0 : nb;
         if (run_batch(m, &be, &w, bos, w0, k, 1, bb.seqs, bb.toks, NULL, &obs, &err)) {
@@ -383,7 +383,7 @@ int cmd_stats(int argc, char **argv) {
         }
         for (int b = 0; b < k; b++) n_tok += w.len[w0 + b] + 1;
     }
-    double dt = cli_now() - t0;
+    double dt = ds_now() - t0;
     printf("file: %s (%zu bytes, %zu tokens)\n", o.file, w.n_bytes, w.n_ids);
     printf("routed: %lld tokens ([BOS] + %d windows of up to %lld), %d experts, %d per token\n", n_tok, w.n_win,
            o.window, cnt.E, c->n_active_experts);

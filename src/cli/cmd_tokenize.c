@@ -104,12 +104,12 @@ int cmd_tokenize(int argc, char **argv) {
     }
     ds_err err = {{0}};
     ds_tokenizer *tok;
-    double t0 = cli_now();
+    double t0 = ds_now();
     if (ds_tokenizer_load(model, &tok, &err)) {
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
         return 1;
     }
-    double t1 = cli_now();
+    double t1 = ds_now();
     size_t n;
     char *owned = NULL;
     if (file) {
@@ -124,9 +124,9 @@ int cmd_tokenize(int argc, char **argv) {
     }
     int32_t *ids;
     size_t n_ids;
-    double t2 = cli_now();
+    double t2 = ds_now();
     int rc = ds_tokenizer_encode(tok, text, n, mode, &ids, &n_ids, &err);
-    double t3 = cli_now();
+    double t3 = ds_now();
     if (rc) {
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
     } else {

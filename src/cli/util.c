@@ -77,12 +77,6 @@ int cli_parse_double(const char *opt, const char *s, double *out) {
     return 0;
 }
 
-double cli_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int has_config(const char *dir) {
     char p[4096];
     struct stat st;

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/clock.h"
+
 /* Parses "5,17,42" or "5 17 42" into a malloc'd array; -1 with a message
  * on stderr naming the option when malformed. */
 int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n);
@@ -24,7 +26,5 @@ int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap);
 int cli_load_model_tok(const char *cmd, const char *dir, struct ds_model **m, struct ds_tokenizer **tok);
 /* The tokenizer's BOS id, else config.json's bos_token_id. */
 int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
-/* Seconds from a monotonic clock. */
-double cli_now(void);
 
 #endif

@@ -61,8 +61,8 @@ int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int w
     if (!kv || !gate) {
         ds_fail(err, "out of memory");
     } else {
-        S->be->matmul(S->be, &w->wkv, xn, T, kv);
-        S->be->matmul(S->be, &w->wgate, xn, T, gate);
+        ds_matmul_job j[2] = {{&w->wkv, xn, T, kv}, {&w->wgate, xn, T, gate}};
+        S->be->matmul_many(S->be, j, 2);
         rc = compress_tokens(S, li, w, which, kv, gate, err);
     }
     free(kv);
@@ -82,20 +82,22 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
 
     float *qr = fbuf((size_t)T * QL), *q = fbuf((size_t)T * H * d), *kv = fbuf((size_t)T * d);
     float *o = fbuf((size_t)T * H * d), *oa = fbuf((size_t)T * G * OL);
-    float *gin = fbuf((size_t)T * gs), *gout = fbuf((size_t)T * OL);
+    float *gin = fbuf((size_t)T * G * gs), *gout = fbuf((size_t)T * G * OL);
+    ds_weight *wg = malloc((size_t)G * sizeof *wg);
+    ds_matmul_job *jg = malloc((size_t)G * sizeof *jg);
     int *sel = NULL, *n_sel = NULL;
     const float **keys = NULL;
     size_t *key0 = NULL;
     ds_attn_query *qs = NULL;
-    if (!qr || !q || !kv || !o || !oa || !gin || !gout) goto oom;
+    if (!qr || !q || !kv || !o || !oa || !gin || !gout || !wg || !jg) goto oom;
 
     /* queries: q = norm_h(wq_b @ RMSNorm(wq_a @ x)), RoPE on the last r channels */
-    be->matmul(be, &ly->wq_a, xn, T, qr);
+    /* and the single K=V head: kv = RMSNorm(wkv @ x), RoPE likewise */
+    ds_matmul_job jqkv[2] = {{&ly->wq_a, xn, T, qr}, {&ly->wkv, xn, T, kv}};
+    be->matmul_many(be, jqkv, 2);
     ds_rmsnorm_rows(be, qr, qr, ly->q_norm, T, QL, c->rms_eps);
     be->matmul(be, &ly->wq_b, qr, T, q);
     ds_heads_rope(be, q, T, H, d, 1, inv, half, S->tok_pos, 0, c->rms_eps);
-    /* the single K=V head */
-    be->matmul(be, &ly->wkv, xn, T, kv);
     ds_rmsnorm_rows(be, kv, kv, ly->kv_norm, T, d, c->rms_eps);
     ds_heads_rope(be, kv, T, 1, d, 0, inv, half, S->tok_pos, 0, c->rms_eps);
     /* compressed entries, then the indexer's choice among them */
@@ -156,12 +158,14 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     /* grouped output projection: group g of heads through its block of wo_a */
     for (int g = 0; g < G; g++) {
         for (int t = 0; t < T; t++)
-            memcpy(gin + (size_t)t * gs, o + (size_t)t * H * d + (size_t)g * gs, (size_t)gs * sizeof(float));
-        ds_weight wg = ds_weight_rows(&ly->wo_a, g * OL, OL);
-        be->matmul(be, &wg, gin, T, gout);
-        for (int t = 0; t < T; t++)
-            memcpy(oa + (size_t)t * G * OL + (size_t)g * OL, gout + (size_t)t * OL, (size_t)OL * sizeof(float));
+            memcpy(gin + ((size_t)g * T + t) * gs, o + (size_t)t * H * d + (size_t)g * gs, (size_t)gs * sizeof(float));
+        wg[g] = ds_weight_rows(&ly->wo_a, g * OL, OL);
+        jg[g] = (ds_matmul_job){&wg[g], gin + (size_t)g * T * gs, T, gout + (size_t)g * T * OL};
     }
+    be->matmul_many(be, jg, G);
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++)
+            memcpy(oa + (size_t)t * G * OL + (size_t)g * OL, gout + ((size_t)g * T + t) * OL, (size_t)OL * sizeof(float));
     be->matmul(be, &ly->wo_b, oa, T, out);
 
     /* the window ring keeps the last W entries of every sequence */
@@ -184,6 +188,8 @@ done:
     free(oa);
     free(gin);
     free(gout);
+    free(wg);
+    free(jg);
     free(sel);
     free(n_sel);
     free(keys);

@@ -84,9 +84,9 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
     if (!iq || !iw) {
         rc = ds_fail(err, "layer %d indexer: out of memory", li);
     } else {
-        S->be->matmul(S->be, &ly->idx.wq_b, qr, T, iq);
+        ds_matmul_job j[2] = {{&ly->idx.wq_b, qr, T, iq}, {&ly->idx.weights_proj, xn, T, iw}};
+        S->be->matmul_many(S->be, j, 2);
         ds_heads_rope(S->be, iq, T, nh, dh, 0, m->inv_freq_compress, half, S->tok_pos, 0, c->rms_eps);
-        S->be->matmul(S->be, &ly->idx.weights_proj, xn, T, iw);
         float ws = 1.0f / sqrtf((float)nh);
         for (size_t i = 0; i < (size_t)T * nh; i++) iw[i] *= ws;
         sel_job J = {S, li, iq, iw, sel, n_sel};

@@ -11,8 +11,9 @@
  *  - MXFP4 (32-column groups, E2M1 values, in blocks of 128 columns = 4
  *    groups): lane i of block b covers columns 128b + 8i + k, k = 0..7 (the
  *    4 bytes 4i..4i+3 of the block, a quarter of group 4b + i/4); plane k
- *    holds w_k[i] * x_k[i] for those columns. q_j = fma(w_2j+1, x_2j+1,
- *    w_2j * x_2j) for j < 4, P = (q0 + q1) + (q2 + q3), and
+ *    holds w_k[i], x_k[i] for column 128b + 8i + k. Two chains, even and
+ *    odd planes: E = w0 * x0, E = fma(w_k, x_k, E) for k = 2, 4, 6, and O
+ *    likewise from w1 * x1 over k = 3, 5, 7; P = E + O, and
  *    A[b % 2] = fma(P, s, A[b % 2]) with s[i] = scale of group 4b + i/4;
  *    y = hsum(A0 + A1). In a last block of fewer than 4 groups the missing
  *    lanes have w = x = s = 0. The kernels read x in "FP4 order" (per block:
@@ -29,6 +30,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "common/clock.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DS_X86 1
@@ -139,7 +141,11 @@ static inline int fp4_padded(int K) { return (K + FP4_BLOCK - 1) / FP4_BLOCK * F
 /* x in FP4 order (K % 32 == 0): xp[128b + 16k + i] = x[128b + 8i + k], zero
  * where column 128b + 8i + k >= K; xp has fp4_padded(K) floats. */
 static void fp4_order_x(const float *x, int K, float *xp) {
-    for (int b = 0; b < K; b += FP4_BLOCK)
+    int b = 0;
+    for (; b + FP4_BLOCK <= K; b += FP4_BLOCK) /* whole blocks: a 16 x 8 transpose */
+        for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 16; i++) xp[b + 16 * k + i] = x[b + 8 * i + k];
+    for (; b < K; b += FP4_BLOCK)
         for (int k = 0; k < 8; k++)
             for (int i = 0; i < 16; i++) {
                 int c = b + 8 * i + k;
@@ -156,11 +162,15 @@ static inline float fp4_scale(const ds_weight *w, int r, int g) {
 static void fp4_block_generic(const ds_weight *w, const uint8_t *row, int r, int b, const float *xb, l16 *acc) {
     int c0 = b * FP4_BLOCK;
     for (int i = 0; i < 16; i++) {
-        float wk[8], q[4];
+        float wk[8], e, o;
         for (int k = 0; k < 8; k++) wk[k] = c0 + 8 * i + k < w->cols ? elem(w, row, c0 + 8 * i + k) : 0.0f;
-        for (int j = 0; j < 4; j++)
-            q[j] = fmaf(wk[2 * j + 1], xb[16 * (2 * j + 1) + i], wk[2 * j] * xb[16 * (2 * j) + i]);
-        float p = (q[0] + q[1]) + (q[2] + q[3]);
+        e = wk[0] * xb[i];
+        o = wk[1] * xb[16 + i];
+        for (int k = 2; k < 8; k += 2) {
+            e = fmaf(wk[k], xb[16 * k + i], e);
+            o = fmaf(wk[k + 1], xb[16 * (k + 1) + i], o);
+        }
+        float p = e + o;
         acc[b & 1].v[i] = fmaf(p, fp4_scale(w, r, 4 * b + i / 4), acc[b & 1].v[i]);
     }
 }
@@ -325,21 +335,18 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
             d[1] = _mm256_maskload_epi32(src + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lane));
         }
         const float *xb = xp + b * FP4_BLOCK;
-        __m256 q[2][4];
+        v16 e, o;
+        __m256 *eh[2] = {&e.lo, &e.hi}, *oh[2] = {&o.lo, &o.hi};
         for (int h = 0; h < 2; h++)
-            for (int j = 0; j < 4; j++) {
-                int k = 2 * j;
-                __m256 w0 = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(d[h], 4 * k)),
+            for (int k = 0; k < 8; k++) {
+                __m256 wv = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(d[h], 4 * k)),
                                          _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d[h], 28 - 4 * k), sign)));
-                __m256 w1 = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(d[h], 4 * k + 4)),
-                                         _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d[h], 24 - 4 * k), sign)));
-                q[h][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 16 * (k + 1) + 8 * h),
-                                          _mm256_mul_ps(w0, _mm256_loadu_ps(xb + 16 * k + 8 * h)));
+                __m256 xv = _mm256_loadu_ps(xb + 16 * k + 8 * h), *acc = k & 1 ? oh[h] : eh[h];
+                *acc = k < 2 ? _mm256_mul_ps(wv, xv) : _mm256_fmadd_ps(wv, xv, *acc);
             }
         float s0 = fp4_scale(w, r, 4 * b), s1 = fp4_scale(w, r, 4 * b + 1);
         float s2 = fp4_scale(w, r, 4 * b + 2), s3 = fp4_scale(w, r, 4 * b + 3);
-        v16 p = {_mm256_add_ps(_mm256_add_ps(q[0][0], q[0][1]), _mm256_add_ps(q[0][2], q[0][3])),
-                 _mm256_add_ps(_mm256_add_ps(q[1][0], q[1][1]), _mm256_add_ps(q[1][2], q[1][3]))};
+        v16 p = v16_add(e, o);
         __m256 slo = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), shi = _mm256_setr_ps(s2, s2, s2, s2, s3, s3, s3, s3);
         v16 *a = &acc[b & 1];
         a->lo = _mm256_fmadd_ps(p.lo, slo, a->lo);
@@ -493,6 +500,9 @@ AVX512 static float row_fp4_512(const ds_weight *w, int r, const float *xp) {
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
     const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i spread[4] = {quarter, _mm512_add_epi32(quarter, _mm512_set1_epi32(4)),
+                               _mm512_add_epi32(quarter, _mm512_set1_epi32(8)),
+                               _mm512_add_epi32(quarter, _mm512_set1_epi32(12))}; /* lanes -> groups 4j.. of sv */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, sv = a0;
     for (int b = 0; 4 * b < G; b++) {
         PF(row + 64 * b);
@@ -504,14 +514,16 @@ AVX512 static float row_fp4_512(const ds_weight *w, int r, const float *xp) {
         const float *xb = xp + b * FP4_BLOCK;
 #define PLANE(k) _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * (k)), tbl)
 #define XK(k) _mm512_loadu_ps(xb + 16 * (k))
-        __m512 q0 = _mm512_fmadd_ps(PLANE(1), XK(1), _mm512_mul_ps(PLANE(0), XK(0)));
-        __m512 q1 = _mm512_fmadd_ps(PLANE(3), XK(3), _mm512_mul_ps(PLANE(2), XK(2)));
-        __m512 q2 = _mm512_fmadd_ps(PLANE(5), XK(5), _mm512_mul_ps(PLANE(4), XK(4)));
-        __m512 q3 = _mm512_fmadd_ps(PLANE(7), XK(7), _mm512_mul_ps(PLANE(6), XK(6)));
+        __m512 e = _mm512_mul_ps(PLANE(0), XK(0)), o = _mm512_mul_ps(PLANE(1), XK(1));
+        e = _mm512_fmadd_ps(PLANE(2), XK(2), e);
+        o = _mm512_fmadd_ps(PLANE(3), XK(3), o);
+        e = _mm512_fmadd_ps(PLANE(4), XK(4), e);
+        o = _mm512_fmadd_ps(PLANE(5), XK(5), o);
+        e = _mm512_fmadd_ps(PLANE(6), XK(6), e);
+        o = _mm512_fmadd_ps(PLANE(7), XK(7), o);
 #undef PLANE
 #undef XK
-        __m512 p = _mm512_add_ps(_mm512_add_ps(q0, q1), _mm512_add_ps(q2, q3));
-        __m512 m = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * (b & 3))), sv);
+        __m512 p = _mm512_add_ps(e, o), m = _mm512_permutexvar_ps(spread[b & 3], sv);
         if (b & 1)
             a1 = _mm512_fmadd_ps(p, m, a1);
         else
@@ -551,6 +563,17 @@ static row_fn row_for(int path, int fp4) {
 #endif
     (void)path;
     return fp4 ? row_fp4_generic : ds_cpu_row_dot;
+}
+
+float ds_cpu_dot(const float *a, const float *b, int n, int path) {
+#ifdef DS_X86
+    if (path == DS_CPU_AVX512) {
+        ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
+        return row_512(&w, 0, b);
+    }
+#endif
+    (void)path;
+    return ds_dot_f32(a, b, n);
 }
 
 float ds_dot_f32(const float *a, const float *b, int n) {
@@ -593,6 +616,8 @@ typedef struct {
     int T, g0, groups;
     float *y;
     row_fn row;
+    const float *x; /* the caller's x */
+    int fmt, owns;  /* X_*; owns: xp is this product's own copy */
 } mm_prep;
 
 typedef struct {
@@ -628,38 +653,64 @@ static int fp8_raw_ok(const float *x, size_t n) {
 #endif
 }
 
-static void mm_prepare(const ds_matmul_job *jb, int path, int g0, mm_prep *p) {
+enum { X_PLAIN, X_FP4, X_RAW }; /* how a product reads its x copy */
+
+/* Copies x for product jb (rows on 64-byte lines: no split vector loads; in
+ * FP4 order for MXFP4; scaled by 2^112 for FP8_RAW) unless one of the n
+ * earlier products of the batch already made the same copy. */
+static void mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep *prev, int n, mm_prep *p) {
     const ds_weight *w = jb->w;
-    int K = w->cols, T = jb->T, fp4 = w->kind == DS_W_FP4;
-    int raw = path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K);
-    /* x is always copied, once per product: rows on 64-byte lines (no split
-     * vector loads), in FP4 order for MXFP4, scaled by 2^112 for FP8_RAW */
-    size_t xstride = fp4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    float *xp = aligned_alloc(64, sizeof(float) * (size_t)(T ? T : 1) * xstride);
-    if (!xp) abort(); /* T x K floats; a failure here has no way to report */
+    int K = w->cols, T = jb->T;
+    int fmt = w->kind == DS_W_FP4 ? X_FP4
+              : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
+                                                                                                        : X_PLAIN;
+    size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
+    *p = (mm_prep){w, NULL, xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
+                   jb->x, fmt, 0};
+#ifdef DS_X86
+    if (fmt == X_RAW) p->row = row_fp8raw_512;
+#endif
+    for (int i = 0; i < n; i++)
+        if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
+            p->xp = prev[i].xp;
+            return;
+        }
+    p->xp = aligned_alloc(64, sizeof(float) * (size_t)(T ? T : 1) * xstride);
+    if (!p->xp) abort(); /* T x K floats; a failure here has no way to report */
+    p->owns = 1;
     for (int t = 0; t < T; t++) {
         const float *xt = jb->x + (size_t)t * (size_t)K;
-        float *dst = xp + (size_t)t * xstride;
-        if (fp4)
+        float *dst = p->xp + (size_t)t * xstride;
+        if (fmt == X_FP4)
             fp4_order_x(xt, K, dst);
-        else if (raw)
+        else if (fmt == X_RAW)
             for (int c = 0; c < K; c++) dst[c] = xt[c] * 0x1p112f;
         else
             memcpy(dst, xt, sizeof(float) * (size_t)K);
     }
-    *p = (mm_prep){w, xp, xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fp4)};
-#ifdef DS_X86
-    if (raw) p->row = row_fp8raw_512;
-#endif
+}
+
+/* Adds a batch's time and bytes under the kind holding most of its bytes. */
+static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double seconds) {
+    double by[5] = {0}, total = 0;
+    for (int i = 0; i < n; i++) by[jobs[i].w->kind] += (double)ds_weight_bytes(jobs[i].w);
+    int k = 0;
+    for (int i = 1; i < 5; i++)
+        if (by[i] > by[k]) k = i;
+    for (int i = 0; i < 5; i++) total += by[i];
+    pr->mm_seconds[k] += seconds;
+    pr->mm_bytes[k] += total;
+    pr->mm_calls[k]++;
 }
 
 /* Every product's row groups in one parallel region per token block. */
 static void mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
+    double t_start = be->profile ? ds_now() : 0;
     mm_prep *p = malloc(sizeof *p * (size_t)(n ? n : 1));
     if (!p) abort();
     int groups = 0, T = 0;
     for (int i = 0; i < n; i++) {
-        mm_prepare(&jobs[i], path, groups, &p[i]);
+        mm_prepare(&jobs[i], path, groups, p, i, &p[i]);
         groups += p[i].groups;
         if (jobs[i].T > T) T = jobs[i].T;
     }
@@ -678,8 +729,10 @@ static void mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int p
         be->parallel_for(be, g, mm_group, &j);
         free(q);
     }
-    for (int i = 0; i < n; i++) free(p[i].xp);
+    for (int i = 0; i < n; i++)
+        if (p[i].owns) free(p[i].xp);
     free(p);
+    if (be->profile) mm_account(be->profile, jobs, n, ds_now() - t_start);
 }
 
 void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
