@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dsv4 bench runs to the end on a fixture (here also under ASan/UBSan) and
 # prints every figure it promises: bandwidth floor, prefill, decode, ratio,
-# batched decode. (It measures; it asserts no speed.)
+# per-chunk ratios, where decode time goes, batched decode. (It measures; it asserts no speed.)
 set -u
 DSV4="$1"
 SRC="$2"
@@ -16,6 +16,8 @@ check "the model's mapped weights"
 check "prefill .* tokens/s"
 check "decode .* GB/s"
 check "of the bandwidth floor"
+check "chunks .* median"
+check "where .* per token: .* attention .* other"
 check "batch 2 .* tokens/s"
 check "batch 3 .* tokens/s"
 "$DSV4" bench -m "$SRC/tests/fixtures/q128" --batch 0 >/dev/null 2>&1

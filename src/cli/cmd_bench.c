@@ -38,55 +38,79 @@ static double sum_blocks(const float *buf, size_t nf, int threads) {
     return s;
 }
 
+/* The largest tensors of the checkpoint, largest first (up to 64). */
+typedef struct {
+    const ds_tensor *t[64];
+    int n;
+} big_tensors;
+
+static void rank_tensors(const ds_checkpoint *ck, big_tensors *b) {
+    b->n = 0;
+    for (int i = 0; i < ds_checkpoint_count(ck); i++) {
+        const ds_tensor *t = ds_checkpoint_at(ck, i);
+        int k;
+        if (b->n < 64)
+            k = b->n++;
+        else if (t->nbytes > b->t[63]->nbytes)
+            k = 63;
+        else
+            continue;
+        b->t[k] = t;
+        for (; k > 0 && b->t[k - 1]->nbytes < b->t[k]->nbytes; k--) {
+            const ds_tensor *x = b->t[k];
+            b->t[k] = b->t[k - 1];
+            b->t[k - 1] = x;
+        }
+    }
+}
+
+/* Best of `reps` reads (GB/s) of the first `limit` bytes of the largest
+ * tensors: the model's own mapped weights, as decode reads them. */
+static double mapped_bandwidth(const big_tensors *b, double limit, int reps, int threads, double *sink) {
+    double best = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = ds_now(), bytes = 0;
+        for (int i = 0; i < b->n && bytes < limit; i++) {
+            size_t nf = (size_t)(b->t[i]->nbytes / 4) / 4096 * 4096;
+            *sink += sum_blocks((const float *)(const void *)b->t[i]->data, nf, threads);
+            bytes += (double)nf * 4;
+        }
+        double g = bytes / (ds_now() - t0) / 1e9;
+        if (bytes > 0 && g > best) best = g;
+    }
+    return best;
+}
+
 /* Best-of-5 read bandwidth (GB/s) with n threads over (a) a fresh 1 GiB
  * buffer (which the kernel may back with huge pages) and (b) the model's own
- * mapped weights (page cache, 4 KiB pages: what decode actually reads); the
- * larger is the floor, so the ratio never flatters the engine. */
-static double read_bandwidth(const ds_checkpoint *ck, int threads, double *anon, double *mapped) {
+ * mapped weights (page cache, 4 KiB pages: what decode actually reads). */
+static void read_bandwidth(const big_tensors *b, int threads, double *anon, double *mapped, double *sink) {
     size_t n = (size_t)1 << 30;
     float *buf = aligned_alloc(64, n);
-    double sink = 0;
-    *anon = *mapped = 0;
+    *anon = 0;
     if (buf) {
         memset(buf, 1, n);
         for (int rep = 0; rep < 5; rep++) {
             double t0 = ds_now();
-            sink += sum_blocks(buf, n / sizeof(float), threads);
+            *sink += sum_blocks(buf, n / sizeof(float), threads);
             double g = (double)n / (ds_now() - t0) / 1e9;
             if (g > *anon) *anon = g;
         }
         free(buf);
     }
-    /* the largest tensors first, up to 1 GiB */
-    const ds_tensor *big[64];
-    int nb = 0;
-    for (int i = 0; i < ds_checkpoint_count(ck); i++) {
-        const ds_tensor *t = ds_checkpoint_at(ck, i);
-        int k;
-        if (nb < 64)
-            k = nb++;
-        else if (t->nbytes > big[63]->nbytes)
-            k = 63;
-        else
-            continue;
-        big[k] = t;
-        for (; k > 0 && big[k - 1]->nbytes < big[k]->nbytes; k--) {
-            const ds_tensor *x = big[k];
-            big[k] = big[k - 1];
-            big[k - 1] = x;
-        }
-    }
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = ds_now(), bytes = 0;
-        for (int i = 0; i < nb && bytes < (double)n; i++) {
-            size_t nf = (size_t)(big[i]->nbytes / 4) / 4096 * 4096;
-            sink += sum_blocks((const float *)(const void *)big[i]->data, nf, threads);
-            bytes += (double)nf * 4;
-        }
-        double g = bytes / (ds_now() - t0) / 1e9;
-        if (bytes > 0 && g > *mapped) *mapped = g;
-    }
-    return sink == -1 ? 0 : (*anon > *mapped ? *anon : *mapped);
+    *mapped = mapped_bandwidth(b, (double)n, 5, threads, sink);
+}
+
+static double bw_max_of(const double *v, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > m) m = v[i];
+    return m;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* One line per weight kind (batches under their main kind), attention and
@@ -226,9 +250,13 @@ int cmd_bench(int argc, char **argv) {
     double t_pf = ds_now(), mapped = prefault(m->ck);
     printf("warm-up    %.2f GB of weights paged in, %.1f s\n", mapped / 1e9, ds_now() - t_pf);
     fflush(stdout);
-    double bw_anon, bw_mapped, bw = read_bandwidth(m->ck, be.n_threads, &bw_anon, &bw_mapped);
+    big_tensors big;
+    rank_tensors(m->ck, &big);
+    double sink = 0, bw_anon, bw_mapped;
+    read_bandwidth(&big, be.n_threads, &bw_anon, &bw_mapped, &sink);
+    double bw = bw_anon > bw_mapped ? bw_anon : bw_mapped;
     printf("memory     read bandwidth %.1f GB/s (%d threads, best of 5: fresh 1 GiB buffer %.1f GB/s, the model's "
-           "mapped weights %.1f GB/s; the larger is the floor)\n",
+           "mapped weights %.1f GB/s)\n",
            bw, be.n_threads, bw_anon, bw_mapped);
     fflush(stdout);
     /* warm-up: one pass over the prompt */
@@ -238,22 +266,58 @@ int cmd_bench(int argc, char **argv) {
     double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     double tp = ds_now() - t0;
-    ds_profile prof = {0};
-    be.profile = &prof;
-    t0 = ds_now();
-    for (long long g = 0; g < gen; g++) {
-        ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
-        if (ds_forward(m, &be, &d, 1, &err)) goto fail;
+    /* decode in chunks, the read bandwidth measured again before each chunk
+     * and after the last (this machine's bandwidth changes over seconds): a
+     * chunk is compared with the higher of its two neighbours, the whole run
+     * with the highest bandwidth seen anywhere — never flattering */
+    enum { CHUNK = 8 };
+    int nchunks = (int)((gen + CHUNK - 1) / CHUNK);
+    double *bw_at = malloc(sizeof(double) * (size_t)(nchunks + 1)), *chunk_t = malloc(sizeof(double) * (size_t)nchunks);
+    double *ratio = malloc(sizeof(double) * (size_t)nchunks);
+    if (!bw_at || !chunk_t || !ratio) {
+        free(bw_at), free(chunk_t), free(ratio);
+        fprintf(stderr, "dsv4 bench: out of memory\n");
+        goto out;
     }
-    double td = (ds_now() - t0) / (double)gen;
-    be.profile = NULL;
-    double bytes = (double)ds_model_decode_bytes(m);
+    ds_profile prof = {0};
+    double td = 0, bytes = (double)ds_model_decode_bytes(m), bw_min = 1e30;
+    for (int ch = 0; ch <= nchunks; ch++) {
+        bw_at[ch] = mapped_bandwidth(&big, 512.0 * (1 << 20), 2, be.n_threads, &sink);
+        if (bw_at[ch] > bw) bw = bw_at[ch];
+        if (bw_at[ch] < bw_min) bw_min = bw_at[ch];
+        if (ch == nchunks) break;
+        be.profile = &prof;
+        t0 = ds_now();
+        long long g0 = (long long)ch * CHUNK, g1 = g0 + CHUNK < gen ? g0 + CHUNK : gen;
+        for (long long g = g0; g < g1; g++) {
+            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+            if (ds_forward(m, &be, &d, 1, &err)) {
+                free(bw_at), free(chunk_t), free(ratio);
+                goto fail;
+            }
+        }
+        chunk_t[ch] = ds_now() - t0;
+        be.profile = NULL;
+        td += chunk_t[ch];
+        ratio[ch] = bytes * (double)(g1 - g0) / chunk_t[ch] / 1e9;
+    }
+    for (int ch = 0; ch < nchunks; ch++) ratio[ch] /= bw_at[ch] > bw_at[ch + 1] ? bw_at[ch] : bw_at[ch + 1];
+    qsort(ratio, (size_t)nchunks, sizeof *ratio, cmp_double);
+    td /= (double)gen;
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s\n", prompt, tp, (double)prompt / tp);
     printf("decode     %lld tokens: %.2f ms/token, %.2f tokens/s, weights %.3f GB/token -> %.2f GB/s\n", gen,
            td * 1e3, 1.0 / td, bytes / 1e9, bytes / td / 1e9);
-    printf("floor      %.2f tokens/s at %.1f GB/s; achieved %.2f of the bandwidth floor\n", bw * 1e9 / bytes, bw,
-           bytes / td / 1e9 / bw);
+    printf("floor      %.2f tokens/s at %.1f GB/s (the highest read bandwidth measured; between decode chunks "
+           "%.1f-%.1f GB/s); achieved %.2f of the bandwidth floor\n",
+           bw * 1e9 / bytes, bw, bw_min, bw_max_of(bw_at, nchunks + 1), bytes / td / 1e9 / bw);
+    printf("chunks     %d of up to %d tokens, each against the bandwidth measured next to it: min %.2f, median %.2f, "
+           "max %.2f\n",
+           nchunks, CHUNK, ratio[0], ratio[nchunks / 2], ratio[nchunks - 1]);
     print_profile(&prof, (double)gen, td);
+    free(bw_at);
+    free(chunk_t);
+    free(ratio);
+    if (sink == -1) printf("\n"); /* keeps the reads */
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
         ds_seq **ss = calloc((size_t)B, sizeof *ss);
