@@ -7,7 +7,9 @@
  *    y = hsum((P0 + P1) + (P2 + P3)).
  *  - FP8 (128-column blocks, fp16-decoded codes = value/256, exact): inside
  *    block b, chunk j goes to B[j % 2]; A[b % 2] = fma(B0 + B1, scale_b*256,
- *    A[b % 2]); y = hsum(A0 + A1).
+ *    A[b % 2]); y = hsum(A0 + A1). (The AVX-512 path places the e4m3 fields
+ *    in fp32 bit patterns, value * 2^-120, against x * 2^112: the same
+ *    products, so the same bits, whenever that scaling of x is exact.)
  *  - MXFP4 (32-column groups, E2M1 values, in blocks of 128 columns = 4
  *    groups): lane i of block b covers columns 128b + 8i + k, k = 0..7 (the
  *    4 bytes 4i..4i+3 of the block, a quarter of group 4b + i/4); plane k
@@ -479,7 +481,7 @@ AVX512 __attribute__((always_inline)) static inline float row_fp8_512k(const ds_
 }
 
 AVX512 static float row_fp8_512(const ds_weight *w, int r, const float *x) { return row_fp8_512k(w, r, x, DS_W_FP8); }
-/* x scaled by 2^112 (see fp8_raw_x) */
+/* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
 AVX512 static float row_fp8raw_512(const ds_weight *w, int r, const float *x) { return row_fp8_512k(w, r, x, FP8_RAW); }
 
 /* Sixteen group scales starting at index i as floats, with the scalar
@@ -634,8 +636,8 @@ typedef struct {
  * pass. */
 static void mm_group(void *ctx, int g) {
     const mm_job *j = ctx;
-    const mm_prep *p = j->p;
-    while (g >= p->g0 + p->groups) p++;
+    const mm_prep *p = j->p, *last = j->p + j->n - 1;
+    while (p < last && g >= p->g0 + p->groups) p++;
     const ds_weight *w = p->w;
     int R = w->rows, t1 = j->t0 + TOKEN_BLOCK < p->T ? j->t0 + TOKEN_BLOCK : p->T;
     for (int r = (g - p->g0) * 4; r < (g - p->g0) * 4 + 4 && r < R; r++)
