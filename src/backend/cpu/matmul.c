@@ -458,24 +458,45 @@ AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const d
     return _mm512_add_ps(b0, b1);
 }
 
-/* FP8 row: block kb -> a[kb % 2]. */
+/* One whole FP8 block (128 columns at p, x at xb) into b0 + b1. */
+AVX512 __attribute__((always_inline)) static inline __m512 full_block_fp8_512(const uint8_t *p, const float *xb,
+                                                                               const int dec) {
+    __m512 b0 = _mm512_fmadd_ps(dec16k(p, 0, dec), _mm512_loadu_ps(xb), _mm512_setzero_ps());
+    __m512 b1 = _mm512_fmadd_ps(dec16k(p, 16, dec), _mm512_loadu_ps(xb + 16), _mm512_setzero_ps());
+    for (int j = 32; j < DS_FP8_BLOCK; j += 32) {
+        b0 = _mm512_fmadd_ps(dec16k(p, j, dec), _mm512_loadu_ps(xb + j), b0);
+        b1 = _mm512_fmadd_ps(dec16k(p, j + 16, dec), _mm512_loadu_ps(xb + j + 16), b1);
+    }
+    return _mm512_add_ps(b0, b1);
+}
+
+/* FP8 row: block kb -> a[kb % 2]; whole blocks in pairs, then the partial
+ * last block, if any, through block_fp8_512. (Two rows at once, sharing the
+ * x loads, was measured: faster when this machine's memory is fast, much
+ * slower when it is slow — two weight streams per thread.) */
 AVX512 __attribute__((always_inline)) static inline float row_fp8_512k(const ds_weight *w, int r, const float *x,
                                                                         const int dec) {
-    int K = w->cols;
+    int K = w->cols, nfull = K / DS_FP8_BLOCK;
     const uint8_t *row = w->data + (size_t)r * (size_t)K;
     size_t srow = fp8_srow(w, r);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-    for (int kb = 0; kb * DS_FP8_BLOCK < K; kb += 2) {
-        PF(row + (size_t)kb * DS_FP8_BLOCK), PF(row + (size_t)kb * DS_FP8_BLOCK + 64);
-        PF(row + (size_t)kb * DS_FP8_BLOCK + 128), PF(row + (size_t)kb * DS_FP8_BLOCK + 192);
-        int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-        a0 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec),
-                             _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f), a0);
-        c0 += DS_FP8_BLOCK;
-        if (c0 >= K) break;
-        len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-        a1 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec),
+    int kb = 0;
+    for (; kb + 2 <= nfull; kb += 2) {
+        const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
+        const float *xb = x + (size_t)kb * DS_FP8_BLOCK;
+        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        a0 = _mm512_fmadd_ps(full_block_fp8_512(p, xb, dec), _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f),
+                             a0);
+        a1 = _mm512_fmadd_ps(full_block_fp8_512(p + DS_FP8_BLOCK, xb + DS_FP8_BLOCK, dec),
                              _mm512_set1_ps(scale_of(w, srow + (size_t)kb + 1) * 256.0f), a1);
+    }
+    for (; kb * DS_FP8_BLOCK < K; kb++) { /* a last odd whole block, then a partial one */
+        int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
+        __m512 m = _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f);
+        if (kb & 1)
+            a1 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec), m, a1);
+        else
+            a0 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec), m, a0);
     }
     return hsum16_512(_mm512_add_ps(a0, a1));
 }
