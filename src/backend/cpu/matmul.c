@@ -517,44 +517,68 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
     return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(m, bits));
 }
 
-/* One MXFP4 row with x in FP4 order: a block's 64 bytes load as 16 dwords
- * and vpermps, which reads the low 4 bits of each index, looks up nibble k
- * after a shift by 4k (one shuffle per 16 weights); the 16 group scales of 4
- * blocks are decoded together and spread 4 lanes per group. */
+/* P = E + O of one MXFP4 block (its 64 bytes as 16 dwords d, x in FP4 order
+ * at xb): vpermps reads the low 4 bits of each index, so after a shift by 4k
+ * it looks up nibble k of every dword (one shuffle per 16 weights). */
+AVX512 __attribute__((always_inline)) static inline __m512 fp4_block_512(__m512i d, const float *xb, __m512 tbl) {
+    __asm__("" : "+v"(d)); /* one load of the weights, not one per shift (the compiler would fold them) */
+#define PLANE(k) _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * (k)), tbl)
+#define XK(k) _mm512_loadu_ps(xb + 16 * (k))
+    __m512 e = _mm512_mul_ps(PLANE(0), XK(0)), o = _mm512_mul_ps(PLANE(1), XK(1));
+    e = _mm512_fmadd_ps(PLANE(2), XK(2), e);
+    o = _mm512_fmadd_ps(PLANE(3), XK(3), o);
+    e = _mm512_fmadd_ps(PLANE(4), XK(4), e);
+    o = _mm512_fmadd_ps(PLANE(5), XK(5), o);
+    e = _mm512_fmadd_ps(PLANE(6), XK(6), e);
+    o = _mm512_fmadd_ps(PLANE(7), XK(7), o);
+#undef PLANE
+#undef XK
+    return _mm512_add_ps(e, o);
+}
+
+/* One MXFP4 row with x in FP4 order. The 16 group scales of 4 blocks are
+ * decoded together and spread 4 lanes per group; whole runs of 4 blocks go
+ * without branches, a last partial run block by block (masked loads). */
 AVX512 static float row_fp4_512(const ds_weight *w, int r, const float *xp) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
+    const uint8_t *sc = w->scale + sbase * (w->scale_f32 ? 4 : 1);
+    (void)sc;
     const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
-    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i spread[4] = {quarter, _mm512_add_epi32(quarter, _mm512_set1_epi32(4)),
-                               _mm512_add_epi32(quarter, _mm512_set1_epi32(8)),
-                               _mm512_add_epi32(quarter, _mm512_set1_epi32(12))}; /* lanes -> groups 4j.. of sv */
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, sv = a0;
-    for (int b = 0; 4 * b < G; b++) {
-        PF(row + 64 * b);
-        if (!(b & 15)) PF(w->scale + (sbase + 4 * (size_t)b) * (w->scale_f32 ? 4 : 1));
-        if (!(b & 3)) sv = scales16_512(w, sbase + 4 * (size_t)b, G - 4 * b < 16 ? G - 4 * b : 16);
-        __m512i d = G - 4 * b >= 4
-                        ? _mm512_loadu_si512((const void *)(row + 64 * b))
-                        : _mm512_maskz_loadu_epi32((__mmask16)((1u << (4 * (G - 4 * b))) - 1), row + 64 * b);
-        const float *xb = xp + b * FP4_BLOCK;
-#define PLANE(k) _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * (k)), tbl)
-#define XK(k) _mm512_loadu_ps(xb + 16 * (k))
-        __m512 e = _mm512_mul_ps(PLANE(0), XK(0)), o = _mm512_mul_ps(PLANE(1), XK(1));
-        e = _mm512_fmadd_ps(PLANE(2), XK(2), e);
-        o = _mm512_fmadd_ps(PLANE(3), XK(3), o);
-        e = _mm512_fmadd_ps(PLANE(4), XK(4), e);
-        o = _mm512_fmadd_ps(PLANE(5), XK(5), o);
-        e = _mm512_fmadd_ps(PLANE(6), XK(6), e);
-        o = _mm512_fmadd_ps(PLANE(7), XK(7), o);
-#undef PLANE
-#undef XK
-        __m512 p = _mm512_add_ps(e, o), m = _mm512_permutexvar_ps(spread[b & 3], sv);
-        if (b & 1)
-            a1 = _mm512_fmadd_ps(p, m, a1);
-        else
-            a0 = _mm512_fmadd_ps(p, m, a0);
+    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); /* lane -> group of sv */
+    const __m512i s1 = _mm512_add_epi32(s0, _mm512_set1_epi32(4)), s2 = _mm512_add_epi32(s0, _mm512_set1_epi32(8));
+    const __m512i s3 = _mm512_add_epi32(s0, _mm512_set1_epi32(12));
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    int b = 0;
+    for (; 4 * b + 16 <= G; b += 4) {
+        const uint8_t *p = row + 64 * (size_t)b;
+        const float *xb = xp + (size_t)b * FP4_BLOCK;
+        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+
+        __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, 16);
+        a0 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)p), xb, tbl), _mm512_permutexvar_ps(s0, sv), a0);
+        a1 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 64)), xb + FP4_BLOCK, tbl),
+                             _mm512_permutexvar_ps(s1, sv), a1);
+        a0 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 128)), xb + 2 * FP4_BLOCK, tbl),
+                             _mm512_permutexvar_ps(s2, sv), a0);
+        a1 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 192)), xb + 3 * FP4_BLOCK, tbl),
+                             _mm512_permutexvar_ps(s3, sv), a1);
+    }
+    if (4 * b < G) { /* fewer than 16 groups left */
+        __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, G - 4 * b);
+        const __m512i spread[4] = {s0, s1, s2, s3};
+        for (int j = 0; 4 * (b + j) < G; j++) {
+            int left = G - 4 * (b + j); /* groups from this block on */
+            const uint8_t *p = row + 64 * (size_t)(b + j);
+            __m512i d = left >= 4 ? _mm512_loadu_si512((const void *)p)
+                                  : _mm512_maskz_loadu_epi32((__mmask16)((1u << (4 * left)) - 1), p);
+            __m512 prod = fp4_block_512(d, xp + (size_t)(b + j) * FP4_BLOCK, tbl), m = _mm512_permutexvar_ps(spread[j], sv);
+            if (j & 1)
+                a1 = _mm512_fmadd_ps(prod, m, a1);
+            else
+                a0 = _mm512_fmadd_ps(prod, m, a0);
+        }
     }
     return hsum16_512(_mm512_add_ps(a0, a1));
 }
