@@ -14,7 +14,8 @@
 #include "cli/util.h"
 #include "model/forward.h"
 
-/* Sum of n floats in 16 KiB blocks over the threads (unaligned loads). */
+/* Sum of n floats in 16 KiB blocks over the threads (unaligned loads, software
+ * prefetch: the fastest plain read this machine was measured to do). */
 static double sum_blocks(const float *buf, size_t nf, int threads) {
     double s = 0;
 #pragma omp parallel for num_threads(threads) reduction(+ : s) schedule(static)
@@ -22,7 +23,9 @@ static double sum_blocks(const float *buf, size_t nf, int threads) {
         const float *p = buf + blk * 4096;
 #ifdef __AVX2__
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < 4096; i += 32) {
+        for (int i = 0; i < 4096; i += 32) { /* prefetching 8 KiB ahead, as the kernels do: a few % more here */
+            _mm_prefetch((const char *)(p + i) + 8192, _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + i) + 8192 + 64, _MM_HINT_T0);
             a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
             a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
             a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
