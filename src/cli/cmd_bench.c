@@ -118,10 +118,10 @@ static int cmp_double(const void *a, const void *b) {
 
 /* One line per weight kind (batches under their main kind), attention and
  * the rest, per decoded token. */
-static void print_profile(const ds_profile *p, double steps, double step_s) {
+static void print_profile(const char *title, const ds_profile *p, double steps, double step_s) {
     static const char *const name[5] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
     double rest = step_s;
-    printf("where      per token:");
+    printf("%s", title);
     for (int k = 0; k < 5; k++) {
         if (!p->mm_calls[k]) continue;
         double s = p->mm_seconds[k] / steps;
@@ -266,9 +266,12 @@ int cmd_bench(int argc, char **argv) {
     ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
+    ds_profile prof_prefill = {0};
+    be.profile = &prof_prefill;
     double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     double tp = ds_now() - t0;
+    be.profile = NULL;
     /* decode in chunks, the read bandwidth measured again before each chunk
      * and after the last (this machine's bandwidth changes over seconds): a
      * chunk is compared with the higher of its two neighbours, the whole run
@@ -316,7 +319,8 @@ int cmd_bench(int argc, char **argv) {
     printf("chunks     %d of up to %d tokens, each against the bandwidth measured next to it: min %.2f, median %.2f, "
            "max %.2f\n",
            nchunks, CHUNK, ratio[0], ratio[nchunks / 2], ratio[nchunks - 1]);
-    print_profile(&prof, (double)gen, td);
+    print_profile("where      per token:", &prof, (double)gen, td);
+    print_profile("prefill    per call: ", &prof_prefill, 1.0, tp);
     free(bw_at);
     free(chunk_t);
     free(ratio);

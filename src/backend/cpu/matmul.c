@@ -410,27 +410,47 @@ AVX512 static __m512 tail_fma(const ds_weight *w, const uint8_t *row, const floa
     return _mm512_fmadd_ps(_mm512_loadu_ps(tw), _mm512_loadu_ps(tx), p);
 }
 
-/* Dense row: chunk c -> p[c % 4]. */
-AVX512 __attribute__((always_inline)) static inline float row_dense_512(const ds_weight *w, int r, const float *x,
-                                                                         const int kind) {
+/* Up to NT tokens of one row at once: each weight chunk is decoded once and
+ * meets every token's x, while each token's operations (and so its bits) are
+ * exactly those of a single-token call. Prefill and batches gain; decode
+ * (nt = 1) is unchanged. */
+#define NT 4
+
+/* Dense rows: chunk c -> p[c % 4], for nt tokens at x + t * xs. */
+AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_weight *w, int r, const float *x,
+                                                                      size_t xs, float *out, const int nt,
+                                                                      const int kind) {
     int K = w->cols;
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
-    __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+    __m512 p[NT][4];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+    #pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) p[t][j] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 64 <= K; c += 64) {
         const uint8_t *line = row + (size_t)c * (kind == DS_W_F32 ? 4 : 2); /* 128 or 256 bytes per round */
         PF_DENSE(line), PF_DENSE(line + 64);
         if (kind == DS_W_F32) PF_DENSE(line + 128), PF_DENSE(line + 192);
-        p0 = _mm512_fmadd_ps(dec16k(row, c, kind), _mm512_loadu_ps(x + c), p0);
-        p1 = _mm512_fmadd_ps(dec16k(row, c + 16, kind), _mm512_loadu_ps(x + c + 16), p1);
-        p2 = _mm512_fmadd_ps(dec16k(row, c + 32, kind), _mm512_loadu_ps(x + c + 32), p2);
-        p3 = _mm512_fmadd_ps(dec16k(row, c + 48, kind), _mm512_loadu_ps(x + c + 48), p3);
+    #pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) {
+            __m512 wv = dec16k(row, c + 16 * j, kind);
+        #pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                p[t][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)t * xs + c + 16 * j), p[t][j]);
+        }
     }
-    if (c < K) p0 = c + 16 <= K ? _mm512_fmadd_ps(dec16k(row, c, kind), _mm512_loadu_ps(x + c), p0) : tail_fma(w, row, x, c, K, p0, 1.0f);
-    if (c + 16 < K) p1 = c + 32 <= K ? _mm512_fmadd_ps(dec16k(row, c + 16, kind), _mm512_loadu_ps(x + c + 16), p1) : tail_fma(w, row, x, c + 16, K, p1, 1.0f);
-    if (c + 32 < K) p2 = c + 48 <= K ? _mm512_fmadd_ps(dec16k(row, c + 32, kind), _mm512_loadu_ps(x + c + 32), p2) : tail_fma(w, row, x, c + 32, K, p2, 1.0f);
-    if (c + 48 < K) p3 = tail_fma(w, row, x, c + 48, K, p3, 1.0f);
-    return hsum16_512(_mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3)));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        const float *xt = x + (size_t)t * xs;
+    #pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) /* the last partial round */
+            if (c + 16 * j < K)
+                p[t][j] = c + 16 * j + 16 <= K
+                              ? _mm512_fmadd_ps(dec16k(row, c + 16 * j, kind), _mm512_loadu_ps(xt + c + 16 * j), p[t][j])
+                              : tail_fma(w, row, xt, c + 16 * j, K, p[t][j], 1.0f);
+        out[t] = hsum16_512(_mm512_add_ps(_mm512_add_ps(p[t][0], p[t][1]), _mm512_add_ps(p[t][2], p[t][3])));
+    }
 }
 
 /* FP8 block [c0, c0+len): chunk j -> b[j % 2], returns b0 + b1. dec is
@@ -442,11 +462,13 @@ AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const d
     __m512 b0 = _mm512_setzero_ps(), b1 = b0;
     float wmul = dec == FP8_RAW ? 0x1p-112f : 1.0f;
     if (len == DS_FP8_BLOCK) {
+    #pragma GCC unroll 8
         for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
             b0 = _mm512_fmadd_ps(dec16k(row, c0 + j, dec), _mm512_loadu_ps(x + c0 + j), b0);
             b1 = _mm512_fmadd_ps(dec16k(row, c0 + j + 16, dec), _mm512_loadu_ps(x + c0 + j + 16), b1);
         }
     } else {
+    #pragma GCC unroll 8
         for (int j = 0; j < len; j += 32) {
             b0 = j + 16 <= len ? _mm512_fmadd_ps(dec16k(row, c0 + j, dec), _mm512_loadu_ps(x + c0 + j), b0)
                                : tail_fma(w, row, x, c0 + j, c0 + len, b0, wmul);
@@ -458,52 +480,52 @@ AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const d
     return _mm512_add_ps(b0, b1);
 }
 
-/* One whole FP8 block (128 columns at p, x at xb) into b0 + b1. */
-AVX512 __attribute__((always_inline)) static inline __m512 full_block_fp8_512(const uint8_t *p, const float *xb,
-                                                                               const int dec) {
-    __m512 b0 = _mm512_fmadd_ps(dec16k(p, 0, dec), _mm512_loadu_ps(xb), _mm512_setzero_ps());
-    __m512 b1 = _mm512_fmadd_ps(dec16k(p, 16, dec), _mm512_loadu_ps(xb + 16), _mm512_setzero_ps());
-    for (int j = 32; j < DS_FP8_BLOCK; j += 32) {
-        b0 = _mm512_fmadd_ps(dec16k(p, j, dec), _mm512_loadu_ps(xb + j), b0);
-        b1 = _mm512_fmadd_ps(dec16k(p, j + 16, dec), _mm512_loadu_ps(xb + j + 16), b1);
-    }
-    return _mm512_add_ps(b0, b1);
-}
-
-/* FP8 row: block kb -> a[kb % 2]; whole blocks in pairs, then the partial
- * last block, if any, through block_fp8_512. (Two rows at once, sharing the
- * x loads, was measured: faster when this machine's memory is fast, much
- * slower when it is slow — two weight streams per thread.) */
-AVX512 __attribute__((always_inline)) static inline float row_fp8_512k(const ds_weight *w, int r, const float *x,
-                                                                        const int dec) {
+/* FP8 rows: block kb -> a[kb % 2]; whole blocks in pairs, then the partial
+ * last block, if any, through block_fp8_512. (Two weight rows at once,
+ * sharing the x loads, was measured: faster when this machine's memory is
+ * fast, much slower when it is slow — two weight streams per thread.) */
+AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weight *w, int r, const float *x, size_t xs,
+                                                                    float *out, const int nt, const int dec) {
     int K = w->cols, nfull = K / DS_FP8_BLOCK;
     const uint8_t *row = w->data + (size_t)r * (size_t)K;
     size_t srow = fp8_srow(w, r);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    __m512 a[NT][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
     int kb = 0;
     for (; kb + 2 <= nfull; kb += 2) {
         const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
-        const float *xb = x + (size_t)kb * DS_FP8_BLOCK;
         PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-        a0 = _mm512_fmadd_ps(full_block_fp8_512(p, xb, dec), _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f),
-                             a0);
-        a1 = _mm512_fmadd_ps(full_block_fp8_512(p + DS_FP8_BLOCK, xb + DS_FP8_BLOCK, dec),
-                             _mm512_set1_ps(scale_of(w, srow + (size_t)kb + 1) * 256.0f), a1);
+    #pragma GCC unroll 8
+        for (int h = 0; h < 2; h++) { /* block kb + h into a[h] */
+            const uint8_t *pb = p + h * DS_FP8_BLOCK;
+            size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
+            __m512 b0[NT], b1[NT];
+        #pragma GCC unroll 8
+            for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+                __m512 w0 = dec16k(pb, j, dec), w1 = dec16k(pb, j + 16, dec);
+            #pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (size_t)t * xs + xo;
+                    b0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt + j), j ? b0[t] : _mm512_setzero_ps());
+                    b1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + j + 16), j ? b1[t] : _mm512_setzero_ps());
+                }
+            }
+            __m512 m = _mm512_set1_ps(scale_of(w, srow + (size_t)kb + (size_t)h) * 256.0f);
+        #pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) a[t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[t], b1[t]), m, a[t][h]);
+        }
     }
     for (; kb * DS_FP8_BLOCK < K; kb++) { /* a last odd whole block, then a partial one */
         int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
         __m512 m = _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f);
-        if (kb & 1)
-            a1 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec), m, a1);
-        else
-            a0 = _mm512_fmadd_ps(block_fp8_512(w, row, x, c0, len, dec), m, a0);
+    #pragma GCC unroll 8
+        for (int t = 0; t < nt; t++)
+            a[t][kb & 1] = _mm512_fmadd_ps(block_fp8_512(w, row, x + (size_t)t * xs, c0, len, dec), m, a[t][kb & 1]);
     }
-    return hsum16_512(_mm512_add_ps(a0, a1));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
-
-AVX512 static float row_fp8_512(const ds_weight *w, int r, const float *x) { return row_fp8_512k(w, r, x, DS_W_FP8); }
-/* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
-AVX512 static float row_fp8raw_512(const ds_weight *w, int r, const float *x) { return row_fp8_512k(w, r, x, FP8_RAW); }
 
 /* Sixteen group scales starting at index i as floats, with the scalar
  * decoder's values (e8m0: e == 0 -> 2^-127, else e << 23); lanes >= n are 0. */
@@ -517,80 +539,105 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
     return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(m, bits));
 }
 
-/* P = E + O of one MXFP4 block (its 64 bytes as 16 dwords d, x in FP4 order
- * at xb): vpermps reads the low 4 bits of each index, so after a shift by 4k
- * it looks up nibble k of every dword (one shuffle per 16 weights). */
-AVX512 __attribute__((always_inline)) static inline __m512 fp4_block_512(__m512i d, const float *xb, __m512 tbl) {
+/* P[t] = E + O of one MXFP4 block (its 64 bytes as 16 dwords d; x in FP4
+ * order at xb + t * xs): vpermps reads the low 4 bits of each index, so after
+ * a shift by 4k it looks up nibble k of every dword (one shuffle per 16
+ * weights, shared by the tokens). */
+AVX512 __attribute__((always_inline)) static inline void fp4_block_t_512(__m512i d, const float *xb, size_t xs,
+                                                                          __m512 tbl, __m512 *P, const int nt) {
     __asm__("" : "+v"(d)); /* one load of the weights, not one per shift (the compiler would fold them) */
-#define PLANE(k) _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * (k)), tbl)
-#define XK(k) _mm512_loadu_ps(xb + 16 * (k))
-    __m512 e = _mm512_mul_ps(PLANE(0), XK(0)), o = _mm512_mul_ps(PLANE(1), XK(1));
-    e = _mm512_fmadd_ps(PLANE(2), XK(2), e);
-    o = _mm512_fmadd_ps(PLANE(3), XK(3), o);
-    e = _mm512_fmadd_ps(PLANE(4), XK(4), e);
-    o = _mm512_fmadd_ps(PLANE(5), XK(5), o);
-    e = _mm512_fmadd_ps(PLANE(6), XK(6), e);
-    o = _mm512_fmadd_ps(PLANE(7), XK(7), o);
-#undef PLANE
-#undef XK
-    return _mm512_add_ps(e, o);
+    __m512 e[NT], o[NT];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        __m512 wk = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * k), tbl);
+    #pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m512 xk = _mm512_loadu_ps(xb + (size_t)t * xs + 16 * k);
+            if (k == 0)
+                e[t] = _mm512_mul_ps(wk, xk);
+            else if (k == 1)
+                o[t] = _mm512_mul_ps(wk, xk);
+            else if (k & 1)
+                o[t] = _mm512_fmadd_ps(wk, xk, o[t]);
+            else
+                e[t] = _mm512_fmadd_ps(wk, xk, e[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) P[t] = _mm512_add_ps(e[t], o[t]);
 }
 
-/* One MXFP4 row with x in FP4 order. The 16 group scales of 4 blocks are
+/* MXFP4 rows with x in FP4 order. The 16 group scales of 4 blocks are
  * decoded together and spread 4 lanes per group; whole runs of 4 blocks go
  * without branches, a last partial run block by block (masked loads). */
-AVX512 static float row_fp4_512(const ds_weight *w, int r, const float *xp) {
+AVX512 __attribute__((always_inline)) static inline void fp4_t_512(const ds_weight *w, int r, const float *xp, size_t xs,
+                                                                    float *out, const int nt) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
-    const uint8_t *sc = w->scale + sbase * (w->scale_f32 ? 4 : 1);
-    (void)sc;
     const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
     const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); /* lane -> group of sv */
-    const __m512i s1 = _mm512_add_epi32(s0, _mm512_set1_epi32(4)), s2 = _mm512_add_epi32(s0, _mm512_set1_epi32(8));
-    const __m512i s3 = _mm512_add_epi32(s0, _mm512_set1_epi32(12));
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    const __m512i spread[4] = {s0, _mm512_add_epi32(s0, _mm512_set1_epi32(4)), _mm512_add_epi32(s0, _mm512_set1_epi32(8)),
+                               _mm512_add_epi32(s0, _mm512_set1_epi32(12))};
+    __m512 a[NT][2], P[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
     int b = 0;
     for (; 4 * b + 16 <= G; b += 4) {
         const uint8_t *p = row + 64 * (size_t)b;
-        const float *xb = xp + (size_t)b * FP4_BLOCK;
         PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-
         __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, 16);
-        a0 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)p), xb, tbl), _mm512_permutexvar_ps(s0, sv), a0);
-        a1 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 64)), xb + FP4_BLOCK, tbl),
-                             _mm512_permutexvar_ps(s1, sv), a1);
-        a0 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 128)), xb + 2 * FP4_BLOCK, tbl),
-                             _mm512_permutexvar_ps(s2, sv), a0);
-        a1 = _mm512_fmadd_ps(fp4_block_512(_mm512_loadu_si512((const void *)(p + 192)), xb + 3 * FP4_BLOCK, tbl),
-                             _mm512_permutexvar_ps(s3, sv), a1);
+    #pragma GCC unroll 8
+        for (int h = 0; h < 4; h++) {
+            fp4_block_t_512(_mm512_loadu_si512((const void *)(p + 64 * h)), xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
+            __m512 m = _mm512_permutexvar_ps(spread[h], sv);
+        #pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
+        }
     }
     if (4 * b < G) { /* fewer than 16 groups left */
         __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, G - 4 * b);
-        const __m512i spread[4] = {s0, s1, s2, s3};
-        for (int j = 0; 4 * (b + j) < G; j++) {
-            int left = G - 4 * (b + j); /* groups from this block on */
-            const uint8_t *p = row + 64 * (size_t)(b + j);
+    #pragma GCC unroll 8
+        for (int h = 0; 4 * (b + h) < G; h++) {
+            int left = G - 4 * (b + h); /* groups from this block on */
+            const uint8_t *p = row + 64 * (size_t)(b + h);
             __m512i d = left >= 4 ? _mm512_loadu_si512((const void *)p)
                                   : _mm512_maskz_loadu_epi32((__mmask16)((1u << (4 * left)) - 1), p);
-            __m512 prod = fp4_block_512(d, xp + (size_t)(b + j) * FP4_BLOCK, tbl), m = _mm512_permutexvar_ps(spread[j], sv);
-            if (j & 1)
-                a1 = _mm512_fmadd_ps(prod, m, a1);
-            else
-                a0 = _mm512_fmadd_ps(prod, m, a0);
+            fp4_block_t_512(d, xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
+            __m512 m = _mm512_permutexvar_ps(spread[h], sv);
+        #pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
         }
     }
-    return hsum16_512(_mm512_add_ps(a0, a1));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
-AVX512 static float row_512(const ds_weight *w, int r, const float *x) {
-    switch (w->kind) {
-    case DS_W_FP8: return row_fp8_512(w, r, x);
-    case DS_W_BF16: return row_dense_512(w, r, x, DS_W_BF16);
-    case DS_W_F16: return row_dense_512(w, r, x, DS_W_F16);
-    default: return row_dense_512(w, r, x, DS_W_F32);
+/* nt in [1, NT] tokens of row r: the instance for each count */
+#define NT_CASES(call) \
+    switch (nt) {      \
+    case 1: call(1); break; \
+    case 2: call(2); break; \
+    case 3: call(3); break; \
+    default: call(NT); break; \
     }
-}
+
+#define ROWT(name, call)                                                                         \
+    AVX512 static void name(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
+        NT_CASES(call)                                                                           \
+    }
+#define FP8_N(n) fp8_t_512(w, r, x, xs, out, n, DS_W_FP8)
+#define FP8RAW_N(n) fp8_t_512(w, r, x, xs, out, n, FP8_RAW)
+#define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16)
+#define F16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F16)
+#define F32_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F32)
+#define FP4_N(n) fp4_t_512(w, r, x, xs, out, n)
+ROWT(rowt_fp8_512, FP8_N)
+ROWT(rowt_fp8raw_512, FP8RAW_N) /* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
+ROWT(rowt_bf16_512, BF16_N)
+ROWT(rowt_f16_512, F16_N)
+ROWT(rowt_f32_512, F32_N)
+ROWT(rowt_fp4_512, FP4_N) /* x in FP4 order */
 #endif
 
 int ds_cpu_best_path(void) {
@@ -605,22 +652,41 @@ int ds_cpu_best_path(void) {
 }
 
 typedef float (*row_fn)(const ds_weight *, int, const float *);
+/* nt (<= NT) tokens of row r: out[t] from x + t * xs */
+typedef void (*rowt_fn)(const ds_weight *, int, const float *, size_t, int, float *);
 
-/* The row kernel of a path; MXFP4 kernels take x in FP4 order. */
+/* The single-token row kernel of the generic and AVX2 paths; MXFP4 kernels
+ * take x in FP4 order. */
 static row_fn row_for(int path, int fp4) {
 #ifdef DS_X86
-    if (path == DS_CPU_AVX512) return fp4 ? row_fp4_512 : row_512;
     if (path == DS_CPU_AVX2) return fp4 ? row_fp4_avx2 : row_avx2;
 #endif
     (void)path;
     return fp4 ? row_fp4_generic : ds_cpu_row_dot;
 }
 
+/* The multi-token row kernel of the AVX-512 path (NULL on the others). */
+static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
+#ifdef DS_X86
+    if (path == DS_CPU_AVX512) switch (kind) {
+        case DS_W_FP8: return raw ? rowt_fp8raw_512 : rowt_fp8_512;
+        case DS_W_FP4: return rowt_fp4_512;
+        case DS_W_BF16: return rowt_bf16_512;
+        case DS_W_F16: return rowt_f16_512;
+        case DS_W_F32: return rowt_f32_512;
+        }
+#endif
+    (void)path, (void)kind, (void)raw;
+    return NULL;
+}
+
 float ds_cpu_dot(const float *a, const float *b, int n, int path) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512) {
         ds_weight w = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
-        return row_512(&w, 0, b);
+        float y;
+        rowt_f32_512(&w, 0, b, 0, 1, &y);
+        return y;
     }
 #endif
     (void)path;
@@ -666,7 +732,8 @@ typedef struct {
     size_t xstride; /* floats between tokens of xp */
     int T, g0, groups;
     float *y;
-    row_fn row;
+    row_fn row;     /* one token at a time ... */
+    rowt_fn rowt;   /* ... or up to NT (when not NULL) */
     const float *x; /* the caller's x */
     int fmt, owns;  /* X_*; owns: xp is this product's own copy */
 } mm_prep;
@@ -681,12 +748,30 @@ typedef struct {
  * pass. */
 static void mm_group(void *ctx, int g) {
     const mm_job *j = ctx;
-    const mm_prep *p = j->p, *last = j->p + j->n - 1;
-    while (p < last && g >= p->g0 + p->groups) p++;
+    int lo = 0, hi = j->n - 1; /* the last product with g0 <= g (a batch may hold hundreds) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->p[mid].g0 <= g)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const mm_prep *p = &j->p[lo];
     const ds_weight *w = p->w;
     int R = w->rows, t1 = j->t0 + TOKEN_BLOCK < p->T ? j->t0 + TOKEN_BLOCK : p->T;
-    for (int r = (g - p->g0) * 4; r < (g - p->g0) * 4 + 4 && r < R; r++)
-        for (int t = j->t0; t < t1; t++) p->y[(size_t)t * (size_t)R + (size_t)r] = p->row(w, r, p->xp + (size_t)t * p->xstride);
+    for (int r = (g - p->g0) * 4; r < (g - p->g0) * 4 + 4 && r < R; r++) {
+        if (!p->rowt) {
+            for (int t = j->t0; t < t1; t++)
+                p->y[(size_t)t * (size_t)R + (size_t)r] = p->row(w, r, p->xp + (size_t)t * p->xstride);
+            continue;
+        }
+        for (int t = j->t0; t < t1; t += NT) {
+            int nt = t1 - t < NT ? t1 - t : NT;
+            float out[NT];
+            p->rowt(w, r, p->xp + (size_t)t * p->xstride, p->xstride, nt, out);
+            for (int i = 0; i < nt; i++) p->y[(size_t)(t + i) * (size_t)R + (size_t)r] = out[i];
+        }
+    }
 }
 
 /* 1 when every x is below 2^16 in magnitude (or not finite), so x * 2^112
@@ -716,11 +801,8 @@ static void mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep 
               : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                                         : X_PLAIN;
     size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    *p = (mm_prep){w, NULL, xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
-                   jb->x, fmt, 0};
-#ifdef DS_X86
-    if (fmt == X_RAW) p->row = row_fp8raw_512;
-#endif
+    *p = (mm_prep){w,     NULL,   xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
+                   rowt_for(path, w->kind, fmt == X_RAW), jb->x, fmt, 0};
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
             p->xp = prev[i].xp;
