@@ -42,14 +42,16 @@ struct ds_backend {
     int n_threads;
     int cpu_path; /* CPU backend: kernel path (all paths give the same bits) */
     ds_profile *profile; /* NULL: no accounting */
+    /* The compute ops return 0, or -1 when the backend could not allocate its
+     * scratch (the outputs are then undefined). */
     /* y[t][r] = sum_k w[r][k] * x[t][k] for t < T (x: [T][w->cols], y: [T][w->rows]). */
-    void (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
+    int (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
     /* Independent products (their y must not overlap any x) run together —
      * on the CPU in one parallel region; each output has the bits matmul
      * would give it. */
-    void (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n);
+    int (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n);
     /* Softmax attention with a sink for each query; scale multiplies q.k. */
-    void (*attend)(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale);
+    int (*attend)(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale);
     /* Runs fn(ctx, i) for i in [0, n) on the backend's threads; each i must
      * write only its own outputs (so results cannot depend on the schedule). */
     void (*parallel_for)(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);

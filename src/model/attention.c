@@ -62,8 +62,8 @@ int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int w
         ds_fail(err, "out of memory");
     } else {
         ds_matmul_job j[2] = {{&w->wkv, xn, T, kv}, {&w->wgate, xn, T, gate}};
-        S->be->matmul_many(S->be, j, 2);
-        rc = compress_tokens(S, li, w, which, kv, gate, err);
+        rc = S->be->matmul_many(S->be, j, 2) ? ds_fail(err, "layer %d compressor: out of memory", li)
+                                              : compress_tokens(S, li, w, which, kv, gate, err);
     }
     free(kv);
     free(gate);
@@ -94,9 +94,9 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     /* queries: q = norm_h(wq_b @ RMSNorm(wq_a @ x)), RoPE on the last r channels */
     /* and the single K=V head: kv = RMSNorm(wkv @ x), RoPE likewise */
     ds_matmul_job jqkv[2] = {{&ly->wq_a, xn, T, qr}, {&ly->wkv, xn, T, kv}};
-    be->matmul_many(be, jqkv, 2);
+    if (be->matmul_many(be, jqkv, 2)) goto oom;
     ds_rmsnorm_rows(be, qr, qr, ly->q_norm, T, QL, c->rms_eps);
-    be->matmul(be, &ly->wq_b, qr, T, q);
+    if (be->matmul(be, &ly->wq_b, qr, T, q)) goto oom;
     ds_heads_rope(be, q, T, H, d, 1, inv, half, S->tok_pos, 0, c->rms_eps);
     ds_rmsnorm_rows(be, kv, kv, ly->kv_norm, T, d, c->rms_eps);
     ds_heads_rope(be, kv, T, 1, d, 0, inv, half, S->tok_pos, 0, c->rms_eps);
@@ -150,7 +150,7 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
             Q->out = o + ((size_t)t * H + h) * d;
         }
     }
-    be->attend(be, qs, T * H, d, 1.0f / sqrtf((float)d));
+    if (be->attend(be, qs, T * H, d, 1.0f / sqrtf((float)d))) goto oom;
 
     /* values carried their keys' rotation: undo it at the query position */
     ds_heads_rope(be, o, T, H, d, 0, inv, half, S->tok_pos, 1, c->rms_eps);
@@ -162,11 +162,11 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
         wg[g] = ds_weight_rows(&ly->wo_a, g * OL, OL);
         jg[g] = (ds_matmul_job){&wg[g], gin + (size_t)g * T * gs, T, gout + (size_t)g * T * OL};
     }
-    be->matmul_many(be, jg, G);
+    if (be->matmul_many(be, jg, G)) goto oom;
     for (int g = 0; g < G; g++)
         for (int t = 0; t < T; t++)
             memcpy(oa + (size_t)t * G * OL + (size_t)g * OL, gout + ((size_t)g * T + t) * OL, (size_t)OL * sizeof(float));
-    be->matmul(be, &ly->wo_b, oa, T, out);
+    if (be->matmul(be, &ly->wo_b, oa, T, out)) goto oom;
 
     /* the window ring keeps the last W entries of every sequence */
     for (int s = 0; s < S->n_seqs; s++) {

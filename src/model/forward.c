@@ -81,13 +81,13 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *ly = &m->layers[li];
         float *tmp;
-        ds_mhc_pre(be, c, &ly->hc_attn, X, T, x_in, post, comb, scratch);
+        if (ds_mhc_pre(be, c, &ly->hc_attn, X, T, x_in, post, comb, scratch)) goto backend_oom;
         ds_rmsnorm_rows(be, xn, x_in, ly->attn_norm, T, D, c->rms_eps);
         if (ds_attention(&S, li, xn, y, err)) goto done;
         ds_mhc_post(be, c, X, y, post, comb, T, X2);
         tmp = X, X = X2, X2 = tmp;
 
-        ds_mhc_pre(be, c, &ly->hc_ffn, X, T, x_in, post, comb, scratch);
+        if (ds_mhc_pre(be, c, &ly->hc_ffn, X, T, x_in, post, comb, scratch)) goto backend_oom;
         ds_rmsnorm_rows(be, xn, x_in, ly->ffn_norm, T, D, c->rms_eps);
         if (ds_moe(&S, li, xn, y, err)) goto done;
         ds_mhc_post(be, c, X, y, post, comb, T, X2);
@@ -101,9 +101,9 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
             for (int j = first; j < items[i].n_tokens; j++) hrow[r++] = S.seq_row0[i] + j;
         }
         for (int j = 0; j < R; j++) memcpy(hx + (size_t)j * nd, X + (size_t)hrow[j] * nd, nd * sizeof *hx);
-        ds_mhc_head(be, c, &m->hc_head, hx, R, x_in, scratch);
+        if (ds_mhc_head(be, c, &m->hc_head, hx, R, x_in, scratch)) goto backend_oom;
         ds_rmsnorm_rows(be, xn, x_in, m->norm, R, D, c->rms_eps);
-        be->matmul(be, &m->head, xn, R, hlog);
+        if (be->matmul(be, &m->head, xn, R, hlog)) goto backend_oom;
         r = 0;
         for (int i = 0; i < n_items; i++) {
             if (!items[i].logits) continue;
@@ -114,6 +114,9 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
     }
     for (int i = 0; i < n_items; i++) items[i].seq->pos += items[i].n_tokens;
     rc = 0;
+    goto done;
+backend_oom:
+    ds_fail(err, "out of memory in the %s backend for a step of %d tokens", be->name, T);
 done:
     free(S.seqs);
     free(S.seq_row0);

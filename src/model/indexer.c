@@ -81,11 +81,10 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
     if (ds_compress_tokens(S, li, &ly->idx.comp, 1, xn, err)) return -1;
     float *iq = malloc((size_t)T * nh * dh * sizeof *iq), *iw = malloc((size_t)T * nh * sizeof *iw);
     int rc = 0;
-    if (!iq || !iw) {
+    ds_matmul_job j[2] = {{&ly->idx.wq_b, qr, T, iq}, {&ly->idx.weights_proj, xn, T, iw}};
+    if (!iq || !iw || S->be->matmul_many(S->be, j, 2)) {
         rc = ds_fail(err, "layer %d indexer: out of memory", li);
     } else {
-        ds_matmul_job j[2] = {{&ly->idx.wq_b, qr, T, iq}, {&ly->idx.weights_proj, xn, T, iw}};
-        S->be->matmul_many(S->be, j, 2);
         ds_heads_rope(S->be, iq, T, nh, dh, 0, m->inv_freq_compress, half, S->tok_pos, 0, c->rms_eps);
         float ws = 1.0f / sqrtf((float)nh);
         for (size_t i = 0; i < (size_t)T * nh; i++) iw[i] *= ws;

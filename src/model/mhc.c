@@ -9,11 +9,11 @@
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* f = X / rms(X) over all n*D values, then mixes = fn @ f for every token. */
-static void mixes(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *f,
-                  float *m) {
+static int mixes(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *f,
+                 float *m) {
     int nd = c->hc_mult * c->dim;
     ds_rmsnorm_rows(be, f, X, NULL, T, nd, c->rms_eps);
-    be->matmul(be, &w->fn, f, T, m);
+    return be->matmul(be, &w->fn, f, T, m);
 }
 
 typedef struct {
@@ -65,13 +65,14 @@ static void pre_token(void *ctx, int t) {
     }
 }
 
-void ds_mhc_pre(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x_in,
-                float *post, float *comb, float *scratch) {
+int ds_mhc_pre(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x_in,
+               float *post, float *comb, float *scratch) {
     int nd = c->hc_mult * c->dim;
     float *f = scratch, *m = scratch + (size_t)T * nd;
-    mixes(be, c, w, X, T, f, m);
+    if (mixes(be, c, w, X, T, f, m)) return -1;
     pre_job J = {c, w, X, m, x_in, post, comb};
     be->parallel_for(be, T, pre_token, &J);
+    return 0;
 }
 
 typedef struct {
@@ -121,11 +122,12 @@ static void head_token(void *ctx, int t) {
     }
 }
 
-void ds_mhc_head(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x,
-                 float *scratch) {
+int ds_mhc_head(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x,
+                float *scratch) {
     int nd = c->hc_mult * c->dim;
     float *f = scratch, *m = scratch + (size_t)T * nd;
-    mixes(be, c, w, X, T, f, m);
+    if (mixes(be, c, w, X, T, f, m)) return -1;
     head_job J = {c, w, X, m, x};
     be->parallel_for(be, T, head_token, &J);
+    return 0;
 }

@@ -9,14 +9,15 @@
 #include "model/model.h"
 
 /* X: [T][n][D]. Writes x_in [T][D], post [T][n], comb [T][n][n].
- * scratch: T * (n*D + (2+n)*n) floats. */
-void ds_mhc_pre(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x_in,
-                float *post, float *comb, float *scratch);
+ * scratch: T * (n*D + (2+n)*n) floats. -1 if the backend ran out of memory. */
+int ds_mhc_pre(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x_in,
+               float *post, float *comb, float *scratch);
 /* Xout[t][j] = post_j * y[t] + sum_i comb[i][j] * X[t][i]. */
 void ds_mhc_post(const ds_backend *be, const ds_config *c, const float *X, const float *y, const float *post,
                  const float *comb, int T, float *Xout);
-/* x[t] = sum_i (sigmoid(m_i * scale + base_i) + eps) X[t][i]. scratch as for pre. */
-void ds_mhc_head(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x,
-                 float *scratch);
+/* x[t] = sum_i (sigmoid(m_i * scale + base_i) + eps) X[t][i]. scratch and
+ * the result as for pre. */
+int ds_mhc_head(const ds_backend *be, const ds_config *c, const ds_hc_w *w, const float *X, int T, float *x,
+                float *scratch);
 
 #endif

@@ -39,7 +39,8 @@ static int expert_rows(const moe_run *M, int e) {
     return e < M->E ? M->count[e + 1] - M->count[e] : M->shared ? M->T : 0;
 }
 
-/* Experts [*e, ...) that fit one batch; returns the next expert. */
+/* Experts [e, ...) that fit one batch; returns the next expert, or -1 when
+ * the backend ran out of memory. */
 static int run_batch(const ds_backend *be, const moe_run *M, int e, size_t cap, size_t imax, float *xg, float *h1,
                      float *h3, float *yg, ds_matmul_job *j13, ds_matmul_job *j2) {
     const ds_layer *ly = M->ly;
@@ -63,9 +64,9 @@ static int run_batch(const ds_backend *be, const moe_run *M, int e, size_t cap, 
         j2[nj++] = (ds_matmul_job){w2, h1 + rows * imax, n, e < M->E ? yg + rows * D : M->shared_out};
         rows += (size_t)n;
     }
-    be->matmul_many(be, j13, 2 * nj);
+    if (be->matmul_many(be, j13, 2 * nj)) return -1;
     for (int i = 0; i < nj; i++) swiglu(j13[2 * i].y, j13[2 * i + 1].y, (size_t)j2[i].T * (size_t)j2[i].w->cols, M->limit);
-    be->matmul_many(be, j2, nj);
+    if (be->matmul_many(be, j2, nj)) return -1;
     /* routed outputs back to their (token, slot) rows */
     rows = 0;
     for (int i = e0; i < e; i++) {
@@ -88,8 +89,11 @@ static int run_experts(const ds_backend *be, const moe_run *M) {
     ds_matmul_job *j13 = malloc(2 * (size_t)(M->E + 1) * sizeof *j13), *j2 = malloc((size_t)(M->E + 1) * sizeof *j2);
     int rc = -1;
     if (xg && yg && h1 && h3 && j13 && j2) {
-        for (int e = 0; e <= M->E;) e = run_batch(be, M, e, cap, imax, xg, h1, h3, yg, j13, j2);
         rc = 0;
+        for (int e = 0; e <= M->E && !rc;) {
+            e = run_batch(be, M, e, cap, imax, xg, h1, h3, yg, j13, j2);
+            rc = e < 0 ? -1 : 0;
+        }
     }
     free(xg);
     free(yg);
@@ -182,7 +186,7 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     int *members = malloc((size_t)T * k * sizeof *members);
     if (!logits || !score || !wts || !slot_out || !shared || !idx || !count || !members) goto oom;
 
-    be->matmul(be, &ly->gate, xn, T, logits);
+    if (be->matmul(be, &ly->gate, xn, T, logits)) goto oom;
     for (int t = 0; t < T; t++) {
         route(c, ly, logits + (size_t)t * E, S->tok_id[t], idx + (size_t)t * k, wts + (size_t)t * k, score);
         if (S->obs && S->obs->route) {

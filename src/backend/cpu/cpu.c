@@ -75,21 +75,26 @@ static void attend_one(void *ctx, int i) {
     for (int j = 0; j < n; j++) axpy(o, s[j] * inv, Q->keys[j], d, J->path);
 }
 
-static void cpu_attend(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale) {
+static int cpu_attend(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale) {
     double t_start = be->profile ? ds_now() : 0;
     size_t *offset = malloc((size_t)(n + 1) * sizeof *offset);
+    if (!offset) return -1;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         offset[i] = total;
         total += (size_t)qs[i].n_keys;
     }
     float *scratch = malloc((total ? total : 1) * sizeof *scratch);
-    if (!offset || !scratch) abort(); /* small; an allocation failure here is fatal */
+    if (!scratch) {
+        free(offset);
+        return -1;
+    }
     attn_job J = {qs, d, be->cpu_path, scale, scratch, offset};
     be->parallel_for(be, n, attend_one, &J);
     free(scratch);
     free(offset);
     if (be->profile) be->profile->attend_seconds += ds_now() - t_start;
+    return 0;
 }
 
 int ds_backend_cpu_init(ds_backend *be, int n_threads) {

@@ -6,10 +6,10 @@
 
 enum { DS_CPU_GENERIC = 0, DS_CPU_AVX2 = 1, DS_CPU_AVX512 = 2 };
 
-void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
-void ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n);
+int ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
+int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n);
 /* The same through a chosen kernel path (every path gives the same bits). */
-void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
+int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
 /* The fastest path this CPU runs. */
 int ds_cpu_best_path(void);
 /* ds_dot_f32 through a chosen kernel path (the same bits on every path). */

@@ -794,7 +794,7 @@ enum { X_PLAIN, X_FP4, X_RAW }; /* how a product reads its x copy */
 /* Copies x for product jb (rows on 64-byte lines: no split vector loads; in
  * FP4 order for MXFP4; scaled by 2^112 for FP8_RAW) unless one of the n
  * earlier products of the batch already made the same copy. */
-static void mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep *prev, int n, mm_prep *p) {
+static int mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep *prev, int n, mm_prep *p) {
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_FP4
@@ -806,10 +806,10 @@ static void mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep 
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
             p->xp = prev[i].xp;
-            return;
+            return 0;
         }
     p->xp = aligned_alloc(64, sizeof(float) * (size_t)(T ? T : 1) * xstride);
-    if (!p->xp) abort(); /* T x K floats; a failure here has no way to report */
+    if (!p->xp) return -1;
     p->owns = 1;
     for (int t = 0; t < T; t++) {
         const float *xt = jb->x + (size_t)t * (size_t)K;
@@ -821,6 +821,7 @@ static void mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep 
         else
             memcpy(dst, xt, sizeof(float) * (size_t)K);
     }
+    return 0;
 }
 
 /* Adds a batch's time and bytes under the kind holding most of its bytes. */
@@ -837,21 +838,18 @@ static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double 
 }
 
 /* Every product's row groups in one parallel region per token block. */
-static void mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
+static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
     double t_start = be->profile ? ds_now() : 0;
-    mm_prep *p = malloc(sizeof *p * (size_t)(n ? n : 1));
-    if (!p) abort();
-    int groups = 0, T = 0;
-    for (int i = 0; i < n; i++) {
-        mm_prepare(&jobs[i], path, groups, p, i, &p[i]);
+    mm_prep *p = calloc((size_t)(n ? n : 1), sizeof *p), *q = malloc(sizeof *q * (size_t)(n ? n : 1));
+    int groups = 0, T = 0, rc = p && q ? 0 : -1;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = mm_prepare(&jobs[i], path, groups, p, i, &p[i]);
         groups += p[i].groups;
         if (jobs[i].T > T) T = jobs[i].T;
     }
-    for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
+    for (int t0 = 0; t0 < T && !rc; t0 += TOKEN_BLOCK) {
         /* the products with tokens in this block, renumbered */
         int m = 0, g = 0;
-        mm_prep *q = malloc(sizeof *q * (size_t)(n ? n : 1));
-        if (!q) abort();
         for (int i = 0; i < n; i++)
             if (p[i].T > t0) {
                 q[m] = p[i];
@@ -860,21 +858,22 @@ static void mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int p
             }
         mm_job j = {q, m, t0};
         be->parallel_for(be, g, mm_group, &j);
-        free(q);
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; p && i < n; i++)
         if (p[i].owns) free(p[i].xp);
     free(p);
-    if (be->profile) mm_account(be->profile, jobs, n, ds_now() - t_start);
+    free(q);
+    if (be->profile && !rc) mm_account(be->profile, jobs, n, ds_now() - t_start);
+    return rc;
 }
 
-void ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
+int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
     ds_matmul_job j = {w, x, T, y};
-    mm_run(be, &j, 1, path);
+    return mm_run(be, &j, 1, path);
 }
 
-void ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n) { mm_run(be, jobs, n, be->cpu_path); }
+int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n) { return mm_run(be, jobs, n, be->cpu_path); }
 
-void ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
-    ds_cpu_matmul_path(be, w, x, T, y, be->cpu_path);
+int ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
+    return ds_cpu_matmul_path(be, w, x, T, y, be->cpu_path);
 }
