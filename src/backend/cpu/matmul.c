@@ -34,6 +34,8 @@
 #include "backend/cpu/cpu.h"
 #include "common/clock.h"
 
+#define NT 4 /* most tokens one call of a multi-token (AVX-512) row kernel takes */
+
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DS_X86 1
 #include <immintrin.h>
@@ -372,6 +374,9 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
 enum { FP8_RAW = 100 }; /* a decoder of dec16k beside the ds_wkind values */
 #define PF(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
 #define PF_DENSE(p) _mm_prefetch((const char *)(p) + PREFETCH_DENSE, _MM_HINT_T0)
+/* the loops over tokens, rows of a tile and chunks of a block, fully unrolled
+ * for each token count (arrays of vectors stay in registers) */
+#define UNROLL _Pragma("GCC unroll 8")
 
 AVX512 static inline float hsum16_512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -414,8 +419,6 @@ AVX512 static __m512 tail_fma(const ds_weight *w, const uint8_t *row, const floa
  * meets every token's x, while each token's operations (and so its bits) are
  * exactly those of a single-token call. Prefill and batches gain; decode
  * (nt = 1) is unchanged. */
-#define NT 4
-
 /* Dense rows: chunk c -> p[c % 4], for nt tokens at x + t * xs. */
 AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_weight *w, int r, const float *x,
                                                                       size_t xs, float *out, const int nt,
@@ -423,28 +426,22 @@ AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_we
     int K = w->cols;
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
     __m512 p[NT][4];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++)
-    #pragma GCC unroll 8
-        for (int j = 0; j < 4; j++) p[t][j] = _mm512_setzero_ps();
+    UNROLL for (int t = 0; t < nt; t++)
+        UNROLL for (int j = 0; j < 4; j++) p[t][j] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 64 <= K; c += 64) {
         const uint8_t *line = row + (size_t)c * (kind == DS_W_F32 ? 4 : 2); /* 128 or 256 bytes per round */
         PF_DENSE(line), PF_DENSE(line + 64);
         if (kind == DS_W_F32) PF_DENSE(line + 128), PF_DENSE(line + 192);
-    #pragma GCC unroll 8
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             __m512 wv = dec16k(row, c + 16 * j, kind);
-        #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 p[t][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)t * xs + c + 16 * j), p[t][j]);
         }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) {
+    UNROLL for (int t = 0; t < nt; t++) {
         const float *xt = x + (size_t)t * xs;
-    #pragma GCC unroll 8
-        for (int j = 0; j < 4; j++) /* the last partial round */
+        UNROLL for (int j = 0; j < 4; j++) /* the last partial round */
             if (c + 16 * j < K)
                 p[t][j] = c + 16 * j + 16 <= K
                               ? _mm512_fmadd_ps(dec16k(row, c + 16 * j, kind), _mm512_loadu_ps(xt + c + 16 * j), p[t][j])
@@ -462,14 +459,12 @@ AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const d
     __m512 b0 = _mm512_setzero_ps(), b1 = b0;
     float wmul = dec == FP8_RAW ? 0x1p-112f : 1.0f;
     if (len == DS_FP8_BLOCK) {
-    #pragma GCC unroll 8
-        for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+        UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
             b0 = _mm512_fmadd_ps(dec16k(row, c0 + j, dec), _mm512_loadu_ps(x + c0 + j), b0);
             b1 = _mm512_fmadd_ps(dec16k(row, c0 + j + 16, dec), _mm512_loadu_ps(x + c0 + j + 16), b1);
         }
     } else {
-    #pragma GCC unroll 8
-        for (int j = 0; j < len; j += 32) {
+        UNROLL for (int j = 0; j < len; j += 32) {
             b0 = j + 16 <= len ? _mm512_fmadd_ps(dec16k(row, c0 + j, dec), _mm512_loadu_ps(x + c0 + j), b0)
                                : tail_fma(w, row, x, c0 + j, c0 + len, b0, wmul);
             if (j + 16 < len)
@@ -490,41 +485,34 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weig
     const uint8_t *row = w->data + (size_t)r * (size_t)K;
     size_t srow = fp8_srow(w, r);
     __m512 a[NT][2];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    UNROLL for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
     int kb = 0;
     for (; kb + 2 <= nfull; kb += 2) {
         const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
         PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-    #pragma GCC unroll 8
-        for (int h = 0; h < 2; h++) { /* block kb + h into a[h] */
+        UNROLL for (int h = 0; h < 2; h++) { /* block kb + h into a[h] */
             const uint8_t *pb = p + h * DS_FP8_BLOCK;
             size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
             __m512 b0[NT], b1[NT];
-        #pragma GCC unroll 8
-            for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+            UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
                 __m512 w0 = dec16k(pb, j, dec), w1 = dec16k(pb, j + 16, dec);
-            #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     const float *xt = x + (size_t)t * xs + xo;
                     b0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt + j), j ? b0[t] : _mm512_setzero_ps());
                     b1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + j + 16), j ? b1[t] : _mm512_setzero_ps());
                 }
             }
             __m512 m = _mm512_set1_ps(scale_of(w, srow + (size_t)kb + (size_t)h) * 256.0f);
-        #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) a[t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[t], b1[t]), m, a[t][h]);
+            UNROLL for (int t = 0; t < nt; t++) a[t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[t], b1[t]), m, a[t][h]);
         }
     }
     for (; kb * DS_FP8_BLOCK < K; kb++) { /* a last odd whole block, then a partial one */
         int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
         __m512 m = _mm512_set1_ps(scale_of(w, srow + (size_t)kb) * 256.0f);
-    #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             a[t][kb & 1] = _mm512_fmadd_ps(block_fp8_512(w, row, x + (size_t)t * xs, c0, len, dec), m, a[t][kb & 1]);
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
+    UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
 /* Sixteen group scales starting at index i as floats, with the scalar
@@ -547,11 +535,9 @@ AVX512 __attribute__((always_inline)) static inline void fp4_block_t_512(__m512i
                                                                           __m512 tbl, __m512 *P, const int nt) {
     __asm__("" : "+v"(d)); /* one load of the weights, not one per shift (the compiler would fold them) */
     __m512 e[NT], o[NT];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    UNROLL for (int k = 0; k < 8; k++) {
         __m512 wk = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * k), tbl);
-    #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) {
+        UNROLL for (int t = 0; t < nt; t++) {
             __m512 xk = _mm512_loadu_ps(xb + (size_t)t * xs + 16 * k);
             if (k == 0)
                 e[t] = _mm512_mul_ps(wk, xk);
@@ -563,8 +549,7 @@ AVX512 __attribute__((always_inline)) static inline void fp4_block_t_512(__m512i
                 e[t] = _mm512_fmadd_ps(wk, xk, e[t]);
         }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) P[t] = _mm512_add_ps(e[t], o[t]);
+    UNROLL for (int t = 0; t < nt; t++) P[t] = _mm512_add_ps(e[t], o[t]);
 }
 
 /* MXFP4 rows with x in FP4 order. The 16 group scales of 4 blocks are
@@ -580,37 +565,31 @@ AVX512 __attribute__((always_inline)) static inline void fp4_t_512(const ds_weig
     const __m512i spread[4] = {s0, _mm512_add_epi32(s0, _mm512_set1_epi32(4)), _mm512_add_epi32(s0, _mm512_set1_epi32(8)),
                                _mm512_add_epi32(s0, _mm512_set1_epi32(12))};
     __m512 a[NT][2], P[NT];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    UNROLL for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
     int b = 0;
     for (; 4 * b + 16 <= G; b += 4) {
         const uint8_t *p = row + 64 * (size_t)b;
         PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
         __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, 16);
-    #pragma GCC unroll 8
-        for (int h = 0; h < 4; h++) {
+        UNROLL for (int h = 0; h < 4; h++) {
             fp4_block_t_512(_mm512_loadu_si512((const void *)(p + 64 * h)), xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
             __m512 m = _mm512_permutexvar_ps(spread[h], sv);
-        #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
+            UNROLL for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
         }
     }
     if (4 * b < G) { /* fewer than 16 groups left */
         __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, G - 4 * b);
-    #pragma GCC unroll 8
-        for (int h = 0; 4 * (b + h) < G; h++) {
+        UNROLL for (int h = 0; 4 * (b + h) < G; h++) {
             int left = G - 4 * (b + h); /* groups from this block on */
             const uint8_t *p = row + 64 * (size_t)(b + h);
             __m512i d = left >= 4 ? _mm512_loadu_si512((const void *)p)
                                   : _mm512_maskz_loadu_epi32((__mmask16)((1u << (4 * left)) - 1), p);
             fp4_block_t_512(d, xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
             __m512 m = _mm512_permutexvar_ps(spread[h], sv);
-        #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
+            UNROLL for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
         }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
+    UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
 /* nt in [1, NT] tokens of row r: the instance for each count */
