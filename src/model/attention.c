@@ -91,8 +91,8 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     ds_attn_query *qs = NULL;
     if (!qr || !q || !kv || !o || !oa || !gin || !gout || !wg || !jg) goto oom;
 
-    /* queries: q = norm_h(wq_b @ RMSNorm(wq_a @ x)), RoPE on the last r channels */
-    /* and the single K=V head: kv = RMSNorm(wkv @ x), RoPE likewise */
+    /* queries q = norm_h(wq_b @ RMSNorm(wq_a @ x)) and the single K=V head
+     * kv = RMSNorm(wkv @ x), both with RoPE on the last r channels */
     ds_matmul_job jqkv[2] = {{&ly->wq_a, xn, T, qr}, {&ly->wkv, xn, T, kv}};
     if (be->matmul_many(be, jqkv, 2)) goto oom;
     ds_rmsnorm_rows(be, qr, qr, ly->q_norm, T, QL, c->rms_eps);
