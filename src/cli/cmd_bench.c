@@ -178,7 +178,8 @@ static double step_bytes(const ds_model *m, const expert_use *u) {
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench -m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64]\n"
                "  prefill P tokens (default 128), then decode N tokens (default 16) at batch 1;\n"
-               "  prints tokens/s, weight GB/s per decoded token, the measured read bandwidth and the ratio.\n"
+               "  prints tokens/s, weight GB/s per decoded token, the read bandwidth (measured before and\n"
+               "  between decode chunks of 8 tokens), the ratios, and where prefill and decode time goes.\n"
                "  --batch B,...: also decode with B sequences per step (each prefilled with P/4 tokens) and\n"
                "  report tokens/s and the weight bytes actually read per step (distinct experts).\n");
 }
