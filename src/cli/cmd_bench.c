@@ -4,11 +4,14 @@
  * Decode at batch 1 is memory-bound: every token reads the attention and
  * shared-expert weights, k routed experts per layer, the head and one
  * embedding row. The floor is those bytes / the measured read bandwidth. */
+#include <errno.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/util.h"
@@ -134,14 +137,20 @@ static void print_profile(const char *title, const ds_profile *p, double steps, 
 }
 
 /* Touches every page of every tensor so that no timed step waits on the disk
- * or on page faults (the model must fit in memory for a decode benchmark). */
-static double prefault(const ds_checkpoint *ck) {
+ * or on page faults (the model must fit in memory for a decode benchmark),
+ * then tries to pin them: this VM's memory reclaim (DAMON) otherwise evicts
+ * experts not routed for a while. *pin_err: 0, or the errno of mlock. */
+static double prefault(const ds_checkpoint *ck, int *pin_err) {
     volatile uint8_t sink = 0;
     double bytes = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    *pin_err = 0;
     for (int i = 0; i < ds_checkpoint_count(ck); i++) {
         const ds_tensor *t = ds_checkpoint_at(ck, i);
         for (uint64_t o = 0; o < t->nbytes; o += 4096) sink ^= t->data[o];
         bytes += (double)t->nbytes;
+        uintptr_t a = (uintptr_t)t->data / (uintptr_t)page * (uintptr_t)page;
+        if (!*pin_err && t->nbytes && mlock((const void *)a, (uintptr_t)t->data + t->nbytes - a)) *pin_err = errno;
     }
     (void)sink;
     return bytes;
@@ -251,8 +260,10 @@ int cmd_bench(int argc, char **argv) {
            c->n_routed_experts, c->n_active_experts, V);
     printf("backend    cpu, %d threads, batch 1\n", be.n_threads);
     fflush(stdout);
-    double t_pf = ds_now(), mapped = prefault(m->ck);
-    printf("warm-up    %.2f GB of weights paged in, %.1f s\n", mapped / 1e9, ds_now() - t_pf);
+    int pin_err;
+    double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);
+    printf("warm-up    %.2f GB of weights paged in, %.1f s; %s%s\n", mapped / 1e9, ds_now() - t_pf,
+           pin_err ? "not pinned in memory: mlock: " : "pinned in memory (mlock)", pin_err ? strerror(pin_err) : "");
     fflush(stdout);
     big_tensors big;
     rank_tensors(m->ck, &big);
