@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # dsv4 bench runs to the end on a fixture (here also under ASan/UBSan) and
 # prints every figure it promises: bandwidth floor, prefill, decode, ratio,
-# per-chunk ratios, where decode time goes, batched decode. (It measures; it asserts no speed.)
+# per-chunk ratios, where decode time goes, batched decode; and the kernel
+# bench (`--kernels`) prints every kind against the read of the same memory.
+# (It measures; it asserts no speed.)
 set -u
 DSV4="$1"
 SRC="$2"
@@ -20,8 +22,16 @@ check "chunks .* median"
 check "where .* per token: .* attention .* other"
 check "batch 2 .* tokens/s"
 check "batch 3 .* tokens/s"
+kout=$("$DSV4" bench --kernels --mib 64 --reps 1 2>&1)
+[ $? -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: bench --kernels exit status"; }
+for k in "read 1 .* GB/s" "BF16 K=4096 .*(" "FP8 K=1024" "FP8 K=8192" "MXFP4 K=4096 .*("; do
+  if echo "$kout" | grep -q -- "$k"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: bench --kernels: no '$k'"; fi
+done
+"$DSV4" bench --kernels --reps 0 >/dev/null 2>&1
+[ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --kernels --reps 0 must be a usage error"; }
 "$DSV4" bench -m "$SRC/tests/fixtures/q128" --batch 0 >/dev/null 2>&1
 [ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --batch 0 must be a usage error"; }
 echo "$out"
+echo "$kout"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -5,7 +5,6 @@
  * shared-expert weights, k routed experts per layer, the head and one
  * embedding row. The floor is those bytes / the measured read bandwidth. */
 #include <errno.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,35 +13,9 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/readbw.h"
 #include "cli/util.h"
 #include "model/forward.h"
-
-/* Sum of n floats in 16 KiB blocks over the threads (unaligned loads, software
- * prefetch: the fastest plain read this machine was measured to do). */
-static double sum_blocks(const float *buf, size_t nf, int threads) {
-    double s = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : s) schedule(static)
-    for (size_t blk = 0; blk < nf / 4096; blk++) {
-        const float *p = buf + blk * 4096;
-#ifdef __AVX2__
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < 4096; i += 32) { /* prefetching 8 KiB ahead, as the kernels do: a few % more here */
-            _mm_prefetch((const char *)(p + i) + 8192, _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + i) + 8192 + 64, _MM_HINT_T0);
-            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-        }
-        float t[8];
-        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (int i = 0; i < 8; i++) s += t[i];
-#else
-        for (int i = 0; i < 4096; i++) s += p[i];
-#endif
-    }
-    return s;
-}
 
 /* The largest tensors of the checkpoint, largest first (up to 64). */
 typedef struct {
@@ -78,7 +51,7 @@ static double mapped_bandwidth(const big_tensors *b, double limit, int reps, int
         double t0 = ds_now(), bytes = 0;
         for (int i = 0; i < b->n && bytes < limit; i++) {
             size_t nf = (size_t)(b->t[i]->nbytes / 4) / 4096 * 4096;
-            *sink += sum_blocks((const float *)(const void *)b->t[i]->data, nf, threads);
+            *sink += readbw_sum((const float *)(const void *)b->t[i]->data, nf, threads);
             bytes += (double)nf * 4;
         }
         double g = bytes / (ds_now() - t0) / 1e9;
@@ -98,7 +71,7 @@ static void read_bandwidth(const big_tensors *b, int threads, double *anon, doub
         memset(buf, 1, n);
         for (int rep = 0; rep < 5; rep++) {
             double t0 = ds_now();
-            *sink += sum_blocks(buf, n / sizeof(float), threads);
+            *sink += readbw_sum(buf, n / sizeof(float), threads);
             double g = (double)n / (ds_now() - t0) / 1e9;
             if (g > *anon) *anon = g;
         }
@@ -186,6 +159,7 @@ static double step_bytes(const ds_model *m, const expert_use *u) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench -m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64]\n"
+               "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]   (see --kernels --help)\n"
                "  prefill P tokens (default 128), then decode N tokens (default 16) at batch 1;\n"
                "  prints tokens/s, weight GB/s per decoded token, the read bandwidth (measured before and\n"
                "  between decode chunks of 8 tokens), the ratios, and where prefill and decode time goes.\n"
@@ -194,6 +168,8 @@ static void usage(FILE *f) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
     const char *dir = NULL;
     long long prompt = 128, gen = 16, threads = 0;
     int32_t *batches = NULL;

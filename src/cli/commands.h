@@ -7,6 +7,8 @@ int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `dsv4 bench --kernels` (cmd_bench_kernels.c) */
+int cmd_bench_kernels(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

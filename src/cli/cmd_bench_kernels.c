@@ -1,0 +1,119 @@
+/* cmd_bench_kernels.c — `dsv4 bench --kernels`: each decode kernel against
+ * the plain read of the same memory.
+ *
+ * One buffer (1 GiB by default) is read by the bandwidth test, then read as
+ * the weights of one product per storage kind and row length (one token, as
+ * in decode), so every ratio compares the same physical pages at nearly the
+ * same moment (this VM's bandwidth changes over seconds). No model needed. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "cli/commands.h"
+#include "cli/readbw.h"
+#include "cli/util.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dsv4 bench --kernels [--threads N] [--reps R] [--mib M]\n"
+               "  reads an M MiB buffer (default 1024) R times (default 3): the plain read, then as\n"
+               "  BF16, FP8 and MXFP4 weights of decode's row lengths; prints GB/s and the ratio of each\n"
+               "  kernel to the read of the same memory.\n");
+}
+
+typedef struct {
+    const char *name;
+    ds_wkind kind;
+    int cols;
+} kernel_case;
+
+int cmd_bench_kernels(int argc, char **argv) {
+    long long threads = 2, reps = 3, mib = 1024;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--kernels")) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--threads") && v) {
+            bad = cli_parse_int(a, v, 1, 1024, &threads);
+        } else if (!strcmp(a, "--reps") && v) {
+            bad = cli_parse_int(a, v, 1, 1000, &reps);
+        } else if (!strcmp(a, "--mib") && v) {
+            bad = cli_parse_int(a, v, 64, 1 << 20, &mib);
+        } else {
+            fprintf(stderr, "dsv4 bench --kernels: unknown or incomplete option '%s'\n", a);
+            bad = 1;
+        }
+        if (bad) {
+            usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    size_t n = (size_t)mib << 20;
+    uint8_t *buf = aligned_alloc(64, n), *scales = malloc(n / 16);
+    float *x = aligned_alloc(64, sizeof(float) * 8192), *y = malloc(sizeof(float) * (n / 1024));
+    if (!buf || !scales || !x || !y) {
+        fprintf(stderr, "dsv4 bench --kernels: out of memory for a %lld MiB buffer\n", mib);
+        free(buf), free(scales), free(x), free(y);
+        return 1;
+    }
+    /* finite values of every kind: even bytes random (no e4m3 NaN codes), odd
+     * bytes 0x3c/0x3d (BF16 values near 0.01, valid FP8 and MXFP4 codes) */
+    uint64_t r = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        uint8_t b = (uint8_t)r;
+        buf[i] = i & 1 ? (uint8_t)(0x3c + (b & 1)) : (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+    }
+    for (size_t i = 0; i < n / 16; i++) scales[i] = (uint8_t)(120 + i % 8);
+    for (int i = 0; i < 8192; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f;
+    ds_backend be;
+    ds_backend_cpu_init(&be, (int)threads);
+
+    static const kernel_case cases[] = {{"BF16 K=4096", DS_W_BF16, 4096}, {"FP8 K=1024", DS_W_FP8, 1024},
+                                        {"FP8 K=4096", DS_W_FP8, 4096},   {"FP8 K=8192", DS_W_FP8, 8192},
+                                        {"MXFP4 K=2048", DS_W_FP4, 2048}, {"MXFP4 K=4096", DS_W_FP4, 4096}};
+    enum { NCASES = sizeof cases / sizeof cases[0] };
+    printf("kernels    %d threads, one %lld MiB buffer, one token (decode)\n", be.n_threads, mib);
+    int rc = 0;
+    double sink = 0;
+    for (long long rep = 0; rep < reps && !rc; rep++) {
+        double best = 0;
+        for (int k = 0; k < 3; k++) {
+            double t0 = ds_now();
+            sink += readbw_sum((const float *)(const void *)buf, n / sizeof(float), be.n_threads);
+            double g = (double)n / (ds_now() - t0) / 1e9;
+            if (g > best) best = g;
+        }
+        printf("read %-5lld  %.1f GB/s", rep + 1, best);
+        for (int c = 0; c < NCASES && !rc; c++) {
+            const kernel_case *kc = &cases[c];
+            ds_weight w = {.kind = kc->kind, .cols = kc->cols, .data = buf, .scale = scales};
+            size_t row = kc->kind == DS_W_BF16 ? 2 * (size_t)kc->cols : kc->kind == DS_W_FP8 ? (size_t)kc->cols : (size_t)kc->cols / 2;
+            w.rows = (int)(n / row);
+            w.scale_cols = kc->kind == DS_W_FP8 ? (kc->cols + 127) / 128 : kc->cols / 32;
+            double t_best = 1e30;
+            for (int k = 0; k < 3 && !rc; k++) {
+                double t0 = ds_now();
+                rc = be.matmul(&be, &w, x, 1, y);
+                double t = ds_now() - t0;
+                if (t < t_best) t_best = t;
+            }
+            double g = (double)ds_weight_bytes(&w) / t_best / 1e9;
+            printf(" | %s %.1f (%.2f)", kc->name, g, g / best);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    if (rc) fprintf(stderr, "dsv4 bench --kernels: out of memory in the backend\n");
+    if (sink == -1) printf("\n"); /* keeps the reads */
+    free(buf);
+    free(scales);
+    free(x);
+    free(y);
+    return rc ? 1 : 0;
+}
