@@ -80,13 +80,6 @@ static void read_bandwidth(const big_tensors *b, int threads, double *anon, doub
     *mapped = mapped_bandwidth(b, (double)n, 5, threads, sink);
 }
 
-static double bw_max_of(const double *v, int n) {
-    double m = 0;
-    for (int i = 0; i < n; i++)
-        if (v[i] > m) m = v[i];
-    return m;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -266,19 +259,19 @@ int cmd_bench(int argc, char **argv) {
      * with the highest bandwidth seen anywhere — never flattering */
     enum { CHUNK = 8 };
     int nchunks = (int)((gen + CHUNK - 1) / CHUNK);
-    double *bw_at = malloc(sizeof(double) * (size_t)(nchunks + 1)), *chunk_t = malloc(sizeof(double) * (size_t)nchunks);
-    double *ratio = malloc(sizeof(double) * (size_t)nchunks);
-    if (!bw_at || !chunk_t || !ratio) {
-        free(bw_at), free(chunk_t), free(ratio);
+    double *bw_at = malloc(sizeof(double) * (size_t)(nchunks + 1)), *ratio = malloc(sizeof(double) * (size_t)nchunks);
+    if (!bw_at || !ratio) {
+        free(bw_at), free(ratio);
         fprintf(stderr, "dsv4 bench: out of memory\n");
         goto out;
     }
     ds_profile prof = {0};
-    double td = 0, bytes = (double)ds_model_decode_bytes(m), bw_min = 1e30;
+    double td = 0, bytes = (double)ds_model_decode_bytes(m), bw_min = 1e30, bw_max = 0;
     for (int ch = 0; ch <= nchunks; ch++) {
         bw_at[ch] = mapped_bandwidth(&big, 512.0 * (1 << 20), 2, be.n_threads, &sink);
         if (bw_at[ch] > bw) bw = bw_at[ch];
         if (bw_at[ch] < bw_min) bw_min = bw_at[ch];
+        if (bw_at[ch] > bw_max) bw_max = bw_at[ch];
         if (ch == nchunks) break;
         be.profile = &prof;
         t0 = ds_now();
@@ -286,14 +279,14 @@ int cmd_bench(int argc, char **argv) {
         for (long long g = g0; g < g1; g++) {
             ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
             if (ds_forward(m, &be, &d, 1, &err)) {
-                free(bw_at), free(chunk_t), free(ratio);
+                free(bw_at), free(ratio);
                 goto fail;
             }
         }
-        chunk_t[ch] = ds_now() - t0;
+        double t_chunk = ds_now() - t0;
         be.profile = NULL;
-        td += chunk_t[ch];
-        ratio[ch] = bytes * (double)(g1 - g0) / chunk_t[ch] / 1e9;
+        td += t_chunk;
+        ratio[ch] = bytes * (double)(g1 - g0) / t_chunk / 1e9;
     }
     for (int ch = 0; ch < nchunks; ch++) ratio[ch] /= bw_at[ch] > bw_at[ch + 1] ? bw_at[ch] : bw_at[ch + 1];
     qsort(ratio, (size_t)nchunks, sizeof *ratio, cmp_double);
@@ -303,14 +296,13 @@ int cmd_bench(int argc, char **argv) {
            td * 1e3, 1.0 / td, bytes / 1e9, bytes / td / 1e9);
     printf("floor      %.2f tokens/s at %.1f GB/s (the highest read bandwidth measured; between decode chunks "
            "%.1f-%.1f GB/s); achieved %.2f of the bandwidth floor\n",
-           bw * 1e9 / bytes, bw, bw_min, bw_max_of(bw_at, nchunks + 1), bytes / td / 1e9 / bw);
+           bw * 1e9 / bytes, bw, bw_min, bw_max, bytes / td / 1e9 / bw);
     printf("chunks     %d of up to %d tokens, each against the bandwidth measured next to it: min %.2f, median %.2f, "
            "max %.2f\n",
            nchunks, CHUNK, ratio[0], ratio[nchunks / 2], ratio[nchunks - 1]);
     print_profile("where      per token:", &prof, (double)gen, td);
     print_profile("prefill    per call: ", &prof_prefill, 1.0, tp);
     free(bw_at);
-    free(chunk_t);
     free(ratio);
     if (sink == -1) printf("\n"); /* keeps the reads */
     for (int bi = 0; bi < n_batches; bi++) {

@@ -145,11 +145,7 @@ static inline int fp4_padded(int K) { return (K + FP4_BLOCK - 1) / FP4_BLOCK * F
 /* x in FP4 order (K % 32 == 0): xp[128b + 16k + i] = x[128b + 8i + k], zero
  * where column 128b + 8i + k >= K; xp has fp4_padded(K) floats. */
 static void fp4_order_x(const float *x, int K, float *xp) {
-    int b = 0;
-    for (; b + FP4_BLOCK <= K; b += FP4_BLOCK) /* whole blocks: a 16 x 8 transpose */
-        for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 16; i++) xp[b + 16 * k + i] = x[b + 8 * i + k];
-    for (; b < K; b += FP4_BLOCK)
+    for (int b = 0; b < K; b += FP4_BLOCK) /* per block a 16 x 8 transpose */
         for (int k = 0; k < 8; k++)
             for (int i = 0; i < 16; i++) {
                 int c = b + 8 * i + k;
@@ -703,8 +699,8 @@ float ds_dot_f32(const float *a, const float *b, int n) {
 /* Token blocks keep x of a block in cache while all rows stream past. */
 #define TOKEN_BLOCK 32
 
-/* A product ready to run: x copied (see mm_prepare), its row kernel, and its
- * first row group in the batch's numbering. */
+/* A product ready to run: x copied (see mm_prepare), its row kernel, and
+ * (set per token block) its first row group in the block's numbering. */
 typedef struct {
     const ds_weight *w;
     float *xp;
@@ -778,14 +774,14 @@ enum { X_PLAIN, X_FP4, X_RAW }; /* how a product reads its x copy */
 /* Copies x for product jb (rows on 64-byte lines: no split vector loads; in
  * FP4 order for MXFP4; scaled by 2^112 for FP8_RAW) unless one of the n
  * earlier products of the batch already made the same copy. */
-static int mm_prepare(const ds_matmul_job *jb, int path, int g0, const mm_prep *prev, int n, mm_prep *p) {
+static int mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev, int n, mm_prep *p) {
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_FP4
               : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                                         : X_PLAIN;
     size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    *p = (mm_prep){w,     NULL,   xstride, T, g0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
+    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
                    rowt_for(path, w->kind, fmt == X_RAW), jb->x, fmt, 0};
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
@@ -825,10 +821,9 @@ static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double 
 static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
     double t_start = be->profile ? ds_now() : 0;
     mm_prep *p = calloc((size_t)(n ? n : 1), sizeof *p), *q = malloc(sizeof *q * (size_t)(n ? n : 1));
-    int groups = 0, T = 0, rc = p && q ? 0 : -1;
+    int T = 0, rc = p && q ? 0 : -1;
     for (int i = 0; i < n && !rc; i++) {
-        rc = mm_prepare(&jobs[i], path, groups, p, i, &p[i]);
-        groups += p[i].groups;
+        rc = mm_prepare(&jobs[i], path, p, i, &p[i]);
         if (jobs[i].T > T) T = jobs[i].T;
     }
     for (int t0 = 0; t0 < T && !rc; t0 += TOKEN_BLOCK) {
