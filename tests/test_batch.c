@@ -26,14 +26,13 @@ static void fixture(const char *name, int target_len) {
     test_path(dir, sizeof dir, "tests/fixtures/");
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
     ds_model *m;
+    ds_backend be;
     ds_err err;
-    if (ds_model_load(dir, &m, &err)) {
+    if (test_load(dir, 2, &m, &be, &err)) {
         CHECK(0, "%s", err.msg);
         return;
     }
     int V = m->cfg.vocab_size;
-    ds_backend be;
-    ds_backend_cpu_init(&be, 2);
     int32_t *target = malloc(sizeof(int32_t) * (size_t)target_len);
     for (int i = 0; i < target_len; i++) target[i] = rnd(0, V - 1);
     float *alone = malloc(sizeof(float) * (size_t)target_len * V), *got = malloc(sizeof(float) * (size_t)target_len * V);
@@ -95,7 +94,7 @@ static void fixture(const char *name, int target_len) {
     free(alone);
     free(got);
     free(scratch);
-    ds_model_free(m);
+    test_unload(m, &be);
 }
 
 int main(void) {

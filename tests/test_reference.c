@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "model/forward.h"
 #include "runtime/batch.h"
 #include "testutil.h"
@@ -41,8 +42,8 @@ static int load_ref(const ds_checkpoint *ck, refset *r) {
 
 /* Runs the sequences idx[0..k) together with the given chunk and threads. */
 static float **run(const ds_model *m, const refset *r, const int *idx, int k, int chunk, int threads) {
-    ds_backend be;
-    ds_backend_cpu_init(&be, threads);
+    ds_backend *be = (ds_backend *)m->be; /* the test's own, bound in fixture() */
+    ds_backend_cpu_set_threads(be, threads);
     ds_seq *seqs[8];
     const int32_t *toks[8];
     int lens[8];
@@ -54,7 +55,7 @@ static float **run(const ds_model *m, const refset *r, const int *idx, int k, in
         lens[i] = r->len[idx[i]];
         out[i] = malloc(sizeof(float) * (size_t)lens[i] * m->cfg.vocab_size);
     }
-    int rc = ds_run_tokens(m, &be, seqs, toks, lens, k, chunk, out, &err);
+    int rc = ds_run_tokens(m, be, seqs, toks, lens, k, chunk, out, &err);
     CHECK(rc == 0, "run failed: %s", err.msg);
     for (int i = 0; i < k; i++) ds_seq_free(seqs[i]);
     return out;
@@ -98,8 +99,9 @@ static void fixture(const char *name) {
     strncat(dir, name, sizeof dir - strlen(dir) - 1);
     same_config(dir);
     ds_model *m;
+    ds_backend be_;
     ds_err err;
-    int rc = ds_model_load(dir, &m, &err);
+    int rc = test_load(dir, 0, &m, &be_, &err);
     CHECK(rc == 0, "%s: %s", name, err.msg);
     if (rc) return;
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
@@ -107,7 +109,7 @@ static void fixture(const char *name) {
     rc = ds_checkpoint_open(path, &ck, &err);
     CHECK(rc == 0, "%s", err.msg);
     if (rc) {
-        ds_model_free(m);
+        test_unload(m, &be_);
         return;
     }
     refset r;
@@ -171,8 +173,8 @@ static void fixture(const char *name) {
         CHECK(p && g && gl, "%s: greedy.safetensors lacks prompt/tokens/logits", name);
         if (p && g && gl) {
             int P = (int)p->shape[0], N = (int)g->shape[0];
-            ds_backend be;
-            ds_backend_cpu_init(&be, 0);
+            ds_backend *be = &be_;
+            ds_backend_cpu_set_threads(be, 0);
             ds_seq *s;
             ds_seq_new(m, P + N, &s, &err);
             float *lg = malloc(sizeof(float) * V);
@@ -182,7 +184,7 @@ static void fixture(const char *name) {
             int same = 1;
             double maxd = 0;
             for (int j = 0; j < N && same; j++) {
-                if (ds_forward(m, &be, &it, 1, &err)) break;
+                if (ds_forward(m, be, &it, 1, &err)) break;
                 int best = 0;
                 for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
                 for (int v = 0; v < V; v++) {
@@ -207,7 +209,7 @@ static void fixture(const char *name) {
     }
     for (int i = 0; i < r.n; i++) free(r.tok[i]);
     ds_checkpoint_close(ck);
-    ds_model_free(m);
+    test_unload(m, &be_);
 }
 
 int main(void) {

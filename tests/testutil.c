@@ -1,5 +1,8 @@
 #include "testutil.h"
 
+#include "backend/cpu/cpu.h"
+#include "model/model.h"
+
 int test_passed = 0, test_failed = 0;
 
 int test_summary(const char *name) {
@@ -8,3 +11,22 @@ int test_summary(const char *name) {
 }
 
 void test_path(char *buf, size_t n, const char *rel) { snprintf(buf, n, "%s/%s", DSV4_SOURCE_DIR, rel); }
+
+int test_load(const char *dir, int threads, ds_model **m, ds_backend *be, ds_err *err) {
+    if (ds_model_load(dir, m, err)) return -1;
+    if (ds_backend_cpu_init(be, threads)) {
+        ds_model_free(*m);
+        return ds_fail(err, "out of memory");
+    }
+    if (ds_model_bind(*m, be, err)) {
+        ds_model_free(*m);
+        be->close(be);
+        return -1;
+    }
+    return 0;
+}
+
+void test_unload(ds_model *m, ds_backend *be) {
+    ds_model_free(m);
+    if (be->close) be->close(be);
+}

@@ -25,4 +25,12 @@ int test_summary(const char *name);
 /* Path under the source tree: returns a static-free buffer owned by caller. */
 void test_path(char *buf, size_t n, const char *rel);
 
+struct ds_model;
+struct ds_backend;
+struct ds_err;
+/* Loads the model in dir bound to a new CPU backend of `threads` (be). */
+int test_load(const char *dir, int threads, struct ds_model **m, struct ds_backend *be, struct ds_err *err);
+/* Frees both. */
+void test_unload(struct ds_model *m, struct ds_backend *be);
+
 #endif

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu.h"
 #include "cli/commands.h"
 #include "cli/readbw.h"
 #include "cli/util.h"
@@ -202,15 +203,21 @@ int cmd_bench(int argc, char **argv) {
         free(batches);
         return 2;
     }
-    ds_model *m;
+    ds_model *m = NULL;
+    ds_backend be = {0};
     ds_err err;
     if (ds_model_load(dir, &m, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", err.msg);
         free(batches);
         return 1;
     }
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)threads);
+    ds_backend_opts bo = {NULL, 0, (int)threads};
+    if (cli_bind("bench", m, &bo, &be)) {
+        ds_model_free(m);
+        free(batches);
+        return 1;
+    }
+    int n_threads = !strcmp(be.name, "cpu") ? ds_backend_cpu_threads(&be) : 0;
     const ds_config *c = &m->cfg;
     int V = c->vocab_size, rc = 1;
     int32_t *toks = malloc((size_t)(prompt + gen) * sizeof *toks);
@@ -227,7 +234,7 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("model      %s: hidden %d, %d layers, %d experts (%d active), vocab %d\n", dir, c->dim, c->n_layers,
            c->n_routed_experts, c->n_active_experts, V);
-    printf("backend    cpu, %d threads, batch 1\n", be.n_threads);
+    printf("backend    %s, %d threads, batch 1\n", be.name, n_threads);
     fflush(stdout);
     int pin_err;
     double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);
@@ -237,11 +244,11 @@ int cmd_bench(int argc, char **argv) {
     big_tensors big;
     rank_tensors(m->ck, &big);
     double sink = 0, bw_anon, bw_mapped;
-    read_bandwidth(&big, be.n_threads, &bw_anon, &bw_mapped, &sink);
+    read_bandwidth(&big, n_threads, &bw_anon, &bw_mapped, &sink);
     double bw = bw_anon > bw_mapped ? bw_anon : bw_mapped;
     printf("memory     read bandwidth %.1f GB/s (%d threads, best of 5: fresh 1 GiB buffer %.1f GB/s, the model's "
            "mapped weights %.1f GB/s)\n",
-           bw, be.n_threads, bw_anon, bw_mapped);
+           bw, n_threads, bw_anon, bw_mapped);
     fflush(stdout);
     /* warm-up: one pass over the prompt */
     ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
@@ -268,7 +275,7 @@ int cmd_bench(int argc, char **argv) {
     ds_profile prof = {0};
     double td = 0, bytes = (double)ds_model_decode_bytes(m), bw_min = 1e30, bw_max = 0;
     for (int ch = 0; ch <= nchunks; ch++) {
-        bw_at[ch] = mapped_bandwidth(&big, 512.0 * (1 << 20), 2, be.n_threads, &sink);
+        bw_at[ch] = mapped_bandwidth(&big, 512.0 * (1 << 20), 2, n_threads, &sink);
         if (bw_at[ch] > bw) bw = bw_at[ch];
         if (bw_at[ch] < bw_min) bw_min = bw_at[ch];
         if (bw_at[ch] > bw_max) bw_max = bw_at[ch];
@@ -321,7 +328,7 @@ int cmd_bench(int argc, char **argv) {
         for (long long g = 0; ok && g < gen; g++) {
             for (int i = 0; i < B; i++) its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
             memset(u.used, 0, (size_t)c->n_layers * c->n_routed_experts);
-            ds_observer obs = {on_route, &u};
+            ds_observer obs = {on_route, NULL, &u};
             double t1 = ds_now();
             ok = ds_forward_observed(m, &be, its, B, &obs, &err) == 0;
             t_b += ds_now() - t1;
@@ -352,5 +359,6 @@ out:
     free(logits);
     ds_seq_free(seq);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 }

@@ -72,20 +72,27 @@ int cmd_bench_kernels(int argc, char **argv) {
     for (size_t i = 0; i < n / 16; i++) scales[i] = (uint8_t)(120 + i % 8);
     for (int i = 0; i < 8192; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f;
     ds_backend be;
-    ds_backend_cpu_init(&be, (int)threads);
+    ds_backend_opts bo = {"cpu", 0, (int)threads};
+    ds_err err;
+    if (ds_backend_open(&bo, &be, &err)) {
+        fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
+        free(buf), free(scales), free(x), free(y);
+        return 1;
+    }
+    int n_threads = ds_backend_cpu_threads(&be);
 
     static const kernel_case cases[] = {{"BF16 K=4096", DS_W_BF16, 4096}, {"FP8 K=1024", DS_W_FP8, 1024},
                                         {"FP8 K=4096", DS_W_FP8, 4096},   {"FP8 K=8192", DS_W_FP8, 8192},
                                         {"MXFP4 K=2048", DS_W_FP4, 2048}, {"MXFP4 K=4096", DS_W_FP4, 4096}};
     enum { NCASES = sizeof cases / sizeof cases[0] };
-    printf("kernels    %d threads, one %lld MiB buffer, one token (decode)\n", be.n_threads, mib);
+    printf("kernels    %d threads, one %lld MiB buffer, one token (decode)\n", n_threads, mib);
     int rc = 0;
     double sink = 0;
     for (long long rep = 0; rep < reps && !rc; rep++) {
         double best = 0;
         for (int k = 0; k < 3; k++) {
             double t0 = ds_now();
-            sink += readbw_sum((const float *)(const void *)buf, n / sizeof(float), be.n_threads);
+            sink += readbw_sum((const float *)(const void *)buf, n / sizeof(float), n_threads);
             double g = (double)n / (ds_now() - t0) / 1e9;
             if (g > best) best = g;
         }
@@ -99,7 +106,7 @@ int cmd_bench_kernels(int argc, char **argv) {
             double t_best = 1e30;
             for (int k = 0; k < 3 && !rc; k++) {
                 double t0 = ds_now();
-                rc = be.matmul(&be, &w, x, 1, y);
+                rc = ds_matmul(&be, &w, x, 1, y, &err);
                 double t = ds_now() - t0;
                 if (t < t_best) t_best = t;
             }
@@ -109,7 +116,8 @@ int cmd_bench_kernels(int argc, char **argv) {
         printf("\n");
         fflush(stdout);
     }
-    if (rc) fprintf(stderr, "dsv4 bench --kernels: out of memory in the backend\n");
+    if (rc) fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
+    ds_backend_close(&be);
     if (sink == -1) printf("\n"); /* keeps the reads */
     free(buf);
     free(scales);

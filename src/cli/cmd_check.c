@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "model/forward.h"
@@ -42,6 +43,7 @@ typedef struct {
 
 typedef struct {
     const ds_model *m;
+    ds_backend *be; /* the model's; the CPU's thread count varies per trial */
     ds_sampling sp;
     ds_sample_scratch *scr;
     int perturb; /* --self-test: make logits depend on the batch size */
@@ -59,8 +61,8 @@ static int run_trial(ctx *C, const request *reqs, int n_req, const request *nois
                      int threads, int shuffle, float **out_rows, int32_t **out_toks, ds_err *err) {
     const ds_model *m = C->m;
     int V = m->cfg.vocab_size, n = n_req + n_noise, rc = -1;
-    ds_backend be;
-    ds_backend_cpu_init(&be, threads);
+    ds_backend *be = C->be;
+    if (!strcmp(be->name, "cpu")) ds_backend_cpu_set_threads(be, threads);
     live *L = calloc((size_t)n, sizeof *L);
     ds_batch_item *items = calloc((size_t)n, sizeof *items);
     int *order = calloc((size_t)n, sizeof *order);
@@ -110,7 +112,7 @@ static int run_trial(ctx *C, const request *reqs, int n_req, const request *nois
                 order[a] = order[b];
                 order[b] = to;
             }
-        if (ds_forward(m, &be, items, k, err)) goto out;
+        if (ds_forward(m, be, items, k, err)) goto out;
         if (C->perturb && k > 1) buf[order[0]][0] += 1e-3f * (float)k;
         for (int j = 0; j < k; j++) {
             live *s = &L[order[j]];
@@ -152,13 +154,15 @@ static void usage(FILE *f) {
             "  alone. single: the request alone, only chunking/threads vary; mixed: random other requests;\n"
             "  prefix: the other requests share a prefix of the request's prompt.\n"
             "  Exit status 0 iff every request has exactly 1 unique output.\n"
-            "  --self-test perturbs logits by batch size: the check must then fail (tests the checker).\n");
+            "  --self-test perturbs logits by batch size: the check must then fail (tests the checker).\n"
+            "  --backend cpu|cuda (and --gpu N): the backend (threads vary on the CPU only).\n");
 }
 
 int cmd_check(int argc, char **argv) {
     const char *dir = NULL, *mode_s = "mixed";
     long long trials = 8, n_req = 3, gen = 8, seed = 1, maxp = 200;
-    int perturb = 0;
+    int perturb = 0, bk;
+    ds_backend_opts bo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -182,6 +186,8 @@ int cmd_check(int argc, char **argv) {
             bad = cli_parse_int(a, v, 1, 1 << 20, &maxp);
         } else if (!strcmp(a, "--seed") && v) {
             bad = cli_parse_int(a, v, 0, INT64_MAX, &seed);
+        } else if ((bk = cli_backend_opt("check", a, v, &bo)) != 0) {
+            bad = bk < 0;
         } else {
             fprintf(stderr, "dsv4 check: unknown or incomplete option '%s'\n", a);
             bad = 1;
@@ -202,8 +208,14 @@ int cmd_check(int argc, char **argv) {
     }
     ds_model *m;
     ds_err err;
+    ds_backend be = {0};
     if (ds_model_load(dir, &m, &err)) {
         fprintf(stderr, "dsv4 check: %s\n", err.msg);
+        return 1;
+    }
+    if (cli_bind("check", m, &bo, &be)) {
+        ds_model_free(m);
+    ds_backend_close(&be);
         return 1;
     }
     int V = m->cfg.vocab_size, R = (int)n_req, G = (int)gen, rc = 1, NN = 24;
@@ -211,6 +223,7 @@ int cmd_check(int argc, char **argv) {
     ctx C;
     memset(&C, 0, sizeof C);
     C.m = m;
+    C.be = &be;
     C.perturb = perturb;
     ds_sampling_init(&C.sp);
     C.sp.temperature = 0.8;
@@ -324,5 +337,6 @@ out:
     free(maxdiff);
     ds_sample_scratch_free(C.scr);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 }

@@ -22,6 +22,7 @@ int cmd_generate(int argc, char **argv) {
     long long n_gen = 16, threads = 0, topk = 0, seed = 0;
     double temp = 0, top_p = 1, min_p = 0;
     ds_model *m = NULL;
+    ds_backend be = {0};
     ds_seq *seq = NULL;
     float *logits = NULL;
     ds_sample_scratch *scr = NULL;
@@ -73,8 +74,8 @@ int cmd_generate(int argc, char **argv) {
     sp.min_p = min_p;
     sp.seed = (uint64_t)seed;
     if (ds_sampling_validate(&sp, &err) || ds_model_load(dir, &m, &err)) goto fail;
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)threads);
+    ds_backend_opts bo = {NULL, 0, (int)threads};
+    if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     if (ds_seq_new(m, n_prompt + n_gen + 1, &seq, &err)) goto fail;
     logits = malloc((size_t)V * sizeof *logits);
@@ -116,5 +117,6 @@ out:
     ds_sample_scratch_free(scr);
     ds_seq_free(seq);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 }

@@ -226,12 +226,14 @@ int cmd_perplexity(int argc, char **argv) {
     char dir[4096];
     if (cli_model_dir(o.cmd, o.given, dir, sizeof dir)) return 1;
     ds_model *m = NULL;
+    ds_backend be = {0};
     ds_tokenizer *tok = NULL;
     text_windows w = {0};
     batch_bufs bb = {0};
     int rc = 1;
     ds_err err = {{0}};
-    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const int V = m->cfg.vocab_size;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= V) {
@@ -242,8 +244,6 @@ int cmd_perplexity(int argc, char **argv) {
     int32_t bos = cli_bos_id(m, tok);
     int nb = clamp_batch(&o, m, w.n_win, 1);
     if (bufs_new(o.cmd, m, nb, (int)o.window, 1, &bb)) goto out;
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)o.threads);
     double total = 0, t0 = ds_now();
     long long count = 0;
     for (int w0 = 0; w0 < w.n_win; w0 += nb) {
@@ -277,6 +277,7 @@ out:
     windows_free(&w);
     ds_tokenizer_free(tok);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 }
 
@@ -347,13 +348,15 @@ int cmd_stats(int argc, char **argv) {
     char dir[4096];
     if (cli_model_dir(o.cmd, o.given, dir, sizeof dir)) return 1;
     ds_model *m = NULL;
+    ds_backend be = {0};
     ds_tokenizer *tok = NULL;
     text_windows w = {0};
     batch_bufs bb = {0};
     route_counts cnt = {0, NULL};
     int rc = 1;
     ds_err err = {{0}};
-    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const ds_config *c = &m->cfg;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= c->vocab_size) {
@@ -370,9 +373,7 @@ int cmd_stats(int argc, char **argv) {
         fprintf(stderr, "dsv4 stats: out of memory\n");
         goto out;
     }
-    ds_observer obs = {count_route, &cnt};
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)o.threads);
+    ds_observer obs = {count_route, NULL, &cnt};
     long long n_tok = 0;
     double t0 = ds_now();
     for (int w0 = 0; w0 < w.n_win; w0 += nb) {
@@ -416,6 +417,7 @@ out:
     windows_free(&w);
     ds_tokenizer_free(tok);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 #endif
 }

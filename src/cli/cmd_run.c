@@ -187,6 +187,7 @@ int cmd_run(int argc, char **argv) {
         text_n = strlen(prompt);
     }
     ds_model *m = NULL;
+    ds_backend be = {0};
     ds_tokenizer *tok = NULL;
     int32_t *ids = NULL, *full = NULL;
     size_t n_ids = 0;
@@ -219,8 +220,8 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
         goto out;
     }
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)o.threads);
+    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    if (cli_bind("run", m, &bo, &be)) goto out;
     ds_gen_params gp;
     ds_gen_params_init(&gp);
     gp.sampling = o.sp;
@@ -251,6 +252,7 @@ out:
     free(owned);
     ds_tokenizer_free(tok);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 usage_err:
     run_usage(stderr);
@@ -374,6 +376,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_model_dir("chat", given, dir, sizeof dir)) return 1;
 
     ds_model *m = NULL;
+    ds_backend be = {0};
     ds_tokenizer *tok = NULL;
     ds_seq *seq = NULL;
     chat_turn *turns = NULL;
@@ -386,8 +389,8 @@ int cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     chat_reply reply = {0};
     if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)o.threads);
+    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    if (cli_bind("chat", m, &bo, &be)) goto out;
     if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
     if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;
     int tty = isatty(STDIN_FILENO);
@@ -544,6 +547,7 @@ out:
     ds_seq_free(seq);
     ds_tokenizer_free(tok);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 usage_err:
     chat_usage(stderr);

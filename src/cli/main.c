@@ -1,5 +1,4 @@
 /* main.c — the dsv4 command-line entry point: dispatches to cmd_<name>. */
-#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,10 +32,6 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    /* Steps allocate and free the same activation buffers over and over: keep
-     * them in the heap instead of mapping and zeroing fresh pages each time. */
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 512 << 20);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

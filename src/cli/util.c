@@ -156,3 +156,30 @@ char *cli_read_file(const char *cmd, const char *path, size_t *n) {
     }
     return buf;
 }
+
+int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend *be) {
+    ds_err err;
+    if (ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+        ds_model_unbind(m);
+        ds_backend_close(be);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o) {
+    if (strcmp(a, "--backend") && strcmp(a, "--gpu")) return 0;
+    if (!v) {
+        fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    if (!strcmp(a, "--backend")) {
+        o->name = v;
+        return 1;
+    }
+    long long g;
+    if (cli_parse_int("--gpu", v, 0, 1024, &g)) return -1;
+    o->gpu = (int)g;
+    return 1;
+}

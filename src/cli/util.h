@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "common/clock.h"
+#include "runtime/backend_select.h"
 
 /* Parses "5,17,42" or "5 17 42" into a malloc'd array; -1 with a message
  * on stderr naming the option when malformed. */
@@ -26,5 +27,13 @@ int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap);
 int cli_load_model_tok(const char *cmd, const char *dir, struct ds_model **m, struct ds_tokenizer **tok);
 /* The tokenizer's BOS id, else config.json's bos_token_id. */
 int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
+
+/* Opens the backend o names (NULL: the CPU, all cores) and binds m to it;
+ * on error prints "dsv4 <cmd>: <message>" and returns -1 (be left closed). */
+struct ds_model;
+int cli_bind(const char *cmd, struct ds_model *m, const ds_backend_opts *o, ds_backend *be);
+/* Parses --backend NAME / --gpu N into o: 1 when a (with its value v)
+ * was one of them, 0 when not, -1 on a bad value (message printed). */
+int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o);
 
 #endif

@@ -16,18 +16,28 @@ typedef struct ds_batch_item {
     int all_logits;        /* 1: one row per token; 0: one row, the last token */
 } ds_batch_item;
 
-/* Optional observer of a step's decisions (for statistics; never changes
- * results). route: the k experts chosen for token `tok` of batch item `item`
- * at MoE layer `layer` (ascending ids for routed layers, table order for hash
- * layers). Called on the calling thread, one token at a time, in row order,
- * so a callback needs no locking. */
+/* Optional observer of a step's decisions and intermediates (for statistics
+ * and debugging; never changes results). Hooks are called on the calling
+ * thread, so a callback needs no locking; either may be NULL.
+ * route: the k experts chosen for token `tok` of batch item `item` at MoE
+ *   layer `layer` (ascending ids for routed layers, table order for hash
+ *   layers), one token at a time, in row order.
+ * tensor: a named intermediate of the step, rows = the step's tokens in
+ *   batch order (the head's: one row per logits row), copied to host memory
+ *   (valid during the call). layer = -1 outside the layers. Names, in order:
+ *   "embed" [T][n*D]; per layer "attn_in", "attn_norm" [T][D], "q" [T][H*d],
+ *   "kv" [T][d], "attn_o" [T][H*d] (after the inverse RoPE), "attn_out" [T][D],
+ *   "attn_res" [T][n*D], "ffn_in", "ffn_norm", "ffn_out" [T][D], "ffn_res"
+ *   [T][n*D]; then "head_in", "final_norm" [R][D], "logits" [R][vocab]. */
 #define DS_HAVE_ROUTE_HOOK 1
 typedef struct ds_observer {
     void (*route)(void *ctx, int layer, int item, int tok, const int *experts, int k);
+    void (*tensor)(void *ctx, const char *name, int layer, const float *x, int rows, int cols);
     void *ctx;
 } ds_observer;
 
-/* Advances every item's sequence by its tokens in one step: all tokens of
+/* Advances every item's sequence by its tokens in one step (m must be bound
+ * to be, or be must be a wrapper of the backend m is bound to): all tokens of
  * all items go through each layer together (weights are read once per step).
  * A token's logits do not depend on the other items, on how its sequence
  * was split into steps or on the thread count — bit for bit.

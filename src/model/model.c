@@ -227,6 +227,7 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
 
 void ds_model_free(ds_model *m) {
     if (!m) return;
+    ds_model_unbind(m);
     if (m->layers) {
         for (int li = 0; li < m->cfg.n_layers; li++) {
             ds_layer *ly = &m->layers[li];

@@ -5,8 +5,10 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "format/config.h"
 #include "format/safetensors.h"
+#include "model/runstate.h"
 #include "model/weights.h"
 
 /* A token compressor (paper §2.3): projections to c*d (c = 2 with the CSA
@@ -60,6 +62,12 @@ typedef struct ds_model {
     float *inv_freq_compress; /* [rope_dim/2], compress_rope_theta (+ YaRN) */
     uint64_t weight_bytes;    /* every tensor the model reads */
     int n_tensors_used;
+    /* after ds_model_bind: every weight and constant above points into this
+     * backend's memory, and the model owns its step arena */
+    const ds_backend *be;
+    ds_runstate *rs;
+    const void **host_ptrs;   /* the loader's pointers, restored before freeing */
+    int n_host_ptrs;
 } ds_model;
 
 /* Opens DIR (config.json + safetensors), validates every tensor the model
@@ -67,6 +75,14 @@ typedef struct ds_model {
  * error. MTP tensors (mtp.*) are ignored. */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
+
+/* Uploads every weight and constant of m to be (the CPU backend uses them
+ * in place) and gives the model its step arena. A model is bound once; it
+ * then runs on be only, one step at a time. */
+int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err);
+/* Releases the backend's copies and the step arena; the model is unbound
+ * (ds_model_free does this first). */
+void ds_model_unbind(ds_model *m);
 
 /* Bytes of weights read to decode one token (attention, shared expert, k
  * routed experts per layer, head, one embedding row) — the decode floor. */

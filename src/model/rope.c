@@ -1,5 +1,5 @@
-/* rope.c — rotary position embedding (doc §3.2). Angles are formed as in the
- * reference: fp32 inv_freq times fp32 position, then cos/sin in fp32. */
+/* rope.c — rotary position embedding frequencies (doc §3.2), as the
+ * reference computes them in fp32 (YaRN on the compressed layers). */
 #include "model/rope.h"
 
 #include <math.h>
@@ -35,16 +35,4 @@ float *ds_rope_inv_freq(const ds_config *c, int compress) {
         }
     }
     return f;
-}
-
-void ds_rope_apply(float *x, int dim, const float *inv_freq, int half, int64_t pos, int inverse) {
-    float *p = x + dim - 2 * half;
-    for (int i = 0; i < half; i++) {
-        float ang = inv_freq[i] * (float)pos;
-        float cs = cosf(ang), sn = sinf(ang);
-        if (inverse) sn = -sn;
-        float a = p[2 * i], b = p[2 * i + 1];
-        p[2 * i] = a * cs - b * sn;
-        p[2 * i + 1] = b * cs + a * sn;
-    }
 }

@@ -3,62 +3,68 @@
 
 #include <stdlib.h>
 
+/* Lays out every layer's state from base (NULL: only counts); returns floats. */
+static uint64_t layout(const ds_model *m, int64_t max_len, float *base, ds_layer_mem *L) {
+    const ds_config *c = &m->cfg;
+    uint64_t off = 0;
+#define TAKE(ptr, n)                                                          \
+    do {                                                                      \
+        if (L) ptr = base ? base + off : NULL;                                \
+        off += ((uint64_t)(n) + 15) / 16 * 16;                                \
+    } while (0)
+    for (int li = 0; li < c->n_layers; li++) {
+        const ds_layer *ly = &m->layers[li];
+        ds_layer_mem dummy, *lm = L ? &L[li] : &dummy;
+        TAKE(lm->ring, (uint64_t)c->window * (uint64_t)c->head_dim);
+        for (int which = 0; which < 2; which++) {
+            const ds_compressor_w *w = which ? &ly->idx.comp : &ly->comp;
+            ds_comp_mem *cm = which ? &lm->icomp : &lm->comp;
+            if (which ? !ly->is_csa : !ly->ratio) continue;
+            uint64_t R = (uint64_t)w->ratio, d = (uint64_t)w->d, cd = (w->overlap ? 2 : 1) * d;
+            TAKE(cm->entries, ((uint64_t)max_len / R + 1) * d);
+            TAKE(cm->pend_kv, R * cd);
+            TAKE(cm->pend_gate, R * cd);
+            if (w->overlap) {
+                TAKE(cm->prev_kv, R * d);
+                TAKE(cm->prev_gate, R * d);
+            }
+        }
+    }
+#undef TAKE
+    return off;
+}
+
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
     *out = NULL;
+    if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
     if (max_len < 1) return ds_fail(err, "sequence capacity must be positive (got %lld)", (long long)max_len);
     ds_seq *s = calloc(1, sizeof *s);
     if (!s) return ds_fail(err, "out of memory for a sequence");
     s->max_len = max_len;
     s->n_layers = m->cfg.n_layers;
+    s->be = m->be;
     s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
-    if (!s->layers) {
-        free(s);
-        return ds_fail(err, "out of memory for a sequence");
+    uint64_t bytes = ds_seq_bytes(m, max_len);
+    if (s->layers) s->mem = m->be->alloc(m->be, (size_t)bytes, err);
+    if (!s->layers || !s->mem) {
+        ds_seq_free(s);
+        return ds_fail(err, "out of memory for the state of a sequence of %lld tokens (%.1f MiB) in the %s backend",
+                       (long long)max_len, (double)bytes / (1 << 20), m->be->name);
     }
-    for (int li = 0; li < s->n_layers; li++) {
-        const ds_layer *ly = &m->layers[li];
-        ds_layer_state *st = &s->layers[li];
-        st->ring = malloc((size_t)m->cfg.window * (size_t)m->cfg.head_dim * sizeof(float));
-        int bad = !st->ring;
-        if (!bad && ly->ratio) bad = ds_comp_state_init(&st->comp, &ly->comp, max_len) != 0;
-        if (!bad && ly->is_csa) bad = ds_comp_state_init(&st->icomp, &ly->idx.comp, max_len) != 0;
-        if (bad) {
-            ds_seq_free(s);
-            return ds_fail(err, "out of memory for the state of a sequence of %lld tokens (%.1f MiB)",
-                           (long long)max_len, (double)ds_seq_bytes(m, max_len) / (1 << 20));
-        }
-    }
+    layout(m, max_len, s->mem, s->layers);
     *out = s;
     return 0;
 }
 
 void ds_seq_free(ds_seq *s) {
     if (!s) return;
-    for (int li = 0; li < s->n_layers; li++) {
-        free(s->layers[li].ring);
-        ds_comp_state_free(&s->layers[li].comp);
-        ds_comp_state_free(&s->layers[li].icomp);
-    }
+    if (s->mem) s->be->free(s->be, s->mem);
     free(s->layers);
     free(s);
 }
 
-void ds_seq_reset(ds_seq *s) {
-    s->pos = 0;
-    for (int li = 0; li < s->n_layers; li++) {
-        ds_comp_state_reset(&s->layers[li].comp);
-        ds_comp_state_reset(&s->layers[li].icomp);
-    }
-}
+/* Counts follow from the position (backend.h: ds_comp_mem), so a reset is
+ * the position alone; stale state is never read. */
+void ds_seq_reset(ds_seq *s) { s->pos = 0; }
 
-uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len) {
-    const ds_config *c = &m->cfg;
-    uint64_t b = 0;
-    for (int li = 0; li < c->n_layers; li++) {
-        const ds_layer *ly = &m->layers[li];
-        b += (uint64_t)c->window * (uint64_t)c->head_dim * 4;
-        if (ly->ratio) b += (uint64_t)(max_len / ly->ratio + 1) * (uint64_t)c->head_dim * 4;
-        if (ly->is_csa) b += (uint64_t)(max_len / ly->ratio + 1) * (uint64_t)c->index_head_dim * 4;
-    }
-    return b;
-}
+uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len) { return layout(m, max_len, NULL, NULL) * sizeof(float); }

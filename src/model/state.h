@@ -1,32 +1,32 @@
-/* state.h — the decoding state of one sequence (doc §3.6): per layer the
- * sliding-window ring of K=V entries, the compressor state (entries, pending
- * rows, CSA overlap) and, on CSA layers, the indexer's compressor state.
- * Everything is allocated up front for max_len tokens. */
+/* state.h — the decoding state of one sequence (doc §3.6), in the memory of
+ * the backend its model is bound to: per layer the sliding-window ring of
+ * K=V entries, the compressor state (entries, the unfinished window, the CSA
+ * overlap) and, on CSA layers, the indexer's compressor state
+ * (backend/backend.h: ds_layer_mem). One block for max_len tokens, allocated
+ * up front. */
 #ifndef DS_STATE_H
 #define DS_STATE_H
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "common/err.h"
-#include "model/compressor.h"
 #include "model/model.h"
 
-typedef struct ds_layer_state {
-    float *ring; /* [window][head_dim], position p at p % window */
-    ds_comp_state comp, icomp;
-} ds_layer_state;
-
 typedef struct ds_seq {
-    int64_t pos;     /* tokens consumed so far */
-    int64_t max_len; /* capacity */
+    int64_t pos;            /* tokens consumed so far */
+    int64_t max_len;        /* capacity */
     int n_layers;
-    ds_layer_state *layers;
+    ds_layer_mem *layers;   /* host array [n_layers]; pointers into mem */
+    const ds_backend *be;
+    void *mem;              /* the backend block holding every layer's state */
 } ds_seq;
 
+/* A sequence of capacity max_len for m (which must be bound). */
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err);
 void ds_seq_free(ds_seq *s);
 void ds_seq_reset(ds_seq *s);
-/* Bytes of state one sequence of max_len holds. */
+/* Bytes of backend state one sequence of max_len holds. */
 uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len);
 
 #endif

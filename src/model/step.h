@@ -1,50 +1,52 @@
 /* step.h — one forward step over a batch: the tokens of several sequences,
- * each continuing from its own position. Internal to src/model. */
+ * each continuing from its own position. Internal to src/model: the paper's
+ * sections as calls of backend ops on the step's buffers (runstate.h). */
 #ifndef DS_STEP_H
 #define DS_STEP_H
 
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/model.h"
 #include "model/forward.h"
+#include "model/model.h"
+#include "model/runstate.h"
 #include "model/state.h"
 
 typedef struct ds_step {
     const ds_model *m;
     const ds_backend *be;
     const ds_observer *obs; /* may be NULL */
-    int T;            /* tokens in the step (rows of every activation) */
+    ds_runstate *rs;        /* the step's buffers */
+    int T;                  /* tokens in the step (rows of every activation) */
     int n_seqs;
-    ds_seq **seqs;    /* [n_seqs] */
-    int *seq_row0;    /* [n_seqs] first row of each sequence */
-    int *seq_n;       /* [n_seqs] rows of each sequence */
-    int *tok_seq;     /* [T] */
-    int64_t *tok_pos; /* [T] absolute position */
-    int32_t *tok_id;  /* [T] */
 } ds_step;
 
-/* The attention sublayer of layer li (doc §3.2-3.4) on normed inputs xn
+/* Hands a named intermediate [rows][cols] (backend memory) to the
+ * observer's tensor hook, if any. */
+int ds_step_dump(const ds_step *S, const char *name, int layer, const float *x, int rows, int cols, ds_err *err);
+
+/* mHC (paper §2.2): the sublayer input of site w from the streams X. */
+int ds_mhc_pre(const ds_step *S, const ds_hc_w *w, const float *X, float *x_in, ds_err *err);
+/* Xout = post * y + comb^T X (the streams after a sublayer). */
+int ds_mhc_post(const ds_step *S, const float *X, const float *y, float *Xout, ds_err *err);
+/* The final collapse of R rows of streams into x[R][D]. */
+int ds_mhc_head(const ds_step *S, const float *X, int R, float *x, ds_err *err);
+
+/* The attention sublayer of layer li (paper §2.3) on the normed inputs xn
  * [T][D]; writes out [T][D] and advances the layer's state. */
 int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
 
-/* Projects xn through a compressor's wkv / wgate and feeds the step's tokens
- * of every sequence, in position order, into its state (which = 0: the
- * attention compressor, 1: the indexer's). */
+/* A compressor (paper §2.3): projects xn through wkv / wgate and feeds the
+ * step's rows into each sequence's state (which = 0: the attention
+ * compressor, 1: the indexer's). */
 int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int which, const float *xn, ds_err *err);
 
-/* RoPE on every head of x [T][H][d] at the rows' positions (inverse: the
- * conjugate rotation), after an unweighted RMSNorm per head when norm = 1. */
-void ds_heads_rope(const ds_backend *be, float *x, int T, int H, int d, int norm, const float *inv, int half,
-                   const int64_t *pos, int inverse, float eps);
+/* Lightning indexer (paper §2.3.1): feeds the indexer's compressor, then
+ * picks for every row the top-k visible compressed entries into rs->sel,
+ * rs->n_sel. qr: the q residual [T][q_lora]. */
+int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, ds_err *err);
 
-/* Lightning indexer (doc §3.4): feeds the indexer compressor with the step's
- * tokens, then for every row picks the top-k visible compressed entries.
- * sel: [T][index_topk] entry ids ascending, n_sel [T]. */
-int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, int *sel, int *n_sel,
-                      ds_err *err);
-
-/* The MoE sublayer (doc §3.5) on normed inputs xn [T][D]; out [T][D]. */
+/* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D]. */
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
 
 #endif

@@ -1,110 +1,122 @@
-/* cpu.c — the CPU backend: threads (OpenMP, static schedules over
- * independent outputs) and the attention kernel. */
-#include <math.h>
+/* cpu.c — the CPU backend: memory (host heap; weights used in place), the
+ * step, threads (OpenMP, static schedules over independent outputs) and the
+ * grow-only scratch every op takes its temporaries from. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
-#include "common/clock.h"
 
-static void cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx) {
-    if (be->n_threads <= 1 || n <= 1) {
-        for (int i = 0; i < n; i++) fn(ctx, i);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(be->n_threads)
-    for (int i = 0; i < n; i++) fn(ctx, i);
+/* 1 when a test's injected allocation failure is due now */
+static int alloc_fails(const ds_backend *be) {
+    ds_cpu *c = ds_cpu_of(be);
+    return c->fail_alloc > 0 && --c->fail_alloc == 0;
 }
 
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define AVX512 __attribute__((target("avx512f")))
-AVX512 static void axpy_512(float *o, float p, const float *v, int d) {
-    __m512 pv = _mm512_set1_ps(p);
-    int c = 0;
-    for (; c + 16 <= d; c += 16) _mm512_storeu_ps(o + c, _mm512_fmadd_ps(pv, _mm512_loadu_ps(v + c), _mm512_loadu_ps(o + c)));
-    for (; c < d; c++) o[c] = fmaf(p, v[c], o[c]);
-}
-static void axpy_avx2(float *o, float p, const float *v, int d) {
-    __m256 pv = _mm256_set1_ps(p);
-    int c = 0;
-    for (; c + 8 <= d; c += 8) _mm256_storeu_ps(o + c, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + c), _mm256_loadu_ps(o + c)));
-    for (; c < d; c++) o[c] = fmaf(p, v[c], o[c]);
-}
-#endif
-
-/* o[c] = fma(p, v[c], o[c]): elementwise, so the vector width cannot change the bits */
-static void axpy(float *o, float p, const float *v, int d, int path) {
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
-    if (path == DS_CPU_AVX512) return axpy_512(o, p, v, d);
-    if (path == DS_CPU_AVX2) return axpy_avx2(o, p, v, d);
-#endif
-    (void)path;
-    for (int c = 0; c < d; c++) o[c] = fmaf(p, v[c], o[c]);
+static void *cpu_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
+    void *p = alloc_fails(be) ? NULL : aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) ds_fail(err, "cpu backend: out of memory for a buffer of %zu bytes", bytes);
+    return p;
 }
 
-typedef struct {
-    const ds_attn_query *qs;
-    int d, path;
-    float scale;
-    float *scratch;
-    const size_t *offset;
-} attn_job;
-
-/* softmax over [q.k_j * scale ..., sink], then out = sum_j p_j k_j, all in
- * ascending key order. */
-static void attend_one(void *ctx, int i) {
-    const attn_job *J = ctx;
-    const ds_attn_query *Q = &J->qs[i];
-    int d = J->d, n = Q->n_keys;
-    float *s = J->scratch + J->offset[i];
-    float m = Q->sink;
-    for (int j = 0; j < n; j++) {
-        s[j] = ds_cpu_dot(Q->q, Q->keys[j], d, J->path) * J->scale;
-        if (s[j] > m) m = s[j];
-    }
-    float sum = expf(Q->sink - m);
-    for (int j = 0; j < n; j++) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    float inv = 1.0f / sum;
-    float *o = Q->out;
-    for (int c = 0; c < d; c++) o[c] = 0.0f;
-    for (int j = 0; j < n; j++) axpy(o, s[j] * inv, Q->keys[j], d, J->path);
+static void cpu_free(const ds_backend *be, void *p) {
+    (void)be;
+    free(p);
 }
 
-static int cpu_attend(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale) {
-    double t_start = be->profile ? ds_now() : 0;
-    size_t *offset = malloc((size_t)(n + 1) * sizeof *offset);
-    if (!offset) return -1;
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        offset[i] = total;
-        total += (size_t)qs[i].n_keys;
-    }
-    float *scratch = malloc((total ? total : 1) * sizeof *scratch);
-    if (!scratch) {
-        free(offset);
-        return -1;
-    }
-    attn_job J = {qs, d, be->cpu_path, scale, scratch, offset};
-    be->parallel_for(be, n, attend_one, &J);
-    free(scratch);
-    free(offset);
-    if (be->profile) be->profile->attend_seconds += ds_now() - t_start;
+static int cpu_copy(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
+    (void)be, (void)err;
+    if (bytes) memmove(dst, src, bytes);
     return 0;
 }
 
+static int cpu_memset0(const ds_backend *be, void *dst, size_t bytes, ds_err *err) {
+    (void)be, (void)err;
+    if (bytes) memset(dst, 0, bytes);
+    return 0;
+}
+
+/* Weights stay where they are (the mmap'd checkpoint, the loader's arrays). */
+static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err) {
+    (void)be, (void)bytes, (void)err;
+    *out = host;
+    return 0;
+}
+
+static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
+
+static int cpu_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err) {
+    (void)err;
+    ds_cpu_of(be)->step = *s;
+    return 0;
+}
+
+void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes) {
+    ds_cpu *c = ds_cpu_of(be);
+    if (alloc_fails(be)) return NULL;
+    if (bytes <= c->scr[which].cap && c->scr[which].p) return c->scr[which].p;
+    free(c->scr[which].p);
+    size_t cap = (bytes + 63) / 64 * 64 + 64;
+    c->scr[which].p = aligned_alloc(64, cap);
+    c->scr[which].cap = c->scr[which].p ? cap : 0;
+    return c->scr[which].p;
+}
+
+void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx) {
+    int threads = ds_cpu_of(be)->n_threads;
+    if (threads <= 1 || n <= 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int i = 0; i < n; i++) fn(ctx, i);
+}
+
+static void cpu_close(ds_backend *be) {
+    ds_cpu *c = ds_cpu_of(be);
+    if (!c) return;
+    for (int i = 0; i < DS_SCR_N; i++) free(c->scr[i].p);
+    free(c);
+    be->impl = NULL;
+}
+
+int ds_backend_cpu_threads(const ds_backend *be) { return ds_cpu_of(be)->n_threads; }
+
+void ds_backend_cpu_set_threads(ds_backend *be, int n) { ds_cpu_of(be)->n_threads = n > 0 ? n : omp_get_num_procs(); }
+
+void ds_backend_cpu_fail_alloc(ds_backend *be, long n) { ds_cpu_of(be)->fail_alloc = n; }
+
 int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     memset(be, 0, sizeof *be);
+    ds_cpu *c = calloc(1, sizeof *c);
+    if (!c) return -1;
+    c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    c->path = ds_cpu_best_path();
     be->name = "cpu";
-    be->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
-    be->cpu_path = ds_cpu_best_path();
-    be->matmul = ds_cpu_matmul;
+    be->impl = c;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->memset0 = cpu_memset0;
+    be->map_weights = cpu_map_weights;
+    be->unmap_weights = cpu_unmap_weights;
+    be->begin_step = cpu_begin_step;
+    be->embed = ds_cpu_embed;
     be->matmul_many = ds_cpu_matmul_many;
-    be->attend = cpu_attend;
-    be->parallel_for = cpu_parallel_for;
+    be->matmul_grouped = ds_cpu_matmul_grouped;
+    be->rmsnorm = ds_cpu_rmsnorm_op;
+    be->rope = ds_cpu_rope_op;
+    be->hc_pre = ds_cpu_hc_pre;
+    be->hc_post = ds_cpu_hc_post;
+    be->hc_head = ds_cpu_hc_head;
+    be->gather = ds_cpu_gather;
+    be->compress = ds_cpu_compress;
+    be->indexer = ds_cpu_indexer;
+    be->attention = ds_cpu_attention;
+    be->window_store = ds_cpu_window_store;
+    be->route = ds_cpu_route;
+    be->moe = ds_cpu_moe;
+    be->close = cpu_close;
     return 0;
 }

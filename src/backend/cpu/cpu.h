@@ -1,20 +1,85 @@
-/* cpu.h — the CPU backend's kernels (C11 + AVX2/FMA/F16C + OpenMP). */
+/* cpu.h — the CPU backend (C11 + AVX2/FMA/F16C or AVX-512 + OpenMP).
+ * Backend memory is host memory: weights are used in place (the mmap'd
+ * checkpoint), activations and state are 64-byte aligned heap blocks.
+ * Each op lives in the file of its paper section: matmul.c, norm_rope.c
+ * (embedding, RMSNorm, RoPE, row gather), mhc.c, compressor.c, indexer.c,
+ * attention.c, moe.c; cpu.c holds memory, threads and scratch. */
 #ifndef DS_CPU_H
 #define DS_CPU_H
 
+#include <stddef.h>
+
 #include "backend/backend.h"
+#include "backend/cpu/heuristics.h"
 
-enum { DS_CPU_GENERIC = 0, DS_CPU_AVX2 = 1, DS_CPU_AVX512 = 2 };
+/* Fills be with the CPU backend (n_threads <= 0: all cores). 0, or -1 when
+ * out of memory. be->close(be) releases it. */
+int ds_backend_cpu_init(ds_backend *be, int n_threads);
 
-int ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
-int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n);
-/* The same through a chosen kernel path (every path gives the same bits). */
-int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
-/* The fastest path this CPU runs. */
-int ds_cpu_best_path(void);
+/* The threads in use; set them (n <= 0: all cores) — between steps only. */
+int ds_backend_cpu_threads(const ds_backend *be);
+void ds_backend_cpu_set_threads(ds_backend *be, int n);
+
+/* Tests: the n-th scratch allocation from now on (n >= 1) fails as if the
+ * heap were exhausted; 0 disables. */
+void ds_backend_cpu_fail_alloc(ds_backend *be, long n);
+
+/* ---- inside the CPU backend ---- */
+
+/* Grow-only scratch buffers, one per user (nested users never share one). */
+enum { DS_SCR_MM, DS_SCR_MM_JOBS, DS_SCR_ATTN, DS_SCR_IDX, DS_SCR_MOE, DS_SCR_HC, DS_SCR_COMP, DS_SCR_MISC, DS_SCR_N };
+
+typedef struct ds_cpu {
+    int n_threads, path;
+    ds_step_desc step;          /* the current step (its arrays are the model's, valid during the step) */
+    struct {
+        void *p;
+        size_t cap;
+    } scr[DS_SCR_N];
+    long fail_alloc;            /* tests: countdown to an injected failure */
+} ds_cpu;
+
+static inline ds_cpu *ds_cpu_of(const ds_backend *be) { return (ds_cpu *)be->impl; }
+
+/* A scratch block of at least `bytes` (64-byte aligned) for user `which`;
+ * NULL when out of memory. Valid until the next call for the same user. */
+void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes);
+
+/* Runs fn(ctx, i) for i in [0, n) on the backend's threads (static schedule);
+ * each i must write only its own outputs (so results cannot depend on it). */
+void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
+
+/* The fixed-order dot product (8 lanes over chunks of 8 ... : matmul.c's
+ * dense order) used by every small reduction of the CPU ops. */
+float ds_dot_f32(const float *a, const float *b, int n);
 /* ds_dot_f32 through a chosen kernel path (the same bits on every path). */
 float ds_cpu_dot(const float *a, const float *b, int n, int path);
-/* One output of ds_cpu_matmul through the portable path (tests compare). */
+/* RMSNorm of one row (the sum of squares through ds_dot_f32). */
+void ds_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* Interleaved RoPE on the last 2*half channels at position pos. */
+void ds_cpu_rope(float *x, int dim, const float *inv_freq, int half, int64_t pos, int inverse);
+
+/* Products (matmul.c). */
+int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
+int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
+/* One product through a chosen kernel path (every path gives the same bits). */
+int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
+/* One output through the portable path (tests compare). */
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
+
+/* The other ops, by file. */
+int ds_cpu_embed(const ds_backend *be, const ds_embed_params *p, ds_err *err);
+int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+int ds_cpu_rope_op(const ds_backend *be, const ds_rope_params *p, ds_err *err);
+int ds_cpu_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err);
+int ds_cpu_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);
+int ds_cpu_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_err *err);
+int ds_cpu_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_err *err);
+int ds_cpu_compress(const ds_backend *be, const ds_compress_params *p, ds_err *err);
+int ds_cpu_indexer(const ds_backend *be, const ds_indexer_params *p, ds_err *err);
+int ds_cpu_attention(const ds_backend *be, const ds_attention_params *p, ds_err *err);
+int ds_cpu_window_store(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
+int ds_cpu_route(const ds_backend *be, const ds_route_params *p, ds_err *err);
+int ds_cpu_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err);
 
 #endif

@@ -34,7 +34,7 @@
 #include "backend/cpu/cpu.h"
 #include "common/clock.h"
 
-#define NT 4 /* most tokens one call of a multi-token (AVX-512) row kernel takes */
+#define NT DS_CPU_NT
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DS_X86 1
@@ -364,8 +364,8 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
  * the next rows; a prefetch never faults, so running past the end is
  * harmless). Measured best on the dev machine (Zen 5, 2 threads): 8 KiB for
  * 2-byte rows, 16 KiB for the quantized kinds. */
-#define PREFETCH 16384
-#define PREFETCH_DENSE 8192
+#define PREFETCH DS_CPU_PREFETCH
+#define PREFETCH_DENSE DS_CPU_PREFETCH_DENSE
 
 enum { FP8_RAW = 100 }; /* a decoder of dec16k beside the ds_wkind values */
 #define PF(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
@@ -615,17 +615,6 @@ ROWT(rowt_f32_512, F32_N)
 ROWT(rowt_fp4_512, FP4_N) /* x in FP4 order */
 #endif
 
-int ds_cpu_best_path(void) {
-#ifdef DS_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return DS_CPU_AVX512;
-    return DS_CPU_AVX2;
-#else
-    return DS_CPU_GENERIC;
-#endif
-}
-
 typedef float (*row_fn)(const ds_weight *, int, const float *);
 /* nt (<= NT) tokens of row r: out[t] from x + t * xs */
 typedef void (*rowt_fn)(const ds_weight *, int, const float *, size_t, int, float *);
@@ -696,8 +685,7 @@ float ds_dot_f32(const float *a, const float *b, int n) {
 #endif
 }
 
-/* Token blocks keep x of a block in cache while all rows stream past. */
-#define TOKEN_BLOCK 32
+#define TOKEN_BLOCK DS_CPU_TOKEN_BLOCK
 
 /* A product ready to run: x copied (see mm_prepare), its row kernel, and
  * (set per token block) its first row group in the block's numbering. */
@@ -710,7 +698,7 @@ typedef struct {
     row_fn row;     /* one token at a time ... */
     rowt_fn rowt;   /* ... or up to NT (when not NULL) */
     const float *x; /* the caller's x */
-    int fmt, owns;  /* X_*; owns: xp is this product's own copy */
+    int fmt;        /* X_* */
 } mm_prep;
 
 typedef struct {
@@ -734,7 +722,7 @@ static void mm_group(void *ctx, int g) {
     const mm_prep *p = &j->p[lo];
     const ds_weight *w = p->w;
     int R = w->rows, t1 = j->t0 + TOKEN_BLOCK < p->T ? j->t0 + TOKEN_BLOCK : p->T;
-    int r0 = (g - p->g0) * 4, r1 = r0 + 4 < R ? r0 + 4 : R;
+    int r0 = (g - p->g0) * DS_CPU_ROW_GROUP, r1 = r0 + DS_CPU_ROW_GROUP < R ? r0 + DS_CPU_ROW_GROUP : R;
     if (!p->rowt) {
         for (int r = r0; r < r1; r++)
             for (int t = j->t0; t < t1; t++)
@@ -743,7 +731,7 @@ static void mm_group(void *ctx, int g) {
     }
     /* tokens in groups whose x (up to 32 KiB) stays in L1 while the 4 rows pass:
      * re-reading x from L2 for every row halved the speed of prefill */
-    int tg = (int)(32768 / (sizeof(float) * p->xstride));
+    int tg = (int)(DS_CPU_L1_X_BYTES / (sizeof(float) * p->xstride));
     tg = tg < 1 ? 1 : tg > NT ? NT : tg;
     for (int t = j->t0; t < t1; t += tg)
         for (int r = r0; r < r1; r++) {
@@ -771,37 +759,41 @@ static int fp8_raw_ok(const float *x, size_t n) {
 
 enum { X_PLAIN, X_FP4, X_RAW }; /* how a product reads its x copy */
 
-/* Copies x for product jb (rows on 64-byte lines: no split vector loads; in
- * FP4 order for MXFP4; scaled by 2^112 for FP8_RAW) unless one of the n
- * earlier products of the batch already made the same copy. */
-static int mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev, int n, mm_prep *p) {
+/* Sets up product jb: its kernels and the layout of its x copy (rows on
+ * 64-byte lines: no split vector loads; in FP4 order for MXFP4; scaled by
+ * 2^112 for FP8_RAW). Returns the floats its copy needs, or 0 when one of
+ * the n earlier products of the batch makes the same copy (shared: its
+ * index in *share). */
+static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev, int n, mm_prep *p, int *share) {
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_FP4
               : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                                         : X_PLAIN;
     size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + 3) / 4 : 0, jb->y, row_for(path, fmt == X_FP4),
-                   rowt_for(path, w->kind, fmt == X_RAW), jb->x, fmt, 0};
+    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + DS_CPU_ROW_GROUP - 1) / DS_CPU_ROW_GROUP : 0, jb->y, row_for(path, fmt == X_FP4),
+                   rowt_for(path, w->kind, fmt == X_RAW), jb->x, fmt};
+    *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
-            p->xp = prev[i].xp;
+            *share = i;
             return 0;
         }
-    p->xp = aligned_alloc(64, sizeof(float) * (size_t)(T ? T : 1) * xstride);
-    if (!p->xp) return -1;
-    p->owns = 1;
-    for (int t = 0; t < T; t++) {
-        const float *xt = jb->x + (size_t)t * (size_t)K;
-        float *dst = p->xp + (size_t)t * xstride;
-        if (fmt == X_FP4)
+    return (size_t)T * xstride;
+}
+
+static void mm_fill(mm_prep *p) {
+    int K = p->w->cols;
+    for (int t = 0; t < p->T; t++) {
+        const float *xt = p->x + (size_t)t * (size_t)K;
+        float *dst = p->xp + (size_t)t * p->xstride;
+        if (p->fmt == X_FP4)
             fp4_order_x(xt, K, dst);
-        else if (fmt == X_RAW)
+        else if (p->fmt == X_RAW)
             for (int c = 0; c < K; c++) dst[c] = xt[c] * 0x1p112f;
         else
             memcpy(dst, xt, sizeof(float) * (size_t)K);
     }
-    return 0;
 }
 
 /* Adds a batch's time and bytes under the kind holding most of its bytes. */
@@ -817,16 +809,33 @@ static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double 
     pr->mm_calls[k]++;
 }
 
-/* Every product's row groups in one parallel region per token block. */
-static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path) {
+/* Every product's row groups in one parallel region per token block. The x
+ * copies and the product table live in the backend's scratch. */
+static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path, ds_err *err) {
     double t_start = be->profile ? ds_now() : 0;
-    mm_prep *p = calloc((size_t)(n ? n : 1), sizeof *p), *q = malloc(sizeof *q * (size_t)(n ? n : 1));
-    int T = 0, rc = p && q ? 0 : -1;
-    for (int i = 0; i < n && !rc; i++) {
-        rc = mm_prepare(&jobs[i], path, p, i, &p[i]);
+    if (n <= 0) return 0;
+    mm_prep *p = ds_cpu_scratch(be, DS_SCR_MM_JOBS, sizeof *p * 2 * (size_t)n);
+    if (!p) return ds_fail(err, "cpu matmul: out of memory for a batch of %d products", n);
+    mm_prep *q = p + n;
+    int *share = (int *)q; /* q is filled only after the shares are used */
+    size_t total = 0, off = 0;
+    int T = 0;
+    for (int i = 0; i < n; i++) {
+        total += mm_prepare(&jobs[i], path, p, i, &p[i], &share[i]);
         if (jobs[i].T > T) T = jobs[i].T;
     }
-    for (int t0 = 0; t0 < T && !rc; t0 += TOKEN_BLOCK) {
+    float *xp = ds_cpu_scratch(be, DS_SCR_MM, sizeof(float) * (total ? total : 1));
+    if (!xp) return ds_fail(err, "cpu matmul: out of memory for %zu floats of inputs", total);
+    for (int i = 0; i < n; i++) {
+        if (share[i] >= 0) {
+            p[i].xp = p[share[i]].xp;
+            continue;
+        }
+        p[i].xp = xp + off;
+        off += (size_t)p[i].T * p[i].xstride;
+        mm_fill(&p[i]);
+    }
+    for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         /* the products with tokens in this block, renumbered */
         int m = 0, g = 0;
         for (int i = 0; i < n; i++)
@@ -836,23 +845,40 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
                 g += q[m++].groups;
             }
         mm_job j = {q, m, t0};
-        be->parallel_for(be, g, mm_group, &j);
+        ds_cpu_parallel_for(be, g, mm_group, &j);
     }
-    for (int i = 0; p && i < n; i++)
-        if (p[i].owns) free(p[i].xp);
-    free(p);
-    free(q);
-    if (be->profile && !rc) mm_account(be->profile, jobs, n, ds_now() - t_start);
-    return rc;
+    if (be->profile) mm_account(be->profile, jobs, n, ds_now() - t_start);
+    return 0;
 }
 
 int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path) {
     ds_matmul_job j = {w, x, T, y};
-    return mm_run(be, &j, 1, path);
+    return mm_run(be, &j, 1, path, NULL);
 }
 
-int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n) { return mm_run(be, jobs, n, be->cpu_path); }
+int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err) {
+    return mm_run(be, jobs, n, ds_cpu_of(be)->path, err);
+}
 
-int ds_cpu_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y) {
-    return ds_cpu_matmul_path(be, w, x, T, y, be->cpu_path);
+/* Group g's columns are copied to rows of their own, then the G products run
+ * as one batch: each output has the bits of a product on those rows. */
+int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err) {
+    int G = p->G, T = p->T, K = p->w->cols, Rg = p->w->rows / G;
+    size_t in = (size_t)G * T * K, out = (size_t)G * T * Rg;
+    char *buf = ds_cpu_scratch(be, DS_SCR_MISC, sizeof(float) * (in + out) + 2 * sizeof(ds_weight) * (size_t)G);
+    if (!buf) return ds_fail(err, "cpu grouped matmul: out of memory for %d groups of %d tokens", G, T);
+    ds_weight *wg = (ds_weight *)buf;
+    ds_matmul_job *jg = (ds_matmul_job *)(wg + G);
+    float *gin = (float *)(buf + 2 * sizeof(ds_weight) * (size_t)G), *gout = gin + in;
+    for (int g = 0; g < G; g++) {
+        for (int t = 0; t < T; t++)
+            memcpy(gin + ((size_t)g * T + t) * K, p->x + (size_t)t * G * K + (size_t)g * K, (size_t)K * sizeof(float));
+        wg[g] = ds_weight_rows(p->w, g * Rg, Rg);
+        jg[g] = (ds_matmul_job){&wg[g], gin + (size_t)g * T * K, T, gout + (size_t)g * T * Rg};
+    }
+    if (ds_cpu_matmul_many(be, jg, G, err)) return -1;
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < T; t++)
+            memcpy(p->y + (size_t)t * G * Rg + (size_t)g * Rg, gout + ((size_t)g * T + t) * Rg, (size_t)Rg * sizeof(float));
+    return 0;
 }

@@ -1,0 +1,35 @@
+/* heuristics.h — the one place that decides the CPU backend's kernel path and
+ * tile constants (like DeepGEMM's heuristics files). None of these changes a
+ * bit of any result: every path and tile gives the same bits (matmul.c's
+ * order comment); they only decide speed. */
+#ifndef DS_CPU_HEURISTICS_H
+#define DS_CPU_HEURISTICS_H
+
+enum { DS_CPU_GENERIC = 0, DS_CPU_AVX2 = 1, DS_CPU_AVX512 = 2 };
+
+/* The fastest path this CPU runs (CPUID): AVX-512 (F, BW, VL, DQ), else AVX2
+ * (the build requires AVX2 + FMA + F16C on x86-64), else the portable C. */
+int ds_cpu_best_path(void);
+
+/* matmul: rows go to threads in groups of DS_CPU_ROW_GROUP (one memory
+ * stream per thread) ... */
+#define DS_CPU_ROW_GROUP 4
+/* ... for blocks of DS_CPU_TOKEN_BLOCK tokens, whose x stays in cache while
+ * all rows stream past; */
+#define DS_CPU_TOKEN_BLOCK 32
+/* an AVX-512 row kernel takes up to DS_CPU_NT tokens per call (each weight
+ * chunk decoded once), in groups whose x fits DS_CPU_L1_X_BYTES. */
+#define DS_CPU_NT 4
+#define DS_CPU_L1_X_BYTES 32768
+/* Software prefetch distance ahead of the row being read: quantized rows,
+ * and 2-byte dense rows (the hardware prefetcher left bandwidth unused). */
+#define DS_CPU_PREFETCH 16384
+#define DS_CPU_PREFETCH_DENSE 8192
+
+/* MoE: experts run in batches of up to this many gathered rows (or one
+ * expert's rows when more): a batch's w1 and w3 products run together, then
+ * its SwiGLUs, then its w2 products — at batch 1 a layer's experts cost two
+ * parallel regions, not three per expert. */
+#define DS_CPU_MOE_BATCH_ROWS 256
+
+#endif

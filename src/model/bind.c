@@ -1,0 +1,155 @@
+/* bind.c — a loaded model's weights and constants into a backend's memory
+ * (see ds_model_bind in model.h). */
+#include <stdlib.h>
+
+#include "model/model.h"
+
+/* Every pointer the forward pass reads, with its size in bytes. */
+typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes);
+
+static size_t scale_bytes(const ds_weight *w) {
+    size_t ss = w->scale_f32 ? 4 : 1;
+    if (w->kind == DS_W_FP8) return ss * (size_t)((w->rows + DS_FP8_BLOCK - 1) / DS_FP8_BLOCK) * (size_t)w->scale_cols;
+    if (w->kind == DS_W_FP4) return ss * (size_t)w->rows * (size_t)w->scale_cols;
+    return 0;
+}
+
+static void weight(const ds_weight *cw, visit_fn fn, void *ctx) {
+    ds_weight *w = (ds_weight *)cw;
+    size_t sb = scale_bytes(w);
+    fn(ctx, (const void **)&w->data, (size_t)ds_weight_bytes(w) - sb);
+    if (sb) fn(ctx, (const void **)&w->scale, sb);
+}
+
+static void floats(float **p, size_t n, visit_fn fn, void *ctx) { fn(ctx, (const void **)p, n * sizeof(float)); }
+
+static void hc(ds_hc_w *h, size_t rows, size_t nscale, visit_fn fn, void *ctx) {
+    weight(&h->fn, fn, ctx);
+    floats(&h->base, rows, fn, ctx);
+    floats(&h->scale, nscale, fn, ctx);
+}
+
+static void comp(ds_compressor_w *w, visit_fn fn, void *ctx) {
+    weight(&w->wkv, fn, ctx);
+    weight(&w->wgate, fn, ctx);
+    floats(&w->ape, (size_t)w->ratio * (size_t)(w->overlap ? 2 : 1) * (size_t)w->d, fn, ctx);
+    floats(&w->norm, (size_t)w->d, fn, ctx);
+}
+
+static void walk(ds_model *m, visit_fn fn, void *ctx) {
+    const ds_config *c = &m->cfg;
+    size_t n = (size_t)c->hc_mult, D = (size_t)c->dim, E = (size_t)c->n_routed_experts;
+    weight(&m->embed, fn, ctx);
+    weight(&m->head, fn, ctx);
+    floats(&m->norm, D, fn, ctx);
+    hc(&m->hc_head, n, 1, fn, ctx);
+    floats(&m->inv_freq_main, (size_t)c->rope_dim / 2, fn, ctx);
+    floats(&m->inv_freq_compress, (size_t)c->rope_dim / 2, fn, ctx);
+    for (int li = 0; li < c->n_layers; li++) {
+        ds_layer *ly = &m->layers[li];
+        floats(&ly->attn_norm, D, fn, ctx);
+        floats(&ly->ffn_norm, D, fn, ctx);
+        hc(&ly->hc_attn, (2 + n) * n, 3, fn, ctx);
+        hc(&ly->hc_ffn, (2 + n) * n, 3, fn, ctx);
+        weight(&ly->wq_a, fn, ctx);
+        weight(&ly->wq_b, fn, ctx);
+        weight(&ly->wkv, fn, ctx);
+        weight(&ly->wo_a, fn, ctx);
+        weight(&ly->wo_b, fn, ctx);
+        floats(&ly->q_norm, (size_t)c->q_lora_rank, fn, ctx);
+        floats(&ly->kv_norm, (size_t)c->head_dim, fn, ctx);
+        floats(&ly->attn_sink, (size_t)c->n_heads, fn, ctx);
+        if (ly->ratio) comp(&ly->comp, fn, ctx);
+        if (ly->is_csa) {
+            weight(&ly->idx.wq_b, fn, ctx);
+            weight(&ly->idx.weights_proj, fn, ctx);
+            comp(&ly->idx.comp, fn, ctx);
+        }
+        weight(&ly->gate, fn, ctx);
+        if (ly->is_hash)
+            fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t));
+        else
+            floats(&ly->gate_bias, E, fn, ctx);
+        for (size_t e = 0; e < E; e++) {
+            weight(&ly->w1[e], fn, ctx);
+            weight(&ly->w2[e], fn, ctx);
+            weight(&ly->w3[e], fn, ctx);
+        }
+        if (c->n_shared_experts > 0) {
+            weight(&ly->sw1, fn, ctx);
+            weight(&ly->sw2, fn, ctx);
+            weight(&ly->sw3, fn, ctx);
+        }
+    }
+}
+
+typedef struct {
+    ds_model *m;
+    int n, rc;
+    ds_err *err;
+} bind_ctx;
+
+static void count(void *ctx, const void **ptr, size_t bytes) {
+    (void)ptr, (void)bytes;
+    ((bind_ctx *)ctx)->n++;
+}
+
+static void map(void *ctx, const void **ptr, size_t bytes) {
+    bind_ctx *B = ctx;
+    if (B->rc) return;
+    const void *dev = NULL;
+    if (B->m->be->map_weights(B->m->be, *ptr, bytes, &dev, B->err)) {
+        B->rc = -1;
+        return;
+    }
+    B->m->host_ptrs[B->n++] = *ptr;
+    *ptr = dev;
+}
+
+static void unmap(void *ctx, const void **ptr, size_t bytes) {
+    bind_ctx *B = ctx;
+    (void)bytes;
+    if (B->n >= B->m->n_host_ptrs) return; /* not mapped (a bind that failed part way) */
+    B->m->be->unmap_weights(B->m->be, *ptr);
+    *ptr = B->m->host_ptrs[B->n++];
+}
+
+void ds_model_unbind(ds_model *m) {
+    if (!m->be) return;
+    if (m->rs) {
+        ds_runstate_free(m->rs);
+        free(m->rs);
+    }
+    bind_ctx B = {m, 0, 0, NULL};
+    if (m->host_ptrs) walk(m, unmap, &B);
+    free(m->host_ptrs);
+    m->host_ptrs = NULL;
+    m->n_host_ptrs = 0;
+    m->rs = NULL;
+    m->be = NULL;
+}
+
+int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
+    if (m->be) return ds_fail(err, "%s: the model is already bound to the %s backend", m->path, m->be->name);
+    bind_ctx B = {m, 0, 0, err};
+    walk(m, count, &B);
+    m->host_ptrs = malloc((size_t)(B.n ? B.n : 1) * sizeof *m->host_ptrs);
+    m->rs = calloc(1, sizeof *m->rs);
+    if (!m->host_ptrs || !m->rs) {
+        free(m->host_ptrs);
+        free(m->rs);
+        m->host_ptrs = NULL;
+        m->rs = NULL;
+        return ds_fail(err, "out of memory");
+    }
+    m->be = be;
+    m->rs->be = be;
+    B.n = 0;
+    walk(m, map, &B);
+    m->n_host_ptrs = B.n;
+    if (B.rc) {
+        ds_model_unbind(m);
+        return ds_fail_prefix(err, "%s: uploading the weights to the %s backend", m->path, be->name);
+    }
+    return 0;
+}

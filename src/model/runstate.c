@@ -1,0 +1,86 @@
+/* runstate.c — see runstate.h. */
+#include "model/runstate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Lays out the step's buffers from base (NULL: only counts); returns bytes. */
+static size_t carve(ds_runstate *rs, const ds_config *c, char *base, int T, int R) {
+    size_t off = 0, t = (size_t)T;
+    int n = c->hc_mult, D = c->dim, cd = 2 * (c->head_dim > c->index_head_dim ? c->head_dim : c->index_head_dim);
+#define TAKE(field, type, count)                                              \
+    do {                                                                      \
+        rs->field = base ? (type *)(base + off) : NULL;                       \
+        off += ((size_t)(count) * sizeof(type) + 63) / 64 * 64;               \
+    } while (0)
+    TAKE(X, float, t * n * D);
+    TAKE(X2, float, t * n * D);
+    TAKE(x_in, float, t * D);
+    TAKE(xn, float, t * D);
+    TAKE(y, float, t * D);
+    TAKE(post, float, t * n);
+    TAKE(comb, float, t * n * n);
+    TAKE(qr, float, t * c->q_lora_rank);
+    TAKE(q, float, t * c->n_heads * c->head_dim);
+    TAKE(kv, float, t * c->head_dim);
+    TAKE(o, float, t * c->n_heads * c->head_dim);
+    TAKE(oa, float, t * c->o_groups * c->o_lora_rank);
+    TAKE(ckv, float, t * cd);
+    TAKE(cgate, float, t * cd);
+    TAKE(iq, float, t * c->index_n_heads * c->index_head_dim);
+    TAKE(iw, float, t * c->index_n_heads);
+    TAKE(sel, int, t * c->index_topk);
+    TAKE(n_sel, int, t);
+    TAKE(logits, float, t * c->n_routed_experts);
+    TAKE(wts, float, t * c->n_active_experts);
+    TAKE(idx, int32_t, t * c->n_active_experts);
+    TAKE(hlog, float, (size_t)R * c->vocab_size);
+#undef TAKE
+    return off;
+}
+
+static int host_table(ds_runstate *rs, const ds_config *c, int T, int R, int n_seqs, ds_err *err) {
+    size_t t = (size_t)T, s = (size_t)n_seqs;
+    size_t need = t * (sizeof(int32_t) + sizeof(int64_t) + sizeof(int)) + t * c->n_active_experts * sizeof(int32_t) +
+                  s * (sizeof(int64_t) + 2 * sizeof(int) + sizeof(void *)) + (size_t)R * sizeof(int) + 64;
+    if (need > rs->host_cap) {
+        free(rs->host);
+        rs->host = malloc(need);
+        rs->host_cap = rs->host ? need : 0;
+        if (!rs->host) return ds_fail(err, "out of memory for the token table of a step of %d tokens", T);
+    }
+    char *p = rs->host; /* 8-byte members first */
+    rs->tok_pos = (int64_t *)p, p += t * sizeof(int64_t);
+    rs->seq_pos0 = (int64_t *)p, p += s * sizeof(int64_t);
+    rs->seq_mem = (const struct ds_layer_mem **)p, p += s * sizeof(void *);
+    rs->tok_id = (int32_t *)p, p += t * sizeof(int32_t);
+    rs->idx_host = (int32_t *)p, p += t * c->n_active_experts * sizeof(int32_t);
+    rs->tok_seq = (int *)p, p += t * sizeof(int);
+    rs->seq_row0 = (int *)p, p += s * sizeof(int);
+    rs->seq_n = (int *)p, p += s * sizeof(int);
+    rs->hrow = (int *)p;
+    return 0;
+}
+
+int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n_seqs, ds_err *err) {
+    if (host_table(rs, c, T, R, n_seqs, err)) return -1;
+    size_t need = carve(rs, c, NULL, T, R);
+    if (need > rs->cap) {
+        if (rs->arena) rs->be->free(rs->be, rs->arena);
+        rs->cap = 0;
+        rs->arena = rs->be->alloc(rs->be, need, err);
+        if (!rs->arena)
+            return ds_fail_prefix(err, "activations of a step of %d tokens (%.1f MiB)", T, (double)need / (1 << 20));
+        rs->cap = need;
+    }
+    carve(rs, c, rs->arena, T, R);
+    rs->T = T;
+    rs->R = R;
+    return 0;
+}
+
+void ds_runstate_free(ds_runstate *rs) {
+    if (rs->arena) rs->be->free(rs->be, rs->arena);
+    free(rs->host);
+    memset(rs, 0, sizeof *rs);
+}

@@ -1,0 +1,47 @@
+/* runstate.h — the activations of one step (llama2.c's RunState): one arena
+ * in backend memory holding every buffer a step of T tokens needs, carved
+ * the same way each step, allocated when a step is larger than any before
+ * (never per layer). The host side holds the step's token table. Owned by
+ * the model bound to a backend; a model runs one step at a time. */
+#ifndef DS_RUNSTATE_H
+#define DS_RUNSTATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "format/config.h"
+
+typedef struct ds_runstate {
+    const ds_backend *be;
+    void *arena;   /* backend memory */
+    size_t cap;
+    int T, R;      /* the step the buffers below are carved for */
+    /* streams and sublayer buffers, [T][...] unless noted */
+    float *X, *X2;          /* [T][n][D] residual streams (X2: the next ones; the head's gathered rows) */
+    float *x_in, *xn, *y;   /* [T][D] sublayer input, its norm, sublayer output */
+    float *post, *comb;     /* [T][n], [T][n][n] */
+    float *qr, *q, *kv, *o; /* [T][q_lora], [T][H][d], [T][d], [T][H][d] */
+    float *oa;              /* [T][o_groups * o_lora] */
+    float *ckv, *cgate;     /* [T][c * d] compressor projections (attention's or the indexer's) */
+    float *iq, *iw;         /* [T][index_heads][index_dim], [T][index_heads] */
+    int *sel, *n_sel;       /* [T][index_topk], [T] */
+    float *logits, *wts;    /* [T][E], [T][k] */
+    int32_t *idx;           /* [T][k] */
+    float *hlog;            /* [R][vocab] */
+    /* host memory: the step's token table (see ds_step_desc) */
+    void *host;
+    size_t host_cap;
+    int32_t *tok_id, *idx_host;
+    int64_t *tok_pos, *seq_pos0;
+    int *tok_seq, *seq_row0, *seq_n, *hrow;
+    const struct ds_layer_mem **seq_mem;
+} ds_runstate;
+
+/* Carves the buffers for a step of T tokens, R logit rows and n_seqs
+ * sequences, growing the arena (or the host table) only when this step is
+ * larger than every earlier one. */
+int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n_seqs, ds_err *err);
+void ds_runstate_free(ds_runstate *rs);
+
+#endif

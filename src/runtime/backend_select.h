@@ -1,0 +1,24 @@
+/* backend_select.h — the one place a command picks its backend: by name
+ * ("cpu", or "cuda" in builds with the CUDA backend), a GPU index and a
+ * thread count. Commands then bind their model to it (ds_model_bind). */
+#ifndef DS_BACKEND_SELECT_H
+#define DS_BACKEND_SELECT_H
+
+#include "backend/backend.h"
+#include "common/err.h"
+
+typedef struct ds_backend_opts {
+    const char *name; /* NULL or "cpu": the CPU backend; "cuda" */
+    int gpu;          /* CUDA device index */
+    int threads;      /* CPU threads (<= 0: all cores) */
+} ds_backend_opts;
+
+/* Opens the backend o names (o may be NULL: the CPU with all cores). Errors
+ * name the backend and the cause (unknown name, not in this build, no GPU). */
+int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err);
+/* Releases an opened backend (a zeroed struct: nothing to do). */
+void ds_backend_close(ds_backend *be);
+/* The backends this build has, e.g. "cpu" or "cpu cuda". */
+const char *ds_backends_built(void);
+
+#endif
