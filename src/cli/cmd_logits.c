@@ -17,7 +17,32 @@ static void usage(FILE *f) {
             "  float32 little-endian logits, one row of vocab_size per input token, for sequence i.\n"
             "  --prefill-chunk N  feed each sequence N tokens per step (1 = token-by-token decoding;\n"
             "                     default: the whole sequence in one step)\n"
-            "  --threads N        CPU threads (default: all cores); results are identical for any N\n");
+            "  --threads N        CPU threads (default: all cores); results are identical for any N\n"
+            "  --backend cpu|cuda (and --gpu N) the backend that runs the model (default: cpu)\n"
+            "  --dump PREFIX      also write every named intermediate of every step (forward.h's list) to\n"
+            "                     PREFIX.<step>.<layer>.<name>.f32 and one line per file to PREFIX.index:\n"
+            "                     file, name, layer, rows, cols (rows: the step's tokens in batch order)\n");
+}
+
+/* --dump: each intermediate to its own file, listed in PREFIX.index */
+typedef struct {
+    const char *prefix;
+    FILE *index;
+    int step, failed;
+} dumper;
+
+static void dump_tensor(void *ctx, const char *name, int layer, const float *x, int rows, int cols) {
+    dumper *d = ctx;
+    if (!strcmp(name, "embed")) d->step++;
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.%d.%s.f32", d->prefix, d->step - 1, layer, name);
+    FILE *f = fopen(path, "wb");
+    size_t n = (size_t)rows * (size_t)cols;
+    if (!f || fwrite(x, sizeof *x, n, f) != n || fclose(f)) {
+        d->failed = 1;
+        return;
+    }
+    if (fprintf(d->index, "%s %s %d %d %d\n", path, name, layer, rows, cols) < 0) d->failed = 1;
 }
 
 int cmd_logits(int argc, char **argv) {
@@ -30,8 +55,11 @@ int cmd_logits(int argc, char **argv) {
     ds_seq **seqs = NULL;
     float **logits = NULL;
     ds_err err = {{0}};
+    ds_backend_opts bo = {0};
+    ds_backend be = {0};
+    dumper dump = {NULL, NULL, 0, 0};
     if (!toks || !lens) goto out;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1, bk; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -50,6 +78,11 @@ int cmd_logits(int argc, char **argv) {
         } else if (!strcmp(a, "--threads") && v) {
             if (cli_parse_int(a, v, 1, 1024, &threads)) goto usage_err;
             i++;
+        } else if (!strcmp(a, "--dump") && v) {
+            dump.prefix = v, i++;
+        } else if ((bk = cli_backend_opt("logits", a, v, &bo)) != 0) {
+            if (bk < 0) goto usage_err;
+            i++;
         } else {
             fprintf(stderr, "dsv4 logits: unknown or incomplete option '%s'\n", a);
             goto usage_err;
@@ -63,8 +96,8 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "dsv4 logits: %s\n", err.msg);
         goto out;
     }
-    ds_backend be;
-    ds_backend_cpu_init(&be, (int)threads);
+    bo.threads = (int)threads;
+    if (cli_bind("logits", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     seqs = calloc((size_t)n_seqs, sizeof *seqs);
     logits = calloc((size_t)n_seqs, sizeof *logits);
@@ -80,7 +113,17 @@ int cmd_logits(int argc, char **argv) {
             goto out;
         }
     }
-    if (ds_run_tokens(m, &be, seqs, (const int32_t *const *)toks, lens, n_seqs, (int)chunk, logits, &err)) {
+    if (dump.prefix) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.index", dump.prefix);
+        if (!(dump.index = fopen(path, "w"))) {
+            fprintf(stderr, "dsv4 logits: cannot write %s\n", path);
+            goto out;
+        }
+    }
+    ds_observer obs = {NULL, dump_tensor, &dump};
+    if (ds_run_tokens_observed(m, &be, seqs, (const int32_t *const *)toks, lens, n_seqs, (int)chunk, logits,
+                               dump.prefix ? &obs : NULL, &err)) {
         fprintf(stderr, "dsv4 logits: %s\n", err.msg);
         goto out;
     }
@@ -94,6 +137,12 @@ int cmd_logits(int argc, char **argv) {
             goto out;
         }
     }
+    if (dump.index && (dump.failed || fclose(dump.index))) {
+        dump.index = NULL;
+        fprintf(stderr, "dsv4 logits: cannot write the intermediates to %s.*\n", dump.prefix);
+        goto out;
+    }
+    dump.index = NULL;
     rc = 0;
     goto out;
 usage_err:
@@ -109,6 +158,8 @@ out:
     free(lens);
     free(seqs);
     free(logits);
+    if (dump.index) fclose(dump.index);
     ds_model_free(m);
+    ds_backend_close(&be);
     return rc;
 }

@@ -5,6 +5,11 @@
 
 int ds_run_tokens(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens, const int *n,
                   int n_seqs, int chunk, float **logits, ds_err *err) {
+    return ds_run_tokens_observed(m, be, seqs, tokens, n, n_seqs, chunk, logits, NULL, err);
+}
+
+int ds_run_tokens_observed(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens,
+                           const int *n, int n_seqs, int chunk, float **logits, const ds_observer *obs, ds_err *err) {
     ds_batch_item *items = malloc((size_t)(n_seqs ? n_seqs : 1) * sizeof *items);
     int *done = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *done);
     if (!items || !done) {
@@ -28,7 +33,7 @@ int ds_run_tokens(const ds_model *m, const ds_backend *be, ds_seq **seqs, const 
             k++;
         }
         if (!k) break;
-        if ((rc = ds_forward(m, be, items, k, err))) break;
+        if ((rc = ds_forward_observed(m, be, items, k, obs, err))) break;
     }
     free(items);
     free(done);

@@ -13,5 +13,8 @@
  * non-NULL it receives one row of vocab floats per token. */
 int ds_run_tokens(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens, const int *n,
                   int n_seqs, int chunk, float **logits, ds_err *err);
+/* The same, reporting each step to obs (may be NULL). */
+int ds_run_tokens_observed(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens,
+                           const int *n, int n_seqs, int chunk, float **logits, const ds_observer *obs, ds_err *err);
 
 #endif
