@@ -2,6 +2,9 @@
 
 #include "backend/cpu/cpu.h"
 #include "model/model.h"
+#include "runtime/backend_select.h"
+
+#include <stdlib.h>
 
 int test_passed = 0, test_failed = 0;
 
@@ -14,9 +17,10 @@ void test_path(char *buf, size_t n, const char *rel) { snprintf(buf, n, "%s/%s",
 
 int test_load(const char *dir, int threads, ds_model **m, ds_backend *be, ds_err *err) {
     if (ds_model_load(dir, m, err)) return -1;
-    if (ds_backend_cpu_init(be, threads)) {
+    ds_backend_opts o = {getenv("DSV4_TEST_BACKEND"), 0, threads};
+    if (ds_backend_open(&o, be, err)) {
         ds_model_free(*m);
-        return ds_fail(err, "out of memory");
+        return -1;
     }
     if (ds_model_bind(*m, be, err)) {
         ds_model_free(*m);

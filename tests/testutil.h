@@ -28,7 +28,9 @@ void test_path(char *buf, size_t n, const char *rel);
 struct ds_model;
 struct ds_backend;
 struct ds_err;
-/* Loads the model in dir bound to a new CPU backend of `threads` (be). */
+/* Loads the model in dir bound to a new backend (be): the CPU with `threads`,
+ * or the one named by the environment variable DSV4_TEST_BACKEND (the GPU
+ * script runs the model tests with DSV4_TEST_BACKEND=cuda). */
 int test_load(const char *dir, int threads, struct ds_model **m, struct ds_backend *be, struct ds_err *err);
 /* Frees both. */
 void test_unload(struct ds_model *m, struct ds_backend *be);

@@ -263,6 +263,8 @@ struct ds_backend {
     int (*upload)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
     int (*download)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
     int (*memset0)(const ds_backend *be, void *dst, size_t bytes, ds_err *err);
+    /* backend memory to backend memory (returns when the copy is done) */
+    int (*copy)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
     /* Host bytes valid for the model's lifetime as backend memory (*out);
      * unmap_weights releases them. */
     int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err);

@@ -158,7 +158,8 @@ static void usage(FILE *f) {
                "  prints tokens/s, weight GB/s per decoded token, the read bandwidth (measured before and\n"
                "  between decode chunks of 8 tokens), the ratios, and where prefill and decode time goes.\n"
                "  --batch B,...: also decode with B sequences per step (each prefilled with P/4 tokens) and\n"
-               "  report tokens/s and the weight bytes actually read per step (distinct experts).\n");
+               "  report tokens/s and the weight bytes actually read per step (distinct experts).\n"
+               "  --backend cuda [--gpu N]: the same on the GPU, against the device's copy bandwidth.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -167,7 +168,8 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     long long prompt = 128, gen = 16, threads = 0;
     int32_t *batches = NULL;
-    int n_batches = 0;
+    int n_batches = 0, bk;
+    ds_backend_opts bo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -187,6 +189,8 @@ int cmd_bench(int argc, char **argv) {
             bad = cli_parse_tokens(a, v, &batches, &n_batches);
             for (int b = 0; !bad && b < n_batches; b++) bad = batches[b] < 1 || batches[b] > 4096;
             if (bad) fprintf(stderr, "dsv4 bench: --batch takes sizes in [1, 4096]\n");
+        } else if ((bk = cli_backend_opt("bench", a, v, &bo)) != 0) {
+            bad = bk < 0;
         } else {
             fprintf(stderr, "dsv4 bench: unknown or incomplete option '%s'\n", a);
             bad = 1;
@@ -203,6 +207,12 @@ int cmd_bench(int argc, char **argv) {
         free(batches);
         return 2;
     }
+    bo.threads = (int)threads;
+    if (bo.name && strcmp(bo.name, "cpu")) {
+        int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches);
+        free(batches);
+        return drc;
+    }
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_err err;
@@ -211,7 +221,6 @@ int cmd_bench(int argc, char **argv) {
         free(batches);
         return 1;
     }
-    ds_backend_opts bo = {NULL, 0, (int)threads};
     if (cli_bind("bench", m, &bo, &be)) {
         ds_model_free(m);
         free(batches);

@@ -3,10 +3,16 @@
 #ifndef DS_COMMANDS_H
 #define DS_COMMANDS_H
 
+#include <stdint.h>
+
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `dsv4 bench --backend cuda ...` (cmd_bench_device.c) */
+#include "runtime/backend_select.h"
+int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long prompt, long long gen, const int32_t *batches,
+                     int n_batches);
 /* `dsv4 bench --kernels` (cmd_bench_kernels.c) */
 int cmd_bench_kernels(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

@@ -99,6 +99,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->upload = cpu_copy;
     be->download = cpu_copy;
     be->memset0 = cpu_memset0;
+    be->copy = cpu_copy;
     be->map_weights = cpu_map_weights;
     be->unmap_weights = cpu_unmap_weights;
     be->begin_step = cpu_begin_step;
