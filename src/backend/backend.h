@@ -1,36 +1,251 @@
-/* backend.h — the compute interface the model code talks to. The model says
- * what to compute (paper sections in src/model/); a backend decides how.
- * Every op is invariant by construction (shared/docs/design.md §1): each
- * output element is reduced in an order fixed by the model's shapes only,
- * never by the number of tokens, their batch positions or the thread count. */
+/* backend.h — the compute interface the model talks to (docs/backend.md).
+ *
+ * The model says *what* to compute, one op per paper section; a backend
+ * decides *how*, in its own memory. Every op is invariant by construction
+ * (shared/docs/design.md §1): each output element comes from a reduction
+ * whose order is fixed by the model's shapes only — never by the number of
+ * tokens, their batch positions, the thread count or the device.
+ *
+ * Memory. Every pointer an op takes or writes (float *, int32_t *, ...) is
+ * backend memory: from be->alloc, be->map_weights, or a view into either.
+ * The model never reads or writes through these pointers; it moves bytes in
+ * and out with be->upload / be->download. Three uses:
+ *   weights  uploaded once per model (map_weights: the CPU backend uses the
+ *            mmap'd checkpoint in place; a GPU backend copies it once);
+ *   state    per sequence: the window ring and the compressor / indexer
+ *            state of every layer (ds_layer_mem), allocated with the sequence;
+ *   compute  one activation arena per model, sized for the largest step
+ *            (model/runstate.h); backends keep their own scratch.
+ *
+ * Steps. ds_forward starts every step with be->begin_step, which hands the
+ * backend the step's tokens (ids, positions, sequences) and each sequence's
+ * state; ops then address tokens by row t in [0, T) and state by layer.
+ *
+ * Errors. Ops return 0, or -1 with a message in err naming the op and the
+ * cause (allocation, launch, device fault); outputs are then undefined. */
 #ifndef DS_BACKEND_H
 #define DS_BACKEND_H
 
-#include "model/weights.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "tensor/weight.h"
 
 typedef struct ds_backend ds_backend;
 
-/* One attention query: q (d floats) against n_keys key=value rows. */
-typedef struct ds_attn_query {
-    const float *q;            /* [d] */
-    const float *const *keys;  /* n_keys pointers to [d] rows (K = V) */
-    int n_keys;
-    float sink;                /* per-head sink logit: joins the denominator only */
-    float *out;                /* [d] */
-} ds_attn_query;
+/* ---- per-sequence state, in backend memory --------------------------- */
 
-/* One product of a batch: y[t][r] = sum_k w[r][k] * x[t][k] for t < T. */
+/* A compressor's state (paper §2.3): the entries so far and what a window
+ * needs across steps. Counts follow from positions: after p tokens a
+ * compressor of ratio R holds p / R entries; the unfinished window's rows sit
+ * at slot pos % R. c = 2 with the CSA overlap, else 1. */
+typedef struct ds_comp_mem {
+    float *entries;             /* [max_len / R + 1][d], in window order */
+    float *pend_kv, *pend_gate; /* [R][c*d] rows of the unfinished window (gate + ape) */
+    float *prev_kv, *prev_gate; /* [R][d] series A of the last finished window (overlap only) */
+} ds_comp_mem;
+
+typedef struct ds_layer_mem {
+    float *ring;                /* [window][head_dim]: position p at p % window */
+    ds_comp_mem comp;           /* layers with a compress ratio */
+    ds_comp_mem icomp;          /* CSA layers: the indexer's compressor */
+} ds_layer_mem;
+
+/* ---- one step's tokens ------------------------------------------------ */
+
+typedef struct ds_step_desc {
+    int T;                      /* tokens (rows of every activation) */
+    int n_seqs, n_layers;
+    const int32_t *tok_id;      /* [T] */
+    const int64_t *tok_pos;     /* [T] absolute positions */
+    const int *tok_seq;         /* [T] sequence of each row */
+    const int *seq_row0;        /* [n_seqs] first row of each sequence; its rows are consecutive */
+    const int *seq_n;           /* [n_seqs] rows of each sequence */
+    const int64_t *seq_pos0;    /* [n_seqs] position of its first row (earlier ones are in its state) */
+    const ds_layer_mem *const *seq_mem; /* [n_seqs] -> [n_layers] */
+} ds_step_desc;
+
+/* ---- op parameters (shapes in comments; all arrays in backend memory
+ *      unless marked "host") ------------------------------------------- */
+
+/* y[t][r] = sum_k w[r][k] * x[t][k] for t < T. */
 typedef struct ds_matmul_job {
-    const ds_weight *w;
-    const float *x; /* [T][w->cols] */
+    const ds_weight *w;         /* host struct; its data in backend memory */
+    const float *x;             /* [T][w->cols] */
     int T;
-    float *y;       /* [T][w->rows] */
+    float *y;                   /* [T][w->rows]; must not overlap any x of the batch */
 } ds_matmul_job;
+
+/* Grouped output projection (paper §2.3.3): group g of x's columns through
+ * rows [g*R/G, (g+1)*R/G) of w: y[t][g*Rg + r] = sum_k w[g*Rg + r][k] * x[t][g*K + k]
+ * with Rg = w->rows / G, K = w->cols. Each output has matmul's bits. */
+typedef struct ds_matmul_grouped {
+    const ds_weight *w;         /* [G*Rg, K] */
+    int G, T;
+    const float *x;             /* [T][G*K] */
+    float *y;                   /* [T][G*Rg] */
+} ds_matmul_grouped;
+
+/* out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps); w = NULL: unweighted. */
+typedef struct ds_rmsnorm_params {
+    const float *x;             /* [T][n] */
+    const float *w;             /* [n] or NULL */
+    float *out;                 /* [T][n], may be x */
+    int T, n;
+    float eps;
+} ds_rmsnorm_params;
+
+/* Per head of x[t] (in place): optional unweighted RMSNorm, then interleaved
+ * RoPE on the last 2*half channels at the row's position (inverse: -sin). */
+typedef struct ds_rope_params {
+    float *x;                   /* [T][H][d] */
+    int T, H, d, half;
+    const float *inv_freq;      /* [half] */
+    int norm, inverse;
+    float eps;
+} ds_rope_params;
+
+/* Embedding: X[t][i] = embed[tok_id[t]] for each of the n streams. */
+typedef struct ds_embed_params {
+    const ds_weight *w;         /* [vocab, D] */
+    int n;
+    float *X;                   /* [T][n][D] */
+} ds_embed_params;
+
+/* mHC weights of one site (paper §2.2). */
+typedef struct ds_hc_params {
+    const ds_weight *fn;        /* [(2+n)n, nD] (head: [n, nD]) */
+    const float *base;          /* [(2+n)n] (head: [n]) */
+    const float *scale;         /* [3] (head: [1]) */
+    int n, D, sinkhorn_iters;
+    float rms_eps, hc_eps;
+} ds_hc_params;
+
+/* pre: mixes m = fn @ (X / rms(X)); pre_i = sigmoid(m_i s0 + b_i) + eps,
+ * post_i = 2 sigmoid(m_{n+i} s1 + b_{n+i}), comb = Sinkhorn(softmax rows of
+ * m_{2n..} s2 + b) ; x_in = sum_i pre_i X_i. */
+typedef struct ds_hc_pre_params {
+    ds_hc_params hc;
+    const float *X;             /* [T][n][D] */
+    int T;
+    float *x_in;                /* [T][D] */
+    float *post;                /* [T][n] */
+    float *comb;                /* [T][n][n] */
+} ds_hc_pre_params;
+
+/* post: Xout[t][j] = post_j * y[t] + sum_i comb[i][j] * X[t][i]. */
+typedef struct ds_hc_post_params {
+    int n, D, T;
+    const float *X, *y, *post, *comb; /* [T][n][D], [T][D], [T][n], [T][n][n] */
+    float *Xout;                /* [T][n][D] */
+} ds_hc_post_params;
+
+/* head: x[r] = sum_i (sigmoid(m_i s0 + b_i) + eps) X[r][i], m = fn @ (X / rms(X)). */
+typedef struct ds_hc_head_params {
+    ds_hc_params hc;
+    const float *X;             /* [R][n][D] */
+    int R;
+    float *x;                   /* [R][D] */
+} ds_hc_head_params;
+
+/* Rows of a matrix: dst[j] = src[rows[j]]. */
+typedef struct ds_gather_params {
+    const float *src;           /* [*][width] */
+    const int *rows;            /* host [n] */
+    int n, width;
+    float *dst;                 /* [n][width] */
+} ds_gather_params;
+
+/* Compressor (paper §2.3, doc §3.3): feeds the step's rows of every sequence,
+ * in position order, into its state; a row closing a window (pos % R == R-1)
+ * appends entry pos / R: per channel a softmax over the window's slots (the
+ * previous window's series A first when overlapping) of gate + ape weighting
+ * kv, then RMSNorm(norm) and RoPE at the window's first position. */
+typedef struct ds_compress_params {
+    int layer, which;           /* which: 0 the attention compressor, 1 the indexer's */
+    int ratio, d, overlap;
+    const float *ape;           /* [ratio][c*d] */
+    const float *norm;          /* [d] */
+    const float *kv, *gate;     /* [T][c*d] projections of the step's rows */
+    const float *inv_freq;      /* [half] */
+    int half;
+    float eps;
+} ds_compress_params;
+
+/* Lightning indexer top-k (paper §2.3.1): for row t, the topk highest
+ *   score(w) = sum_h (iw[t][h] * wscale) * ReLU(iq[t][h] . K_w) / sqrt(dh)
+ * over the p/ratio + ... visible entries w < (pos+1)/ratio of the row's
+ * sequence (NaN scores rank lowest; ties to the lower index), written in
+ * ascending order; all visible entries when there are at most topk. */
+typedef struct ds_indexer_params {
+    int layer, ratio, nh, dh, topk;
+    const float *iq;            /* [T][nh][dh], roped */
+    const float *iw;            /* [T][nh] */
+    float wscale;               /* 1/sqrt(nh) */
+    int *sel;                   /* [T][topk] entry ids */
+    int *n_sel;                 /* [T] */
+} ds_indexer_params;
+
+/* Sparse attention with sinks (paper §2.3, doc §3.2) over indices into the
+ * sequence's pools. Row t at position p of sequence s attends, in this order,
+ *   window:     positions max(0, p-W+1) .. p — rows of this step's kv for
+ *               positions >= seq_pos0[s], else ring[pos % W] of its state;
+ *   compressed: entries sel[t][0..n_sel[t]) (CSA), or 0 .. (p+1)/ratio - 1 (HCA).
+ * K = V. Per head: softmax over [q.k * scale ..., sink_h] (the sink joins the
+ * denominator only), out = sum_j p_j k_j in the order above. */
+typedef struct ds_attention_params {
+    int layer, T, H, d, window, ratio;
+    const float *q;             /* [T][H][d] */
+    const float *kv;            /* [T][d] this step's rows */
+    const float *sink;          /* [H] */
+    const int *sel, *n_sel;     /* CSA: [T][topk], [T]; else NULL */
+    int topk;
+    float scale;
+    float *out;                 /* [T][H][d] */
+} ds_attention_params;
+
+/* Stores the step's last (up to W) rows of every sequence in its ring. */
+typedef struct ds_window_store_params {
+    int layer, window, d;
+    const float *kv;            /* [T][d] */
+} ds_window_store_params;
+
+enum { DS_ROUTE_SOFTMAX = 0, DS_ROUTE_SIGMOID = 1, DS_ROUTE_SQRTSOFTPLUS = 2 };
+
+/* Routing (paper §2.1): scores from the gate logits; experts = the k
+ * largest score + bias (ties to the lower id, then ascending), or the token
+ * id's row of tid2eid (hash layers); weights = score / sum * route_scale. */
+typedef struct ds_route_params {
+    const float *logits;        /* [T][E] */
+    int T, E, k, score_func;
+    const float *bias;          /* [E] (routed layers) */
+    const int32_t *tid2eid;     /* [vocab][k] (hash layers) or NULL */
+    float route_scale;
+    int32_t *idx;               /* [T][k] */
+    float *wts;                 /* [T][k] */
+} ds_route_params;
+
+/* The experts (paper §2.1): y[t] = sum over t's k slots in ascending
+ * (expert id, slot) of wts * w2_e(SwiGLU_limit(w1_e x, w3_e x)), then + the
+ * shared expert's output. Every expert's product has matmul's bits. */
+typedef struct ds_moe_params {
+    const float *x;             /* [T][D] */
+    int T, D, E, k;
+    const int32_t *idx;         /* [T][k] */
+    const float *wts;           /* [T][k] */
+    const ds_weight *w1, *w2, *w3; /* host arrays [E] */
+    const ds_weight *sw1, *sw2, *sw3; /* shared expert, or NULL */
+    float limit;
+    float *out;                 /* [T][D] */
+} ds_moe_params;
+
+/* ---- the backend ----------------------------------------------------- */
 
 /* Where the time goes (dsv4 bench): while a backend's profile is set, its
  * products and attention add their wall time here. A batch of products
- * (matmul_many) counts, time and bytes, under the storage kind holding most
- * of its weight bytes. Only the calling thread writes it. */
+ * counts, time and bytes, under the storage kind holding most of its weight
+ * bytes. Only the calling thread writes it. */
 typedef struct ds_profile {
     double mm_seconds[5], mm_bytes[5]; /* by ds_wkind */
     long mm_calls[5];
@@ -39,29 +254,50 @@ typedef struct ds_profile {
 
 struct ds_backend {
     const char *name;
-    int n_threads;
-    int cpu_path; /* CPU backend: kernel path (all paths give the same bits) */
-    ds_profile *profile; /* NULL: no accounting */
-    /* The compute ops return 0, or -1 when the backend could not allocate its
-     * scratch (the outputs are then undefined). */
-    /* y[t][r] = sum_k w[r][k] * x[t][k] for t < T (x: [T][w->cols], y: [T][w->rows]). */
-    int (*matmul)(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y);
-    /* Independent products (their y must not overlap any x) run together —
-     * on the CPU in one parallel region; each output has the bits matmul
-     * would give it. */
-    int (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n);
-    /* Softmax attention with a sink for each query; scale multiplies q.k. */
-    int (*attend)(const ds_backend *be, const ds_attn_query *qs, int n, int d, float scale);
-    /* Runs fn(ctx, i) for i in [0, n) on the backend's threads; each i must
-     * write only its own outputs (so results cannot depend on the schedule). */
-    void (*parallel_for)(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
+    ds_profile *profile;        /* NULL: no accounting */
+    void *impl;                 /* the backend's own state */
+
+    /* memory */
+    void *(*alloc)(const ds_backend *be, size_t bytes, ds_err *err);
+    void (*free)(const ds_backend *be, void *p);
+    int (*upload)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
+    int (*download)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
+    int (*memset0)(const ds_backend *be, void *dst, size_t bytes, ds_err *err);
+    /* Host bytes valid for the model's lifetime as backend memory (*out);
+     * unmap_weights releases them. */
+    int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err);
+    void (*unmap_weights)(const ds_backend *be, const void *p);
+
+    /* the step */
+    int (*begin_step)(const ds_backend *be, const ds_step_desc *s, ds_err *err);
+
+    /* ops, at the level of the paper's sections */
+    int (*embed)(const ds_backend *be, const ds_embed_params *p, ds_err *err);
+    /* Independent products, run together (on the CPU: one parallel region);
+     * each output has the bits a batch of one would give it. */
+    int (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
+    int (*matmul_grouped)(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
+    int (*rmsnorm)(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+    int (*rope)(const ds_backend *be, const ds_rope_params *p, ds_err *err);
+    int (*hc_pre)(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);
+    int (*hc_post)(const ds_backend *be, const ds_hc_post_params *p, ds_err *err);
+    int (*hc_head)(const ds_backend *be, const ds_hc_head_params *p, ds_err *err);
+    int (*gather)(const ds_backend *be, const ds_gather_params *p, ds_err *err);
+    int (*compress)(const ds_backend *be, const ds_compress_params *p, ds_err *err);
+    int (*indexer)(const ds_backend *be, const ds_indexer_params *p, ds_err *err);
+    int (*attention)(const ds_backend *be, const ds_attention_params *p, ds_err *err);
+    int (*window_store)(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
+    int (*route)(const ds_backend *be, const ds_route_params *p, ds_err *err);
+    int (*moe)(const ds_backend *be, const ds_moe_params *p, ds_err *err);
+
+    /* Releases everything the backend owns (not the struct itself). */
+    void (*close)(ds_backend *be);
 };
 
-int ds_backend_cpu_init(ds_backend *be, int n_threads);
-
-/* The fixed-order dot product every backend implements bit-identically on
- * the CPU: 8 lanes over chunks of 8, alternating two accumulators, then a
- * fixed tree. Exposed for the model's small reductions. */
-float ds_dot_f32(const float *a, const float *b, int n);
+/* One product: a batch of one. */
+static inline int ds_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, ds_err *err) {
+    ds_matmul_job j = {w, x, T, y};
+    return be->matmul_many(be, &j, 1, err);
+}
 
 #endif
