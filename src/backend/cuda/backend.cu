@@ -74,6 +74,7 @@ void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char 
     }
     cudaError_t e = cudaMalloc(&b->p, cap);
     if (e != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: keep it from surfacing as a later launch error */
         b->p = NULL;
         char what[96];
         snprintf(what, sizeof what, "out of device memory for %zu bytes of scratch", cap);
@@ -91,6 +92,7 @@ static void *c_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
+        cudaGetLastError();
         char what[96];
         snprintf(what, sizeof what, "%zu bytes of device memory", bytes);
         dsc_fail(err, "alloc", what, e);
@@ -179,6 +181,7 @@ static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err
         I->stage_cap = 0;
         size_t cap = total < 65536 ? 65536 : total * 2;
         cudaError_t e = cudaMallocHost(&I->stage, cap);
+        if (e != cudaSuccess) cudaGetLastError();
         if (e != cudaSuccess) return dsc_fail(err, op, "pinned host memory for the step", e);
         I->stage_cap = cap;
     }

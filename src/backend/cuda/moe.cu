@@ -325,6 +325,7 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
     if (ce == cudaSuccess) ce = cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);
     free(h);
     if (ce != cudaSuccess) {
+        cudaGetLastError();
         cudaFree(d);
         dsc_fail(err, op, "expert table", ce);
         return NULL;
