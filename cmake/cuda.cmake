@@ -40,7 +40,8 @@ if(DSV4_HAVE_CUDA)
   target_compile_options(dsv4cuda PRIVATE --fmad=false -lineinfo -D_GNU_SOURCE
                                           -Xcompiler=-Wall,-Wextra --Werror=all-warnings)
   target_compile_definitions(dsv4cuda PUBLIC DSV4_HAVE_CUDA=1)
-  target_link_libraries(dsv4cuda PUBLIC CUDA::cudart)
+  # The static runtime: binaries need only the driver (libcuda) where they run.
+  target_link_libraries(dsv4cuda PUBLIC CUDA::cudart_static)
   target_link_libraries(dsv4core PUBLIC dsv4cuda)
 
   # GPU unit test: labelled "gpu"; exits 77 (skipped) where there is no GPU.
@@ -61,5 +62,6 @@ if(DSV4_HAVE_CUDA)
     if(NOT _arch)
       set_target_properties(${_t} PROPERTIES CUDA_ARCHITECTURES 90a)
     endif()
+    set_target_properties(${_t} PROPERTIES CUDA_RUNTIME_LIBRARY Static)
   endforeach()
 endif()

@@ -4,7 +4,8 @@
 # which the CPU targets need at configure time) pass a build made elsewhere:
 #   DSV4_CUDA_BUILD=/path/to/build-cuda scripts/gpu-test.sh   (skips the build)
 # Other variables: BUILD_DIR (default build-cuda), JOBS (default 2).
-# If the CUDA runtime is not found at run time:
+# The CUDA runtime is linked statically: the binaries need only the driver.
+# If a shared CUDA library is still not found at run time:
 #   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 set -u
 cd "$(dirname "$0")/.."
