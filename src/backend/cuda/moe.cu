@@ -195,20 +195,20 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_kernel(up_args a) {
     w3.srow0 = a.w3[e].srow0;
     int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.rows;
     int xvec = ((uintptr_t)a.x & 15) == 0 && a.D % 4 == 0;
-    for (int mt = m0; mt < m1; mt += DSC_MM_NT) {
-        int nt = m1 - mt < DSC_MM_NT ? m1 - mt : DSC_MM_NT;
-        const float *xj[DSC_MM_NT];
-        float a1[DSC_MM_NT], a3[DSC_MM_NT];
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float a1[DSC_MOE_NT], a3[DSC_MOE_NT];
 #pragma unroll
-        for (int j = 0; j < DSC_MM_NT; j++) {
+        for (int j = 0; j < DSC_MOE_NT; j++) {
             xj[j] = a.x + (size_t)(a.members[mt + (j < nt ? j : 0)] / a.k) * a.D;
             a1[j] = 0.0f;
             a3[j] = 0.0f;
         }
-        dsc_row_dot<KIND, DSC_MM_NT>(w1, r, lane, xj, nt, xvec, a1);
-        dsc_row_dot<KIND, DSC_MM_NT>(w3, r, lane, xj, nt, xvec, a3);
+        dsc_row_dot<KIND, DSC_MOE_NT>(w1, r, lane, xj, nt, xvec, a1);
+        dsc_row_dot<KIND, DSC_MOE_NT>(w3, r, lane, xj, nt, xvec, a3);
 #pragma unroll
-        for (int j = 0; j < DSC_MM_NT; j++) {
+        for (int j = 0; j < DSC_MOE_NT; j++) {
             if (j >= nt) break;
             float v1 = dsc_warp_sum(a1[j]), v3 = dsc_warp_sum(a3[j]);
             if (lane == 0) a.h[(size_t)(mt + j) * I + r] = dsc_swiglu(v1, v3, a.limit);
@@ -235,18 +235,18 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_kernel(down_args a
     w.srow0 = a.w2[e].srow0;
     int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.cols, D = a.shape.rows;
     int xvec = ((uintptr_t)a.h & 15) == 0 && I % 4 == 0;
-    for (int mt = m0; mt < m1; mt += DSC_MM_NT) {
-        int nt = m1 - mt < DSC_MM_NT ? m1 - mt : DSC_MM_NT;
-        const float *xj[DSC_MM_NT];
-        float acc[DSC_MM_NT];
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float acc[DSC_MOE_NT];
 #pragma unroll
-        for (int j = 0; j < DSC_MM_NT; j++) {
+        for (int j = 0; j < DSC_MOE_NT; j++) {
             xj[j] = a.h + (size_t)(mt + (j < nt ? j : 0)) * I;
             acc[j] = 0.0f;
         }
-        dsc_row_dot<KIND, DSC_MM_NT>(w, r, lane, xj, nt, xvec, acc);
+        dsc_row_dot<KIND, DSC_MOE_NT>(w, r, lane, xj, nt, xvec, acc);
 #pragma unroll
-        for (int j = 0; j < DSC_MM_NT; j++) {
+        for (int j = 0; j < DSC_MOE_NT; j++) {
             if (j >= nt) break;
             float v = dsc_warp_sum(acc[j]);
             if (lane == 0) a.y[(size_t)(mt + j) * D + r] = v;
