@@ -3,7 +3,8 @@
 # summary. On the lease machine (CUDA 13, maybe without libcjson / libpcre2,
 # which the CPU targets need at configure time) pass a build made elsewhere:
 #   DSV4_CUDA_BUILD=/path/to/build-cuda scripts/gpu-test.sh   (skips the build)
-# Other variables: BUILD_DIR (default build-cuda), JOBS (default 2).
+# Other variables: BUILD_DIR (default build-cuda), JOBS (default 2), BENCH=1
+# (also time the decode products: GB/s per storage kind at T = 1, 8, 64, 256).
 # The CUDA runtime is linked statically: the binaries need only the driver.
 # If a shared CUDA library is still not found at run time:
 #   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
@@ -42,7 +43,7 @@ run() { # name command...
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-run test_cuda_ops "$B/test_cuda_ops"
+run test_cuda_ops "$B/test_cuda_ops" ${BENCH:+--bench}
 
 echo "---- gpu-test summary ----"
 printf '%s\n' "${summary[@]}"

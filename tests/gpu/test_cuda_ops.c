@@ -1181,7 +1181,47 @@ static void test_embed_gather(ctx *C) {
     free_weight(C, &w);
 }
 
-int main(void) {
+/* ---- --bench: decode bandwidth of the products (zero weights: the values do
+ * not change the time) --------------------------------------------------------- */
+
+#include <time.h>
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench(ctx *C) {
+    struct { ds_wkind kind; int rows, cols; } cases[] = {
+        {DS_W_BF16, 16384, 8192}, {DS_W_FP8, 32768, 8192}, {DS_W_FP8, 4096, 4096}, {DS_W_FP4, 32768, 16384}, {DS_W_FP4, 2048, 4096}};
+    int Ts[4] = {1, 8, 64, 256};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ds_weight w = {cases[i].kind, cases[i].rows, cases[i].cols, NULL, NULL, 0, 0, 0, kname[cases[i].kind]};
+        size_t n = (size_t)w.rows * w.cols, db = w.kind == DS_W_BF16 ? 2 * n : w.kind == DS_W_FP8 ? n : n / 2, ns = 0;
+        if (w.kind == DS_W_FP8) ns = (size_t)(w.scale_cols = (w.cols + 127) / 128) * ((w.rows + 127) / 128);
+        if (w.kind == DS_W_FP4) ns = (size_t)(w.scale_cols = (w.cols + 31) / 32) * w.rows;
+        w.data = dput(C, NULL, db);
+        w.scale = ns ? dput(C, NULL, ns) : NULL;
+        float *x = dput(C, NULL, sizeof(float) * 256 * w.cols), *y = dput(C, NULL, sizeof(float) * 256 * w.rows), sink;
+        for (int ti = 0; ti < 4; ti++) {
+            int T = Ts[ti], reps = T <= 8 ? 50 : 10;
+            die_if(C, ds_matmul(&C->be, &w, x, T, y, &C->err), "matmul");
+            dget(C, &sink, y, 4);
+            double t0 = wall();
+            for (int r = 0; r < reps; r++) die_if(C, ds_matmul(&C->be, &w, x, T, y, &C->err), "matmul");
+            dget(C, &sink, y, 4);
+            double dt = (wall() - t0) / reps, bytes = (double)db + (double)ns;
+            printf("bench matmul %-4s [%5d x %5d] T=%-3d %8.1f us  %7.1f GB/s  %8.2f TFLOP/s\n", kname[w.kind], w.rows, w.cols, T,
+                   dt * 1e6, bytes / dt / 1e9, 2.0 * n * T / dt / 1e12);
+        }
+        C->be.free(&C->be, (void *)w.data);
+        if (w.scale) C->be.free(&C->be, (void *)w.scale);
+        C->be.free(&C->be, x);
+        C->be.free(&C->be, y);
+    }
+}
+
+int main(int argc, char **argv) {
     char desc[256];
     if (!ds_backend_cuda_available(desc, sizeof desc)) {
         printf("test_cuda_ops: skipped: %s\n", desc);
@@ -1211,6 +1251,7 @@ int main(void) {
     test_indexer(C);
     test_route(C);
     test_moe(C);
+    if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
 
     C->be.close(&C->be);
     printf("%d passed, %d failed\n", C->pass, C->fail);
