@@ -29,6 +29,7 @@ struct att_args {
 template <int NC>
 __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_kernel(att_args a) {
     __shared__ float sbuf[DSC_ATT_WARPS][DSC_ATT_KB];
+    __shared__ const float *kptr[DSC_ATT_WARPS][DSC_ATT_KB];
     int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
     size_t wid = (size_t)blockIdx.x * DSC_ATT_WARPS + wl;
     if (wid >= (size_t)a.T * a.H) return;
@@ -55,8 +56,9 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_kernel(att_args a) {
     float m = -INFINITY, l = 0.0f;
     for (int b0 = 0; b0 < n; b0 += DSC_ATT_KB) {
         int nb = n - b0 < DSC_ATT_KB ? n - b0 : DSC_ATT_KB;
-        float bm = -INFINITY;
-        for (int jj = 0; jj < nb; jj++) {
+        /* the block's key addresses, one lane per key, so the loops below are
+         * branch-free and can keep several keys' loads in flight */
+        for (int jj = lane; jj < nb; jj += 32) {
             int j = b0 + jj;
             const float *k;
             if (j < nwin) {
@@ -66,6 +68,13 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_kernel(att_args a) {
                 int e = sel ? sel[j - nwin] : j - nwin;
                 k = ent + (size_t)e * d;
             }
+            kptr[wl][jj] = k;
+        }
+        __syncwarp();
+        float bm = -INFINITY;
+#pragma unroll 4
+        for (int jj = 0; jj < nb; jj++) {
+            const float *k = kptr[wl][jj];
             const float4 *k4 = (const float4 *)k;
             float dot = 0.0f;
 #pragma unroll
@@ -94,16 +103,9 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_kernel(att_args a) {
             o[i].z *= al;
             o[i].w *= al;
         }
+#pragma unroll 4
         for (int jj = 0; jj < nb; jj++) {
-            int j = b0 + jj;
-            const float *k;
-            if (j < nwin) {
-                int64_t pp = lo + j;
-                k = pp >= pos0 ? a.kv + (size_t)(row0 + (pp - pos0)) * d : ring + (size_t)(pp % a.W) * d;
-            } else {
-                int e = sel ? sel[j - nwin] : j - nwin;
-                k = ent + (size_t)e * d;
-            }
+            const float *k = kptr[wl][jj];
             float pj = expf(sbuf[wl][jj] - mn);
             l += pj;
             const float4 *k4 = (const float4 *)k;
