@@ -19,9 +19,10 @@
  * i, i+256, ... then a fixed tree over the block. */
 #define DSC_ROW_THREADS 256
 
-/* attention (attention.cu): one warp per (row, head); ORDER: keys in
- * blocks of DSC_ATT_KB, merged in ascending order (online softmax), the
- * dot over d lane-strided float4 chunks then the xor tree. */
+/* attention (attention.cu): one warp per (row, head, key block) then one
+ * per (row, head) for the merge; ORDER: keys in blocks of DSC_ATT_KB, each
+ * reduced with its own max, merged in ascending order; the dot over d
+ * lane-strided float4 chunks then the xor tree. */
 #define DSC_ATT_KB 64
 #define DSC_ATT_WARPS 4
 #define DSC_ATT_MAXD 1024       /* head_dim limit (d % 4 == 0) */
