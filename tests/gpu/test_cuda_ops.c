@@ -525,7 +525,7 @@ static void test_mhc(ctx *C) {
 
 /* ---- attention + window store ---------------------------------------------- */
 
-enum { AH = 4, AD = 128, AW = 16, AR = 4, ATOPK = 8, ANENT = 64 };
+enum { AH = 4, AD = 128, AW = 16, AR = 4, ATOPK = 8, ANENT = 256 };
 
 typedef struct {
     ds_layer_mem mem;           /* device pointers */
@@ -635,7 +635,7 @@ static void test_attention(ctx *C) {
         const char *kind = csa ? "CSA" : "HCA";
         aseq A, A5, B[3];
         aseq_init(C, &A, 37, 1);   /* decode row */
-        aseq_init(C, &A5, 140, 70); /* prefill rows past the window (uses 140..209, entries < 53) */
+        aseq_init(C, &A5, 600, 70); /* prefill rows past the window: up to 16 + 167 keys, 3 blocks of 64 */
         aseq_init(C, &B[0], 100, 63);
         aseq_init(C, &B[1], 5, 3);
         aseq_init(C, &B[2], 60, 3);
