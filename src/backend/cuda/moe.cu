@@ -261,7 +261,7 @@ __global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, f
 
 __global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ wts,
                                    const int *__restrict__ slot_pos, const float *__restrict__ y2,
-                                   const float *__restrict__ shared, int k, int D, float *__restrict__ out) {
+                                   const float *__restrict__ shared, int k, int D, int E, float *__restrict__ out) {
     int t = blockIdx.y;
     int order[32];
     const int32_t *id = idx + (size_t)t * k;
@@ -276,6 +276,7 @@ __global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float 
         float y = 0.0f;
         for (int j = 0; j < k; j++) {
             size_t pr = (size_t)t * k + order[j];
+            if (id[order[j]] < 0 || id[order[j]] >= E) continue; /* bad id: no expert ran it */
             y = y + y2[(size_t)slot_pos[pr] * D + c] * wts[pr];
         }
         if (shared) y = y + shared[(size_t)t * D + c];
@@ -410,6 +411,6 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
         if (dsc_check_launch(err, op)) return -1;
     }
     dim3 gc((unsigned)((D + 255) / 256), (unsigned)T);
-    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, slot_pos, y2, ys, k, D, p->out);
+    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, slot_pos, y2, ys, k, D, E, p->out);
     return dsc_check_launch(err, op);
 }
