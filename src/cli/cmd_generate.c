@@ -11,7 +11,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 generate -m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P]\n"
-               "                     [--min-p P] [--seed S] [--threads N] [--stop ID,...]\n"
+               "                     [--min-p P] [--seed S] [--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]\n"
                "  prints the N generated token ids (greedy unless --temperature > 0)\n");
 }
 
@@ -27,7 +27,8 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     ds_sample_scratch *scr = NULL;
     ds_err err = {{0}};
-    for (int i = 1; i < argc; i++) {
+    ds_backend_opts bo = {0};
+    for (int i = 1, bk; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -55,6 +56,8 @@ int cmd_generate(int argc, char **argv) {
             bad = cli_parse_double(a, v, &top_p);
         } else if (!strcmp(a, "--min-p") && v) {
             bad = cli_parse_double(a, v, &min_p);
+        } else if ((bk = cli_backend_opt("generate", a, v, &bo)) != 0) {
+            bad = bk < 0;
         } else {
             fprintf(stderr, "dsv4 generate: unknown or incomplete option '%s'\n", a);
             bad = 1;
@@ -74,7 +77,7 @@ int cmd_generate(int argc, char **argv) {
     sp.min_p = min_p;
     sp.seed = (uint64_t)seed;
     if (ds_sampling_validate(&sp, &err) || ds_model_load(dir, &m, &err)) goto fail;
-    ds_backend_opts bo = {NULL, 0, (int)threads};
+    bo.threads = (int)threads;
     if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     if (ds_seq_new(m, n_prompt + n_gen + 1, &seq, &err)) goto fail;

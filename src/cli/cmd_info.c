@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "runtime/backend_select.h"
 #include "model/model.h"
 #include "model/state.h"
 
@@ -32,6 +33,7 @@ int cmd_info(int argc, char **argv) {
     }
     const ds_config *c = &m->cfg;
     printf("model      %s\n", dir);
+    printf("backends   %s (this build)\n", ds_backends_built());
     printf("shape      vocab %d, hidden %d, layers %d, heads %d x %d (rope %d), q_lora %d, o_groups %d x %d\n",
            c->vocab_size, c->dim, c->n_layers, c->n_heads, c->head_dim, c->rope_dim, c->q_lora_rank, c->o_groups,
            c->o_lora_rank);

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# gpu-test.sh — the GPU suite, on a machine with an NVIDIA GPU (the lease
+# machine): builds the CUDA backend (or takes a build made elsewhere), runs
+#   1. test_cuda_ops: every op against a double-precision reference, and
+#      bitwise alone = inside batches of 2, 7, 64 per op;
+#   2. the model tests on the GPU (DSV4_TEST_BACKEND=cuda): test_reference
+#      (oracle logits within 1e-3; chunked prefill 1..129 / whole, batch order
+#      and greedy decode bitwise), test_batch (alone = inside batches at any
+#      position, bitwise), test_intermediates (per-layer vs the oracle);
+#   3. dsv4 check --backend cuda (random batches and chunkings: one output per
+#      request) and repeatability across processes;
+#   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
+#   5. bad input: no such GPU, a sequence larger than GPU memory;
+#   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
+#      layers, written here) and the kernel timings;
+# and prints a summary. Variables:
+#   DSV4_CUDA_BUILD=DIR  a build made elsewhere (skip the build; the lease
+#                        machine may lack libcjson: put it in DIR/lib)
+#   BENCH=1              also the benchmarks (needs ~45 GB of disk for the synth models)
+#   TESTS=0              skip 1-5 (the benchmarks alone)
+#   JOBS (default 8)
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+JOBS=${JOBS:-8}
+if [ -n "${DSV4_CUDA_BUILD:-}" ]; then
+  B=$DSV4_CUDA_BUILD
+  echo "gpu-test: using the prebuilt $B"
+else
+  B=${BUILD_DIR:-build-cuda}
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON >"$B.configure.log" 2>&1 ||
+    { echo "gpu-test: configure failed (see $B.configure.log)"; tail -20 "$B.configure.log"; exit 1; }
+  cmake --build "$B" -j"$JOBS" || { echo "gpu-test: build failed"; exit 1; }
+fi
+export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export DSV4_SOURCE_DIR=$root
+bin=$B/dsv4
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+failed=0
+summary=()
+run() { # name command...
+  local name=$1; shift
+  local log=$T/log.$name t0=$SECONDS
+  "$@" >"$log" 2>&1
+  local rc=$?
+  cat "$log"
+  local last; last=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+  if [ "$rc" -eq 0 ]; then summary+=("PASS $name ${last:+($last)} $((SECONDS - t0)) s")
+  else summary+=("FAIL $name rc=$rc ${last:+($last)}"); failed=1; fi
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+"$bin" info -m models/kjv | head -2
+
+if [ "${TESTS:-1}" != 0 ]; then
+# 1. ops
+run test_cuda_ops "$B/test_cuda_ops"
+# 2. the model on the GPU
+export DSV4_TEST_BACKEND=cuda
+run test_reference "$B/test_reference"
+run test_batch "$B/test_batch"
+run test_intermediates "$B/test_intermediates"
+unset DSV4_TEST_BACKEND
+# 3. the determinism checker, and the same logits in two processes
+run check_q128 "$bin" check -m tests/fixtures/q128 --backend cuda --trials 30 --mode mixed
+run check_kjv "$bin" check -m models/kjv --backend cuda --trials 20 --mode mixed
+repeat() {
+  local toks; toks=$(python3 -c "print(','.join(str((i * 7919 + 13) % 6000) for i in range(300)))")
+  "$bin" logits -m models/kjv --backend cuda --tokens "$toks" -o "$T/r1" &&
+    "$bin" logits -m models/kjv --backend cuda --tokens "$toks" -o "$T/r2" --prefill-chunk 37 &&
+    cmp "$T/r1.0.f32" "$T/r2.0.f32" && echo "1 passed, 0 failed: two processes (whole, chunks of 37) bitwise equal"
+}
+run repeat_processes repeat
+# 4. GPU vs CPU on the bundled model
+cpu_vs_gpu() {
+  local prompt="4,25,9,113,7,58,311,12"
+  "$bin" generate -m models/kjv --tokens "$prompt" -n 64 --backend cpu >"$T/g.cpu" &&
+    "$bin" generate -m models/kjv --tokens "$prompt" -n 64 --backend cuda >"$T/g.cuda" || return 1
+  local all; all="$prompt,$(tr -s ' \n' ',' <"$T/g.cpu" | sed 's/,$//')"
+  "$bin" logits -m models/kjv --tokens "$all" -o "$T/l.cpu" --backend cpu &&
+    "$bin" logits -m models/kjv --tokens "$all" -o "$T/l.cuda" --backend cuda || return 1
+  python3 - "$T" <<'PY'
+import array, sys
+t = sys.argv[1]
+a = array.array('f'); a.frombytes(open(t + '/l.cpu.0.f32', 'rb').read())
+b = array.array('f'); b.frombytes(open(t + '/l.cuda.0.f32', 'rb').read())
+d = max(abs(x - y) for x, y in zip(a, b))
+same = open(t + '/g.cpu').read().split() == open(t + '/g.cuda').read().split()
+print(f"greedy 64 tokens: {'same' if same else 'DIFFERENT'} text on cpu and cuda; max |logit cpu - cuda| = {d:.3g} over {len(a)} logits")
+print(f"{int(same) + int(d <= 1e-3)} passed, {2 - int(same) - int(d <= 1e-3)} failed")
+sys.exit(0 if same and d <= 1e-3 else 1)
+PY
+}
+run cpu_vs_gpu cpu_vs_gpu
+# 5. bad input
+bad_input() {
+  local n=0 f=0
+  "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda --gpu 63 >"$T/e" 2>&1
+  if [ $? -eq 1 ] && grep -q "^dsv4 logits: cuda" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); cat "$T/e"; fi
+  cat "$T/e"
+  # a model larger than the GPU's memory (DSV4_CUDA_FREE_MIB leaves 8 MiB free)
+  DSV4_CUDA_FREE_MIB=8 "$bin" logits -m models/kjv --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
+  if [ $? -eq 1 ] && grep -q "map_weights: the weights need" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
+  cat "$T/e"
+  # a step that does not fit: the model fits in 64 MiB, a 1,000,000-token sequence does not
+  DSV4_CUDA_FREE_MIB=64 timeout 120 "$bin" generate -m models/kjv --tokens 1,2 -n 1000000 --backend cuda >"$T/e" 2>&1
+  if [ $? -eq 1 ] && grep -q "out of memory\|device memory" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
+  cat "$T/e"
+  echo "$n passed, $f failed"
+  [ "$f" -eq 0 ]
+}
+run bad_input bad_input
+fi
+# 6. speed
+if [ -n "${BENCH:-}" ]; then
+  for L in 4 8; do
+    d=${SYNTH_DIR:-/tmp}/flash$L
+    [ -f "$d/config.json" ] || "$bin" synth --like flash --layers "$L" -o "$d" >/dev/null 2>&1
+    run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
+  done
+  run kernels "$B/test_cuda_ops" --bench
+fi
+
+echo "---- gpu-test summary ----"
+printf '%s\n' "${summary[@]}"
+exit $failed

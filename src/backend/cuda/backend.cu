@@ -1,0 +1,390 @@
+/* backend.cu — the CUDA backend's memory, step upload, embedding, gather and
+ * vtable. Everything lives in dsc_impl (be->impl): no global state. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda.h"
+#include "backend/cuda/internal.h"
+
+/* ops of the other files */
+extern "C" {
+int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
+int dsc_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
+int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+int dsc_rope(const ds_backend *be, const ds_rope_params *p, ds_err *err);
+int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);
+int dsc_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_err *err);
+int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_err *err);
+int dsc_compress(const ds_backend *be, const ds_compress_params *p, ds_err *err);
+int dsc_indexer(const ds_backend *be, const ds_indexer_params *p, ds_err *err);
+int dsc_attention(const ds_backend *be, const ds_attention_params *p, ds_err *err);
+int dsc_window_store(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
+int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err *err);
+int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err);
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+int dsc_fail(ds_err *err, const char *op, const char *what, cudaError_t e) {
+    if (err) snprintf(err->msg, sizeof err->msg, "cuda %s: %s: %s (%s)", op, what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+}
+
+int dsc_failmsg(ds_err *err, const char *op, const char *fmt, ...) {
+    if (err) {
+        char m[900];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(m, sizeof m, fmt, ap);
+        va_end(ap);
+        snprintf(err->msg, sizeof err->msg, "cuda %s: %s", op, m);
+    }
+    return -1;
+}
+
+/* A launch error, or a fault of an earlier kernel that surfaced now. */
+int dsc_check_launch(ds_err *err, const char *op) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return dsc_fail(err, op, "kernel launch failed", e);
+    return 0;
+}
+
+int dsc_use(const ds_backend *be, ds_err *err, const char *op) {
+    dsc_impl *I = dsc_of(be);
+    if (!I) return dsc_failmsg(err, op, "backend is closed");
+    cudaError_t e = cudaSetDevice(I->gpu);
+    if (e != cudaSuccess) return dsc_fail(err, op, "cannot select the device", e);
+    return 0;
+}
+
+void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char *op) {
+    dsc_buf *b = &I->scratch[which];
+    if (bytes == 0) bytes = 16;
+    if (b->cap >= bytes) return b->p;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < bytes) cap *= 2;
+    if (b->p) {
+        /* growing: earlier kernels may still read the old buffer */
+        cudaStreamSynchronize(I->stream);
+        cudaFree(b->p);
+        b->p = NULL;
+        b->cap = 0;
+    }
+    cudaError_t e = cudaMalloc(&b->p, cap);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: keep it from surfacing as a later launch error */
+        b->p = NULL;
+        char what[96];
+        snprintf(what, sizeof what, "out of device memory for %zu bytes of scratch", cap);
+        dsc_fail(err, op, what, e);
+        return NULL;
+    }
+    b->cap = cap;
+    return b->p;
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+static void *c_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "alloc")) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        char what[96];
+        snprintf(what, sizeof what, "%zu bytes of device memory", bytes);
+        dsc_fail(err, "alloc", what, e);
+        return NULL;
+    }
+    return p;
+}
+
+static void c_free(const ds_backend *be, void *p) {
+    if (!p || !be->impl) return;
+    cudaSetDevice(dsc_of(be)->gpu);
+    cudaStreamSynchronize(dsc_of(be)->stream);
+    cudaFree(p);
+}
+
+static int c_upload(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "upload")) return -1;
+    if (!bytes) return 0;
+    dsc_impl *I = dsc_of(be);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, I->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "upload", "copy to the device", e);
+}
+
+static int c_download(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "download")) return -1;
+    if (!bytes) return 0;
+    dsc_impl *I = dsc_of(be);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, I->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+    /* a device fault of any earlier op of the step surfaces here */
+    return e == cudaSuccess ? 0 : dsc_fail(err, "download", "copy from the device (or an earlier op faulted)", e);
+}
+
+static int c_memset0(const ds_backend *be, void *dst, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "memset0")) return -1;
+    cudaError_t e = cudaMemsetAsync(dst, 0, bytes, dsc_of(be)->stream);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "memset0", "memset", e);
+}
+
+static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "copy")) return -1;
+    if (!bytes) return 0;
+    dsc_impl *I = dsc_of(be);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, I->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copy on the device", e);
+}
+
+static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err) {
+    *out = NULL;
+    if (dsc_use(be, err, "map_weights")) return -1;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        return dsc_failmsg(err, "map_weights", "the weights need %.2f GiB, the GPU has %.2f GiB free of %.2f GiB: %s",
+                           (double)bytes / 1073741824.0, (double)fr / 1073741824.0, (double)tot / 1073741824.0,
+                           cudaGetErrorString(e));
+    }
+    e = cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return dsc_fail(err, "map_weights", "copy of the weights to the device", e);
+    }
+    *out = p;
+    return 0;
+}
+
+static void c_unmap_weights(const ds_backend *be, const void *p) { c_free(be, (void *)p); }
+
+/* ---- the step ----------------------------------------------------------- */
+
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err) {
+    const char *op = "begin_step";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    size_t T = (size_t)s->T, S = (size_t)s->n_seqs, L = (size_t)s->n_layers;
+    size_t o_id = 0, o_pos = al16(o_id + 4 * T), o_seq = al16(o_pos + 8 * T), o_r0 = al16(o_seq + 4 * T);
+    size_t o_n = al16(o_r0 + 4 * S), o_p0 = al16(o_n + 4 * S), o_mem = al16(o_p0 + 8 * S);
+    size_t total = al16(o_mem + sizeof(ds_layer_mem) * S * L);
+    /* the previous step's copy must be done before the staging is rewritten */
+    if (I->stage_pending) {
+        cudaError_t e = cudaEventSynchronize(I->stage_done);
+        if (e != cudaSuccess) return dsc_fail(err, op, "waiting for the previous step's upload", e);
+        I->stage_pending = 0;
+    }
+    if (I->stage_cap < total) {
+        if (I->stage) cudaFreeHost(I->stage);
+        I->stage = NULL;
+        I->stage_cap = 0;
+        size_t cap = total < 65536 ? 65536 : total * 2;
+        cudaError_t e = cudaMallocHost(&I->stage, cap);
+        if (e != cudaSuccess) cudaGetLastError();
+        if (e != cudaSuccess) return dsc_fail(err, op, "pinned host memory for the step", e);
+        I->stage_cap = cap;
+    }
+    uint8_t *dev = (uint8_t *)dsc_scratch(I, DSC_S_STEP, total, err, op);
+    if (!dev) return -1;
+    uint8_t *h = (uint8_t *)I->stage;
+    memcpy(h + o_id, s->tok_id, 4 * T);
+    memcpy(h + o_pos, s->tok_pos, 8 * T);
+    memcpy(h + o_seq, s->tok_seq, 4 * T);
+    memcpy(h + o_r0, s->seq_row0, 4 * S);
+    memcpy(h + o_n, s->seq_n, 4 * S);
+    memcpy(h + o_p0, s->seq_pos0, 8 * S);
+    for (size_t q = 0; q < S; q++)
+        memcpy(h + o_mem + sizeof(ds_layer_mem) * q * L, s->seq_mem[q], sizeof(ds_layer_mem) * L);
+    cudaError_t e = cudaMemcpyAsync(dev, h, total, cudaMemcpyHostToDevice, I->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(I->stage_done, I->stream);
+    if (e != cudaSuccess) return dsc_fail(err, op, "upload of the step", e);
+    I->stage_pending = 1;
+    dsc_step *st = &I->step;
+    st->T = s->T;
+    st->n_seqs = s->n_seqs;
+    st->n_layers = s->n_layers;
+    st->max_pos = 0;
+    for (size_t t = 0; t < T; t++)
+        if (s->tok_pos[t] > st->max_pos) st->max_pos = s->tok_pos[t];
+    st->tok_id = (const int32_t *)(dev + o_id);
+    st->tok_pos = (const int64_t *)(dev + o_pos);
+    st->tok_seq = (const int *)(dev + o_seq);
+    st->seq_row0 = (const int *)(dev + o_r0);
+    st->seq_n = (const int *)(dev + o_n);
+    st->seq_pos0 = (const int64_t *)(dev + o_p0);
+    st->mem = (const ds_layer_mem *)(dev + o_mem);
+    return 0;
+}
+
+/* ---- embedding and gather ---------------------------------------------- */
+
+template <int KIND>
+__global__ void embed_kernel(dsc_w w, const int32_t *__restrict__ tok, int n, float *__restrict__ X) {
+    int t = blockIdx.y, D = w.cols;
+    int id = tok[t];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
+        float v = (id >= 0 && id < w.rows) ? dsc_elem<KIND>(w, id, c) : __uint_as_float(0x7fc00000u);
+        for (int i = 0; i < n; i++) X[((size_t)t * n + i) * D + c] = v;
+    }
+}
+
+static int c_embed(const ds_backend *be, const ds_embed_params *p, ds_err *err) {
+    const char *op = "embed";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    int T = I->step.T;
+    if (T <= 0) return 0;
+    if (T > 65535) return dsc_failmsg(err, op, "%d tokens exceed the grid", T);
+    dsc_w w = dsc_wdesc(p->w);
+    dim3 grid((unsigned)((w.cols + 255) / 256), (unsigned)T);
+    switch (p->w->kind) {
+    case DS_W_F32: embed_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_BF16: embed_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_F16: embed_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_FP8: embed_kernel<DS_W_FP8><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_FP4: embed_kernel<DS_W_FP4><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    default: return dsc_failmsg(err, op, "unknown storage kind");
+    }
+    return dsc_check_launch(err, op);
+}
+
+__global__ void gather_kernel(const float *__restrict__ src, const int *__restrict__ rows, int width,
+                              float *__restrict__ dst) {
+    int j = blockIdx.y;
+    const float *s = src + (size_t)rows[j] * width;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x)
+        dst[(size_t)j * width + c] = s[c];
+}
+
+static int c_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err) {
+    const char *op = "gather";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (p->n <= 0) return 0;
+    if (p->n > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", p->n);
+    int *rows = (int *)dsc_scratch(I, DSC_S_B, sizeof(int) * (size_t)p->n, err, op);
+    if (!rows) return -1;
+    /* rows is host memory: copied before the call returns */
+    cudaError_t e = cudaMemcpyAsync(rows, p->rows, sizeof(int) * (size_t)p->n, cudaMemcpyHostToDevice, I->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+    if (e != cudaSuccess) return dsc_fail(err, op, "upload of the row list", e);
+    dim3 grid((unsigned)((p->width + 255) / 256 < 64 ? (p->width + 255) / 256 : 64), (unsigned)p->n);
+    gather_kernel<<<grid, 256, 0, I->stream>>>(p->src, rows, p->width, p->dst);
+    return dsc_check_launch(err, op);
+}
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+static void c_close(ds_backend *be) {
+    dsc_impl *I = dsc_of(be);
+    if (!I) return;
+    cudaSetDevice(I->gpu);
+    cudaStreamSynchronize(I->stream);
+    for (int i = 0; i < DSC_S_N; i++) cudaFree(I->scratch[i].p);
+    for (int i = 0; i < I->n_moe; i++) cudaFree(I->moe[i].dev);
+    free(I->moe);
+    if (I->stage) cudaFreeHost(I->stage);
+    if (I->ballast) cudaFree(I->ballast);
+    cudaEventDestroy(I->stage_done);
+    cudaStreamDestroy(I->stream);
+    free(I);
+    be->impl = NULL;
+}
+
+extern "C" int ds_backend_cuda_available(char *desc, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        if (desc && n) snprintf(desc, n, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return 0;
+    }
+    cudaDeviceProp pr;
+    e = cudaGetDeviceProperties(&pr, 0);
+    if (e != cudaSuccess) {
+        if (desc && n) snprintf(desc, n, "CUDA device 0: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    if (desc && n)
+        snprintf(desc, n, "%s, %.1f GiB, sm_%d%d (device 0 of %d)", pr.name, (double)pr.totalGlobalMem / 1073741824.0,
+                 pr.major, pr.minor, count);
+    return 1;
+}
+
+extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
+    const char *op = "init";
+    memset(be, 0, sizeof *be);
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) return dsc_fail(err, op, "no usable CUDA device", e);
+    if (gpu < 0 || gpu >= count) return dsc_failmsg(err, op, "GPU %d requested, %d present", gpu, count);
+    cudaDeviceProp pr;
+    if ((e = cudaGetDeviceProperties(&pr, gpu)) != cudaSuccess) return dsc_fail(err, op, "device properties", e);
+    if (pr.major < 9)
+        return dsc_failmsg(err, op, "GPU %d (%s) is sm_%d%d; this build is for sm_90a (Hopper)", gpu, pr.name, pr.major,
+                           pr.minor);
+    if ((e = cudaSetDevice(gpu)) != cudaSuccess) return dsc_fail(err, op, "cannot select the device", e);
+    dsc_impl *I = (dsc_impl *)calloc(1, sizeof *I);
+    if (!I) return dsc_failmsg(err, op, "out of host memory");
+    I->gpu = gpu;
+    I->n_sm = pr.multiProcessorCount;
+    I->smem_optin = pr.sharedMemPerBlockOptin;
+    if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(I);
+        return dsc_fail(err, op, "stream", e);
+    }
+    if ((e = cudaEventCreateWithFlags(&I->stage_done, cudaEventDisableTiming)) != cudaSuccess) {
+        cudaStreamDestroy(I->stream);
+        free(I);
+        return dsc_fail(err, op, "event", e);
+    }
+    /* DSV4_CUDA_FREE_MIB=N (tests): hold all but N MiB of the device, so a
+     * smaller GPU can be tried on a large one — the same allocation failures,
+     * the same messages. */
+    const char *lim = getenv("DSV4_CUDA_FREE_MIB");
+    if (lim && *lim) {
+        size_t fr = 0, tot = 0, keep = (size_t)strtoull(lim, NULL, 10) << 20;
+        cudaMemGetInfo(&fr, &tot);
+        if (fr > keep && cudaMalloc(&I->ballast, fr - keep) != cudaSuccess) {
+            cudaGetLastError();
+            I->ballast = NULL;
+        }
+    }
+    be->name = "cuda";
+    be->impl = I;
+    be->alloc = c_alloc;
+    be->free = c_free;
+    be->upload = c_upload;
+    be->download = c_download;
+    be->memset0 = c_memset0;
+    be->copy = c_copy;
+    be->map_weights = c_map_weights;
+    be->unmap_weights = c_unmap_weights;
+    be->begin_step = c_begin_step;
+    be->embed = c_embed;
+    be->matmul_many = dsc_matmul_many;
+    be->matmul_grouped = dsc_matmul_grouped;
+    be->rmsnorm = dsc_rmsnorm;
+    be->rope = dsc_rope;
+    be->hc_pre = dsc_hc_pre;
+    be->hc_post = dsc_hc_post;
+    be->hc_head = dsc_hc_head;
+    be->gather = c_gather;
+    be->compress = dsc_compress;
+    be->indexer = dsc_indexer;
+    be->attention = dsc_attention;
+    be->window_store = dsc_window_store;
+    be->route = dsc_route;
+    be->moe = dsc_moe;
+    be->close = c_close;
+    return 0;
+}

@@ -1,0 +1,44 @@
+/* heuristics.h — every tile and launch-shape constant of the CUDA backend in
+ * one place (cf. DeepGEMM's heuristics). None of them may depend on T: they
+ * fix how work is spread, never a reduction order that changes with the
+ * batch. Those that ARE part of a reduction order are marked ORDER; changing
+ * one changes the bits (for every T alike). */
+#ifndef DS_CUDA_HEURISTICS_H
+#define DS_CUDA_HEURISTICS_H
+
+/* matmul (matmul.cu, moe.cu): one warp per weight row; lane l owns the
+ * 16-byte chunks l, l+32, l+64, ... of the row (ORDER: lanes accumulate their
+ * chunks in ascending order, then a fixed xor-shuffle tree over 32 lanes). */
+#define DSC_MM_WARPS 8          /* warps (weight rows) per block */
+#define DSC_MM_NT 8             /* tokens sharing one weight load (not ORDER) */
+#define DSC_MM_UNROLL 4         /* chunks in flight per lane */
+#define DSC_MOE_NT 4            /* tokens per weight load in the experts (not ORDER:
+                                 * a token's fmaf chain is the same for any tile) */
+
+/* row reductions (rmsnorm, hc mixes): ORDER: thread i sums elements
+ * i, i+256, ... then a fixed tree over the block. */
+#define DSC_ROW_THREADS 256
+
+/* attention (attention.cu): one warp per (row, head, key block) then one
+ * per (row, head) for the merge; ORDER: keys in blocks of DSC_ATT_KB, each
+ * reduced with its own max, merged in ascending order; the dot over d
+ * lane-strided float4 chunks then the xor tree. */
+#define DSC_ATT_KB 64
+#define DSC_ATT_WARPS 4
+#define DSC_ATT_MAXD 1024       /* head_dim limit (d % 4 == 0) */
+
+/* indexer (indexer.cu): one warp per (row, entry) score; top-k by a block
+ * radix select. */
+#define DSC_IDX_WARPS 8
+#define DSC_IDX_SEL_THREADS 1024
+
+/* route (moe.cu): one warp per token. */
+#define DSC_ROUTE_WARPS 4
+
+/* compressor (compressor.cu): one block per window closed. */
+#define DSC_COMP_THREADS 256
+
+/* elementwise kernels */
+#define DSC_EW_THREADS 256
+
+#endif

@@ -1,0 +1,291 @@
+/* internal.h — shared by the CUDA backend's files: the backend's state, the
+ * device view of a weight, the element decoders and the one row-dot every
+ * product uses (so matmul, grouped matmul, mHC mixes and the experts give a
+ * row the same bits). Compiled by nvcc only. */
+#ifndef DS_CUDA_INTERNAL_H
+#define DS_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/heuristics.h"
+
+/* ---- the backend's state (be->impl) ---------------------------------- */
+
+/* A grow-only device buffer. */
+typedef struct dsc_buf {
+    void *p;
+    size_t cap;
+} dsc_buf;
+
+/* The step in device memory (begin_step), one blob: sections 16-byte aligned. */
+typedef struct dsc_step {
+    int T, n_seqs, n_layers;
+    int64_t max_pos;            /* host: largest position of the step */
+    const int32_t *tok_id;      /* device [T] */
+    const int64_t *tok_pos;     /* device [T] */
+    const int *tok_seq;         /* device [T] */
+    const int *seq_row0, *seq_n;/* device [n_seqs] */
+    const int64_t *seq_pos0;    /* device [n_seqs] */
+    const ds_layer_mem *mem;    /* device [n_seqs][n_layers] */
+} dsc_step;
+
+/* The experts of one MoE layer as a device table (built once per layer). */
+typedef struct dsc_expert_ptrs {
+    const uint8_t *data, *scale;
+    int srow0;
+} dsc_expert_ptrs;
+
+typedef struct dsc_moe_table {
+    const ds_weight *w1;        /* host key: the model's array */
+    const uint8_t *d0;          /* and its first expert's data (guards reuse) */
+    int E;
+    dsc_expert_ptrs *dev;       /* device [3][E]: w1, w3, w2 */
+} dsc_moe_table;
+
+enum {
+    DSC_S_STEP = 0,               /* step blob (device) */
+    DSC_S_A, DSC_S_B,             /* op scratch */
+    DSC_S_ATT,                    /* attention block partials */
+    DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6,
+    DSC_S_N
+};
+
+typedef struct dsc_impl {
+    int gpu, n_sm;
+    size_t smem_optin;
+    cudaStream_t stream;
+    dsc_buf scratch[DSC_S_N];
+    void *stage;                /* pinned host staging of the step blob */
+    size_t stage_cap;
+    cudaEvent_t stage_done;
+    int stage_pending;
+    dsc_step step;
+    dsc_moe_table *moe;         /* per MoE layer */
+    int n_moe, cap_moe;
+    void *ballast;              /* DSV4_CUDA_FREE_MIB: device memory held so that only that much stays free */
+} dsc_impl;
+
+static inline dsc_impl *dsc_of(const ds_backend *be) { return (dsc_impl *)be->impl; }
+
+/* Helpers (backend.cu). All return 0 or -1 with "cuda <op>: <what>: <cause>". */
+int dsc_fail(ds_err *err, const char *op, const char *what, cudaError_t e);
+int dsc_failmsg(ds_err *err, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int dsc_check_launch(ds_err *err, const char *op);
+/* Device scratch slot `which`, at least `bytes` (grow-only, contents lost on growth). */
+void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char *op);
+int dsc_use(const ds_backend *be, ds_err *err, const char *op);
+
+static inline double dsc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- a weight on the device ------------------------------------------- */
+
+typedef struct dsc_w {
+    const uint8_t *data, *scale;
+    int rows, cols, scale_f32, scale_cols, srow0;
+} dsc_w;
+
+static inline dsc_w dsc_wdesc(const ds_weight *w) {
+    dsc_w d = {w->data, w->scale, w->rows, w->cols, w->scale_f32, w->scale_cols, w->srow0};
+    return d;
+}
+
+/* ---- launchers (device pointers, the backend's stream) ---------------- */
+
+/* y[t*ys + r] = w[r] . x[t*xs + (r / rpg) * xg ...] for r < rows, t < T */
+int dsc_launch_matmul(cudaStream_t st, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
+                      int ys);
+int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps);
+
+/* ---- device code ------------------------------------------------------ */
+#ifdef __CUDACC__
+
+__device__ __forceinline__ float dsc_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ float dsc_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    int ex = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (ex == 0) {
+        float f = (float)mant * 5.9604644775390625e-8f; /* 2^-24, exact */
+        return sign ? -f : f;
+    }
+    uint32_t u = ex == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((uint32_t)(ex - 15 + 127) << 23) | (mant << 13));
+    return __uint_as_float(u);
+}
+
+__device__ __forceinline__ float dsc_e8m0(uint8_t e) {
+    if (e == 255) return __uint_as_float(0x7fc00000u);
+    if (e == 0) return __uint_as_float(0x00400000u); /* 2^-127 */
+    return __uint_as_float((uint32_t)e << 23);
+}
+
+__device__ __forceinline__ float dsc_fp8(uint8_t b) {
+    int ex = (b >> 3) & 0xf, mant = b & 7;
+    uint32_t sign = (uint32_t)(b >> 7) << 31;
+    if (ex == 15 && mant == 7) return __uint_as_float(0x7fc00000u);
+    if (ex == 0) {
+        float v = (float)mant * 0.001953125f; /* 2^-9, exact */
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((uint32_t)(ex - 7 + 127) << 23) | ((uint32_t)mant << 20));
+}
+
+__device__ __forceinline__ float dsc_e2m1(int code) {
+    const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float a = v[code & 7];
+    return (code & 8) ? -a : a;
+}
+
+__device__ __forceinline__ float dsc_scale(const dsc_w &w, size_t i) {
+    if (w.scale_f32) return ((const float *)w.scale)[i];
+    return dsc_e8m0(w.scale[i]);
+}
+
+/* Elements per 16-byte chunk of a storage kind. */
+template <int KIND> struct dsc_kind;
+template <> struct dsc_kind<DS_W_F32> { enum { V = 4, NUM = 4, DEN = 1 }; };   /* bytes = cols * NUM / DEN */
+template <> struct dsc_kind<DS_W_BF16> { enum { V = 8, NUM = 2, DEN = 1 }; };
+template <> struct dsc_kind<DS_W_F16> { enum { V = 8, NUM = 2, DEN = 1 }; };
+template <> struct dsc_kind<DS_W_FP8> { enum { V = 16, NUM = 1, DEN = 1 }; };
+template <> struct dsc_kind<DS_W_FP4> { enum { V = 32, NUM = 1, DEN = 2 }; };
+
+/* One element c of row r (exact value), for the ragged tail / unaligned rows. */
+template <int KIND>
+__device__ __forceinline__ float dsc_elem(const dsc_w &w, int r, int c) {
+    size_t base = (size_t)r * (size_t)w.cols;
+    if (KIND == DS_W_F32) return ((const float *)w.data)[base + c];
+    if (KIND == DS_W_BF16) return dsc_bf16(((const uint16_t *)w.data)[base + c]);
+    if (KIND == DS_W_F16) return dsc_f16(((const uint16_t *)w.data)[base + c]);
+    if (KIND == DS_W_FP8)
+        return dsc_fp8(w.data[base + c]) *
+               dsc_scale(w, (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols + (size_t)(c / DS_FP8_BLOCK));
+    /* FP4 */
+    uint8_t b = w.data[base / 2 + c / 2];
+    return dsc_e2m1((c & 1) ? (b >> 4) : (b & 15)) * dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)(c / DS_FP4_GROUP));
+}
+
+/* Dequantizes chunk ch (elements [ch*V, ch*V+V)) of row r from its 16 bytes. */
+template <int KIND>
+__device__ __forceinline__ void dsc_chunk(const dsc_w &w, int r, int ch, uint4 q, float *o) {
+    const int V = dsc_kind<KIND>::V;
+    uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    if (KIND == DS_W_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[i] = __uint_as_float(u[i]);
+    } else if (KIND == DS_W_BF16) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = dsc_bf16((uint16_t)(u[i / 2] >> (16 * (i & 1))));
+    } else if (KIND == DS_W_F16) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = dsc_f16((uint16_t)(u[i / 2] >> (16 * (i & 1))));
+    } else if (KIND == DS_W_FP8) {
+        float s = dsc_scale(w, (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols +
+                                   (size_t)(ch * V / DS_FP8_BLOCK));
+#pragma unroll
+        for (int i = 0; i < 16; i++) o[i] = dsc_fp8((uint8_t)(u[i / 4] >> (8 * (i & 3)))) * s;
+    } else {
+        float s = dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)ch); /* V == group */
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[i] = dsc_e2m1((int)(u[i / 8] >> (4 * (i & 7))) & 15) * s;
+    }
+}
+
+/* acc[j] (lane-partial) += w[r] . x_j for the lane's chunks, j < nt.
+ * ORDER (fixed by cols only): chunks lane, lane+32, ... ascending; inside a
+ * chunk elements ascending; one fmaf per element. The vector / scalar load
+ * paths give the same values in the same order. */
+template <int KIND, int NT>
+__device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, const float *const *xj, int nt, int xvec,
+                                            float *acc) {
+    const int V = dsc_kind<KIND>::V;
+    const int K = w.cols;
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const uint8_t *row = w.data + (size_t)r * rowbytes;
+    const int wvec = (((uintptr_t)row) & 15) == 0;
+    const int nfull = K / V; /* chunks entirely inside the row */
+    const int nch = (K + V - 1) / V;
+#pragma unroll 1
+    for (int ch0 = lane; ch0 < nch; ch0 += 32 * DSC_MM_UNROLL) {
+        uint4 q[DSC_MM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DSC_MM_UNROLL; u++) {
+            int ch = ch0 + 32 * u;
+            q[u] = make_uint4(0, 0, 0, 0);
+            if (wvec && ch < nfull) q[u] = __ldg((const uint4 *)(row + (size_t)ch * 16));
+        }
+#pragma unroll
+        for (int u = 0; u < DSC_MM_UNROLL; u++) {
+            int ch = ch0 + 32 * u;
+            if (ch >= nch) break;
+            float wv[V];
+            int nv = V;
+            if (wvec && ch < nfull) {
+                dsc_chunk<KIND>(w, r, ch, q[u], wv);
+            } else {
+                nv = K - ch * V < V ? K - ch * V : V;
+#pragma unroll
+                for (int i = 0; i < V; i++) wv[i] = i < nv ? dsc_elem<KIND>(w, r, ch * V + i) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j >= nt) break;
+                const float *x = xj[j] + (size_t)ch * V;
+                float a = acc[j];
+                if (xvec && nv == V) {
+#pragma unroll
+                    for (int i = 0; i < V; i += 4) {
+                        float4 x4 = *(const float4 *)(x + i);
+                        a = fmaf(wv[i], x4.x, a);
+                        a = fmaf(wv[i + 1], x4.y, a);
+                        a = fmaf(wv[i + 2], x4.z, a);
+                        a = fmaf(wv[i + 3], x4.w, a);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < V; i++)
+                        if (i < nv) a = fmaf(wv[i], x[i], a);
+                }
+                acc[j] = a;
+            }
+        }
+    }
+}
+
+/* The fixed xor tree: every lane ends with the same bits. */
+__device__ __forceinline__ float dsc_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block sum for blockDim.x == DSC_ROW_THREADS: warp trees, then warp 0 sums
+ * the 8 warp results by the same tree. sh: 32 floats. All threads get it. */
+__device__ __forceinline__ float dsc_block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = dsc_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        float s = lane < nw ? sh[lane] : 0.0f;
+        s = dsc_warp_sum(s);
+        if (lane == 0) sh[0] = s;
+    }
+    __syncthreads();
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float dsc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#endif /* __CUDACC__ */
+
+#endif

@@ -1,0 +1,146 @@
+/* matmul.cu — products y = w x for every storage kind (weights dequantized in
+ * registers, fp32 accumulation), and the grouped output projection.
+ *
+ * One warp per weight row r; lane l reads the row's 16-byte chunks l, l+32,
+ * ... (coalesced 512-byte warp loads, DSC_MM_UNROLL in flight) and FMAs them
+ * into one partial per token; the 32 partials meet in a fixed xor tree.
+ * Tokens are looped inside the kernel in tiles of DSC_MM_NT that share the
+ * dequantized weights: a token's arithmetic is the same whatever T, its row t
+ * or the grid (design.md §1 rules 1-2). Order of y[t][r]:
+ *   lane partial_l = fma chain over chunks l, l+32, ... (elements ascending)
+ *   y = xor-tree(partial_0..31)                                   (fixed) */
+#include <stdio.h>
+
+#include "backend/cuda/internal.h"
+
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32)
+    mm_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y, int ys,
+              int xvec) {
+    int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
+    if (r >= w.rows) return;
+    const float *xb = x + (size_t)(r / rpg) * (size_t)xg;
+    for (int t0 = blockIdx.y * DSC_MM_NT; t0 < T; t0 += gridDim.y * DSC_MM_NT) {
+        int nt = T - t0 < DSC_MM_NT ? T - t0 : DSC_MM_NT;
+        const float *xj[DSC_MM_NT];
+        float acc[DSC_MM_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MM_NT; j++) {
+            xj[j] = xb + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)xs;
+            acc[j] = 0.0f;
+        }
+        dsc_row_dot<KIND, DSC_MM_NT>(w, r, lane, xj, nt, xvec, acc);
+#pragma unroll
+        for (int j = 0; j < DSC_MM_NT; j++) {
+            if (j >= nt) break;
+            float v = dsc_warp_sum(acc[j]);
+            if (lane == 0) y[(size_t)(t0 + j) * (size_t)ys + r] = v;
+        }
+    }
+}
+
+int dsc_launch_matmul(cudaStream_t st, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
+                      int ys) {
+    if (T <= 0 || w.rows <= 0) return 0;
+    int xvec = ((uintptr_t)x & 15) == 0 && xs % 4 == 0 && xg % 4 == 0;
+    int ty = (T + DSC_MM_NT - 1) / DSC_MM_NT;
+    dim3 grid((unsigned)((w.rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), (unsigned)(ty < 65535 ? ty : 65535));
+    dim3 block(DSC_MM_WARPS * 32);
+    switch (kind) {
+    case DS_W_F32: mm_kernel<DS_W_F32><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_BF16: mm_kernel<DS_W_BF16><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_F16: mm_kernel<DS_W_F16><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_FP8: mm_kernel<DS_W_FP8><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_FP4: mm_kernel<DS_W_FP4><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+static uint64_t wbytes(const ds_weight *w) {
+    uint64_t n = (uint64_t)w->rows * (uint64_t)w->cols, ss = w->scale_f32 ? 4 : 1;
+    switch (w->kind) {
+    case DS_W_F32: return n * 4;
+    case DS_W_BF16:
+    case DS_W_F16: return n * 2;
+    case DS_W_FP8: return n + ss * (uint64_t)((w->rows + DS_FP8_BLOCK - 1) / DS_FP8_BLOCK) * (uint64_t)w->scale_cols;
+    case DS_W_FP4: return n / 2 + ss * (uint64_t)w->rows * (uint64_t)w->scale_cols;
+    }
+    return 0;
+}
+
+static int check_weight(const ds_weight *w, ds_err *err, const char *op) {
+    if (!w || (unsigned)w->kind > DS_W_FP4)
+        return dsc_failmsg(err, op, "weight '%s': unknown storage kind", w && w->name ? w->name : "?");
+    if (w->rows < 0 || w->cols <= 0 || (w->kind == DS_W_FP4 && w->cols % 2))
+        return dsc_failmsg(err, op, "weight '%s': bad shape [%d, %d]", w->name ? w->name : "?", w->rows, w->cols);
+    if ((w->kind == DS_W_FP8 || w->kind == DS_W_FP4) && !w->scale)
+        return dsc_failmsg(err, op, "weight '%s': no scales", w->name ? w->name : "?");
+    return 0;
+}
+
+/* The profile: a batch's time and bytes under the kind with most bytes. */
+static void account(const ds_backend *be, const ds_weight *const *ws, int n, double t0) {
+    dsc_impl *I = dsc_of(be);
+    cudaStreamSynchronize(I->stream);
+    double dt = dsc_now() - t0, by[5] = {0};
+    for (int i = 0; i < n; i++) by[ws[i]->kind] += (double)wbytes(ws[i]);
+    int best = 0;
+    for (int k = 1; k < 5; k++)
+        if (by[k] > by[best]) best = k;
+    double tot = by[0] + by[1] + by[2] + by[3] + by[4];
+    be->profile->mm_seconds[best] += dt;
+    be->profile->mm_bytes[best] += tot;
+    be->profile->mm_calls[best]++;
+}
+
+extern "C" int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err) {
+    const char *op = "matmul";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    double t0 = 0;
+    if (be->profile) {
+        cudaStreamSynchronize(I->stream);
+        t0 = dsc_now();
+    }
+    for (int i = 0; i < n; i++) {
+        const ds_matmul_job *j = &jobs[i];
+        if (check_weight(j->w, err, op)) return -1;
+        if (dsc_launch_matmul(I->stream, j->w->kind, dsc_wdesc(j->w), j->x, j->w->cols, 0, 1 << 30, j->T, j->y,
+                              j->w->rows))
+            return dsc_failmsg(err, op, "weight '%s': unsupported kind", j->w->name ? j->w->name : "?");
+        if (dsc_check_launch(err, op)) return -1;
+    }
+    if (be->profile && n > 0) {
+        const ds_weight *ws[64];
+        int m = n < 64 ? n : 64;
+        for (int i = 0; i < m; i++) ws[i] = jobs[i].w;
+        account(be, ws, m, t0);
+    }
+    return 0;
+}
+
+extern "C" int dsc_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err) {
+    const char *op = "matmul_grouped";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (check_weight(p->w, err, op)) return -1;
+    if (p->G <= 0 || p->w->rows % p->G)
+        return dsc_failmsg(err, op, "weight '%s': %d rows do not split into %d groups", p->w->name ? p->w->name : "?",
+                           p->w->rows, p->G);
+    double t0 = 0;
+    if (be->profile) {
+        cudaStreamSynchronize(I->stream);
+        t0 = dsc_now();
+    }
+    int K = p->w->cols, Rg = p->w->rows / p->G;
+    /* row r reads x columns [(r / Rg) * K, +K) of a [T][G*K] row */
+    if (dsc_launch_matmul(I->stream, p->w->kind, dsc_wdesc(p->w), p->x, p->G * K, K, Rg, p->T, p->y, p->w->rows))
+        return dsc_failmsg(err, op, "unsupported kind");
+    if (dsc_check_launch(err, op)) return -1;
+    if (be->profile) {
+        const ds_weight *ws[1] = {p->w};
+        account(be, ws, 1, t0);
+    }
+    return 0;
+}

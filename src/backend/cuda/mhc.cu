@@ -1,0 +1,148 @@
+/* mhc.cu — manifold-constrained hyper-connections (paper §2.2): the mixes
+ * m = fn @ (X / rms(X)) over the n*D stream values (rmsnorm + matmul, so they
+ * have those ops' bits), then per token (one block): pre / post gates, the
+ * Sinkhorn-normalized comb (thread 0, in the CPU code's loop order), and the
+ * stream sums, which run over i = 0..n-1 ascending per channel. */
+#include "backend/cuda/internal.h"
+
+#define HC_MAXN 16
+
+/* m: [T][(2+n)n]; X: [T][n][D]. */
+__global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restrict__ base,
+                              const float *__restrict__ sc, const float *__restrict__ X, int n, int D, int iters,
+                              float eps, float *__restrict__ x_in, float *__restrict__ post,
+                              float *__restrict__ comb) {
+    __shared__ float pre[HC_MAXN];
+    size_t t = blockIdx.x;
+    int rows = (2 + n) * n;
+    const float *mt = m + t * rows;
+    if (threadIdx.x == 0) {
+        float *po = post + t * n, *C = comb + t * n * n;
+        for (int i = 0; i < n; i++) {
+            pre[i] = dsc_sigmoid(mt[i] * sc[0] + base[i]) + eps;
+            po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
+        }
+        float c[HC_MAXN * HC_MAXN];
+        for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n; j++) {
+                c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
+                mx = fmaxf(mx, c[i * n + j]);
+            }
+            for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
+            for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0)
+                for (int i = 0; i < n; i++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < n; j++) s += c[i * n + j];
+                    for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
+                }
+            for (int j = 0; j < n; j++) {
+                float s = 0.0f;
+                for (int i = 0; i < n; i++) s += c[i * n + j];
+                for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
+            }
+        }
+        for (int i = 0; i < n * n; i++) C[i] = c[i];
+    }
+    __syncthreads();
+    const float *Xt = X + t * (size_t)n * D;
+    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        x_in[t * D + k] = s;
+    }
+}
+
+/* m: [R][n] */
+__global__ void hc_head_kernel(const float *__restrict__ m, const float *__restrict__ base,
+                               const float *__restrict__ sc, const float *__restrict__ X, int n, int D, float eps,
+                               float *__restrict__ x) {
+    __shared__ float pre[HC_MAXN];
+    size_t t = blockIdx.x;
+    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(m[t * n + threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    __syncthreads();
+    const float *Xt = X + t * (size_t)n * D;
+    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        x[t * D + k] = s;
+    }
+}
+
+/* Xout[t][j][k] = post_j * y[t][k] + sum_i comb[i][j] X[t][i][k] */
+__global__ void hc_post_kernel(int n, int D, size_t total, const float *__restrict__ X, const float *__restrict__ y,
+                               const float *__restrict__ post, const float *__restrict__ comb,
+                               float *__restrict__ Xout) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        size_t t = e / ((size_t)n * D);
+        int j = (int)(e / D % n), k = (int)(e % D);
+        const float *Xt = X + t * n * D, *C = comb + t * n * n;
+        float s = C[j] * Xt[k];
+        for (int i = 1; i < n; i++) s += C[i * n + j] * Xt[(size_t)i * D + k];
+        Xout[e] = post[t * n + j] * y[t * D + k] + s;
+    }
+}
+
+/* f = X / rms(X) (scratch A), m = fn @ f (scratch B). */
+static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
+                    const char *op) {
+    dsc_impl *I = dsc_of(be);
+    size_t nd = (size_t)hc->n * hc->D;
+    if (hc->n > HC_MAXN || hc->n <= 0) {
+        dsc_failmsg(err, op, "hc_mult %d outside 1..%d", hc->n, HC_MAXN);
+        return NULL;
+    }
+    if (hc->fn->cols != (int)nd || hc->fn->rows != mrows) {
+        dsc_failmsg(err, op, "fn is [%d, %d], expected [%d, %zu]", hc->fn->rows, hc->fn->cols, mrows, nd);
+        return NULL;
+    }
+    float *f = (float *)dsc_scratch(I, DSC_S_A, sizeof(float) * (size_t)T * nd, err, op);
+    float *m = f ? (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op) : NULL;
+    if (!m) return NULL;
+    dsc_launch_rmsnorm(I->stream, X, NULL, f, T, (int)nd, hc->rms_eps);
+    if (dsc_launch_matmul(I->stream, hc->fn->kind, dsc_wdesc(hc->fn), f, (int)nd, 0, 1 << 30, T, m, mrows)) {
+        dsc_failmsg(err, op, "fn: unknown storage kind");
+        return NULL;
+    }
+    if (dsc_check_launch(err, op)) return NULL;
+    return m;
+}
+
+extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err) {
+    const char *op = "hc_pre";
+    if (dsc_use(be, err, op)) return -1;
+    if (p->T <= 0) return 0;
+    const ds_hc_params *hc = &p->hc;
+    float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, err, op);
+    if (!m) return -1;
+    hc_pre_kernel<<<(unsigned)p->T, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
+                                                                  hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post,
+                                                                  p->comb);
+    return dsc_check_launch(err, op);
+}
+
+extern "C" int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_err *err) {
+    const char *op = "hc_head";
+    if (dsc_use(be, err, op)) return -1;
+    if (p->R <= 0) return 0;
+    const ds_hc_params *hc = &p->hc;
+    float *m = mixes(be, hc, p->X, p->R, hc->n, err, op);
+    if (!m) return -1;
+    hc_head_kernel<<<(unsigned)p->R, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
+                                                                   hc->hc_eps, p->x);
+    return dsc_check_launch(err, op);
+}
+
+extern "C" int dsc_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_err *err) {
+    const char *op = "hc_post";
+    if (dsc_use(be, err, op)) return -1;
+    size_t total = (size_t)p->T * p->n * p->D;
+    if (!total) return 0;
+    size_t b = (total + DSC_EW_THREADS - 1) / DSC_EW_THREADS;
+    hc_post_kernel<<<(unsigned)(b < 65536 ? b : 65536), DSC_EW_THREADS, 0, dsc_of(be)->stream>>>(
+        p->n, p->D, total, p->X, p->y, p->post, p->comb, p->Xout);
+    return dsc_check_launch(err, op);
+}

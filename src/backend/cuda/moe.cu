@@ -1,0 +1,416 @@
+/* moe.cu — routing and the experts (paper §2.1), with no host sync inside a
+ * step (the expert tables are built on a layer's first call, then reused).
+ *
+ * route: one warp per token. Scores: softmax (max, lane sums + xor tree),
+ *   sigmoid, or sqrtf(softplus) with softplus(x) = x > 20 ? x : log1pf(expf(x)).
+ *   Experts: k rounds of argmax of score + bias over lanes (ties to the lower
+ *   id; exact), written ascending; hash layers: tid2eid[token] as stored.
+ *   Weights: sum = score[idx[0]] + ... in slot order; w = s / (sum + 1e-20) * scale.
+ * moe:
+ *   1 sort (one block): counting sort of the T*k (token, slot) pairs by
+ *     expert, pairs ascending within an expert (tokens in row order); the
+ *     list of experts with rows, ascending.
+ *   2 up: per active expert, one warp per row of w1 and w3 (the same row dot
+ *     as matmul, so each product has matmul's bits), SwiGLU_limit on the
+ *     reduced values: g = min(a, L), u = clamp(b, -L, L), g / (1 + expf(-g)) * u.
+ *   3 down: w2 over the expert's rows.
+ *   4 shared expert: matmul, SwiGLU, matmul over all T rows.
+ *   5 combine: per token, y = 0; y = y + o_slot * w over its slots in
+ *     ascending (expert id, slot); then y = y + shared. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/internal.h"
+
+/* ---- route ---------------------------------------------------------------- */
+
+struct route_args {
+    const float *logits, *bias;
+    int T, E, k, score_func;
+    const int32_t *tid2eid, *tok_id;
+    float route_scale;
+    int32_t *idx;
+    float *wts;
+};
+
+__global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args a) {
+    extern __shared__ float rsm[]; /* [warps][E] scores, then [warps][E] taken flags */
+    int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
+    int t = blockIdx.x * DSC_ROUTE_WARPS + wl;
+    if (t >= a.T) return;
+    int E = a.E, k = a.k;
+    float *sc = rsm + (size_t)wl * E;
+    int *tk = (int *)(rsm + (size_t)DSC_ROUTE_WARPS * E) + (size_t)wl * E;
+    const float *lg = a.logits + (size_t)t * E;
+    if (a.score_func == DS_ROUTE_SOFTMAX) {
+        float mx = -INFINITY, part = 0.0f;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int e = lane; e < E; e += 32) {
+            float v = expf(lg[e] - mx);
+            sc[e] = v;
+            part += v;
+        }
+        float sum = dsc_warp_sum(part);
+        for (int e = lane; e < E; e += 32) sc[e] = sc[e] / sum;
+    } else if (a.score_func == DS_ROUTE_SIGMOID) {
+        for (int e = lane; e < E; e += 32) sc[e] = dsc_sigmoid(lg[e]);
+    } else {
+        for (int e = lane; e < E; e += 32) {
+            float x = lg[e];
+            sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+        }
+    }
+    for (int e = lane; e < E; e += 32) tk[e] = 0;
+    __syncwarp();
+    int32_t *idx = a.idx + (size_t)t * k;
+    if (a.tid2eid) {
+        if (lane == 0)
+            for (int j = 0; j < k; j++) idx[j] = a.tid2eid[(size_t)a.tok_id[t] * k + j];
+    } else {
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            float bv = 0.0f;
+            for (int e = lane; e < E; e += 32) {
+                float v = sc[e] + a.bias[e];
+                if (!tk[e] && (best < 0 || v > bv)) {
+                    best = e;
+                    bv = v;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                int ob = __shfl_xor_sync(0xffffffffu, best, o);
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                    best = ob;
+                    bv = ov;
+                }
+            }
+            best = __shfl_sync(0xffffffffu, best, 0);
+            if (lane == 0 && best >= 0) tk[best] = 1;
+            __syncwarp();
+        }
+        if (lane == 0)
+            for (int e = 0, j = 0; e < E && j < k; e++)
+                if (tk[e]) idx[j++] = e;
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int e = idx[j];
+            sum += (e >= 0 && e < E) ? sc[e] : 0.0f;
+        }
+        for (int j = 0; j < k; j++) {
+            int e = idx[j];
+            a.wts[(size_t)t * k + j] = ((e >= 0 && e < E) ? sc[e] : 0.0f) / (sum + 1e-20f) * a.route_scale;
+        }
+    }
+}
+
+extern "C" int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err *err) {
+    const char *op = "route";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (p->T <= 0) return 0;
+    if (p->k <= 0 || p->k > p->E) return dsc_failmsg(err, op, "top-%d of %d experts", p->k, p->E);
+    if (!p->tid2eid && !p->bias) return dsc_failmsg(err, op, "neither a bias nor a hash table");
+    if (p->tid2eid && p->T > I->step.T) return dsc_failmsg(err, op, "%d rows but the step has %d", p->T, I->step.T);
+    size_t smem = (size_t)DSC_ROUTE_WARPS * p->E * (sizeof(float) + sizeof(int));
+    if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the shared-memory tile", p->E);
+    route_args a = {p->logits, p->bias, p->T, p->E, p->k, p->score_func, p->tid2eid, I->step.tok_id,
+                    p->route_scale, p->idx, p->wts};
+    route_kernel<<<(unsigned)((p->T + DSC_ROUTE_WARPS - 1) / DSC_ROUTE_WARPS), DSC_ROUTE_WARPS * 32, smem,
+                   I->stream>>>(a);
+    return dsc_check_launch(err, op);
+}
+
+/* ---- experts -------------------------------------------------------------- */
+
+/* Sorted pairs: off[E+1], active[E], n_active[1], members[P], slot_pos[P]. */
+__global__ void __launch_bounds__(1024) moe_sort_kernel(const int32_t *__restrict__ idx, int P, int E, int *off,
+                                                        int *active, int *n_active, int *members, int *slot_pos) {
+    extern __shared__ int cnt[]; /* [E+1] */
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        int e = idx[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1); /* integer counts: order-free */
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, na = 0;
+        for (int e = 0; e < E; e++) {
+            int c = cnt[e];
+            off[e] = s;
+            if (c) active[na++] = e;
+            cnt[e] = s;
+            s += c;
+        }
+        off[E] = s;
+        *n_active = na;
+    }
+    __syncthreads();
+    /* each expert's thread walks the pairs in order: tokens in row order */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int o = cnt[e], n = off[e + 1] - off[e];
+        for (int i = 0; i < P && n > 0; i++)
+            if (idx[i] == e) {
+                members[o] = i;
+                slot_pos[i] = o++;
+                n--;
+            }
+    }
+}
+
+__device__ __forceinline__ float dsc_swiglu(float a, float b, float L) {
+    float g = a < L ? a : L;
+    float u = b < -L ? -L : b > L ? L : b;
+    return g / (1.0f + expf(-g)) * u;
+}
+
+struct up_args {
+    const dsc_expert_ptrs *w1, *w3; /* [E] */
+    dsc_w shape;                    /* kind-wide fields of w1 / w3 */
+    const float *x;                 /* [T][D] */
+    int k, D;
+    const int *off, *active, *n_active, *members;
+    float limit;
+    float *h;                       /* [P][I] */
+};
+
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_kernel(up_args a) {
+    int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
+    if (blockIdx.y >= (unsigned)*a.n_active || r >= a.shape.rows) return;
+    int e = a.active[blockIdx.y];
+    dsc_w w1 = a.shape, w3 = a.shape;
+    w1.data = a.w1[e].data;
+    w1.scale = a.w1[e].scale;
+    w1.srow0 = a.w1[e].srow0;
+    w3.data = a.w3[e].data;
+    w3.scale = a.w3[e].scale;
+    w3.srow0 = a.w3[e].srow0;
+    int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.rows;
+    int xvec = ((uintptr_t)a.x & 15) == 0 && a.D % 4 == 0;
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float a1[DSC_MOE_NT], a3[DSC_MOE_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) {
+            xj[j] = a.x + (size_t)(a.members[mt + (j < nt ? j : 0)] / a.k) * a.D;
+            a1[j] = 0.0f;
+            a3[j] = 0.0f;
+        }
+        dsc_row_dot<KIND, DSC_MOE_NT>(w1, r, lane, xj, nt, xvec, a1);
+        dsc_row_dot<KIND, DSC_MOE_NT>(w3, r, lane, xj, nt, xvec, a3);
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) {
+            if (j >= nt) break;
+            float v1 = dsc_warp_sum(a1[j]), v3 = dsc_warp_sum(a3[j]);
+            if (lane == 0) a.h[(size_t)(mt + j) * I + r] = dsc_swiglu(v1, v3, a.limit);
+        }
+    }
+}
+
+struct down_args {
+    const dsc_expert_ptrs *w2;
+    dsc_w shape;                    /* [D, I] */
+    const float *h;                 /* [P][I] */
+    const int *off, *active, *n_active;
+    float *y;                       /* [P][D] */
+};
+
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_kernel(down_args a) {
+    int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
+    if (blockIdx.y >= (unsigned)*a.n_active || r >= a.shape.rows) return;
+    int e = a.active[blockIdx.y];
+    dsc_w w = a.shape;
+    w.data = a.w2[e].data;
+    w.scale = a.w2[e].scale;
+    w.srow0 = a.w2[e].srow0;
+    int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.cols, D = a.shape.rows;
+    int xvec = ((uintptr_t)a.h & 15) == 0 && I % 4 == 0;
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float acc[DSC_MOE_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) {
+            xj[j] = a.h + (size_t)(mt + (j < nt ? j : 0)) * I;
+            acc[j] = 0.0f;
+        }
+        dsc_row_dot<KIND, DSC_MOE_NT>(w, r, lane, xj, nt, xvec, acc);
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) {
+            if (j >= nt) break;
+            float v = dsc_warp_sum(acc[j]);
+            if (lane == 0) a.y[(size_t)(mt + j) * D + r] = v;
+        }
+    }
+}
+
+__global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, float L) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        a[i] = dsc_swiglu(a[i], b[i], L);
+}
+
+__global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ wts,
+                                   const int *__restrict__ slot_pos, const float *__restrict__ y2,
+                                   const float *__restrict__ shared, int k, int D, int E, float *__restrict__ out) {
+    int t = blockIdx.y;
+    int order[32];
+    const int32_t *id = idx + (size_t)t * k;
+    for (int j = 0; j < k; j++) order[j] = j;
+    for (int i = 1; i < k; i++) /* insertion sort by (expert id, slot) */
+        for (int b = i; b > 0 && id[order[b - 1]] > id[order[b]]; b--) {
+            int tmp = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = tmp;
+        }
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
+        float y = 0.0f;
+        for (int j = 0; j < k; j++) {
+            size_t pr = (size_t)t * k + order[j];
+            if (id[order[j]] < 0 || id[order[j]] >= E) continue; /* bad id: no expert ran it */
+            y = y + y2[(size_t)slot_pos[pr] * D + c] * wts[pr];
+        }
+        if (shared) y = y + shared[(size_t)t * D + c];
+        out[(size_t)t * D + c] = y;
+    }
+}
+
+/* The layer's device table of expert pointers: built once, found by the
+ * model's w1 array address (and its first expert's data). */
+static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_err *err, const char *op) {
+    for (int i = 0; i < I->n_moe; i++)
+        if (I->moe[i].w1 == p->w1 && I->moe[i].d0 == p->w1[0].data && I->moe[i].E == p->E) return &I->moe[i];
+    const ds_weight *a = &p->w1[0], *b = &p->w2[0];
+    for (int e = 0; e < p->E; e++) {
+        const ds_weight *u[3] = {&p->w1[e], &p->w3[e], &p->w2[e]};
+        for (int q = 0; q < 3; q++) {
+            const ds_weight *s = q == 2 ? b : a, *w = u[q];
+            if (w->kind != s->kind || w->rows != s->rows || w->cols != s->cols || w->scale_f32 != s->scale_f32 ||
+                w->scale_cols != s->scale_cols) {
+                dsc_failmsg(err, op, "expert %d: '%s' differs in kind or shape from expert 0", e, w->name ? w->name : "?");
+                return NULL;
+            }
+        }
+    }
+    if (I->n_moe == I->cap_moe) {
+        int cap = I->cap_moe ? 2 * I->cap_moe : 16;
+        dsc_moe_table *m = (dsc_moe_table *)realloc(I->moe, (size_t)cap * sizeof *m);
+        if (!m) {
+            dsc_failmsg(err, op, "out of host memory");
+            return NULL;
+        }
+        I->moe = m;
+        I->cap_moe = cap;
+    }
+    size_t n = 3 * (size_t)p->E;
+    dsc_expert_ptrs *h = (dsc_expert_ptrs *)malloc(n * sizeof *h);
+    if (!h) {
+        dsc_failmsg(err, op, "out of host memory");
+        return NULL;
+    }
+    for (int e = 0; e < p->E; e++) {
+        const ds_weight *u[3] = {&p->w1[e], &p->w3[e], &p->w2[e]};
+        for (int q = 0; q < 3; q++) h[(size_t)q * p->E + e] = dsc_expert_ptrs{u[q]->data, u[q]->scale, u[q]->srow0};
+    }
+    void *d = NULL;
+    cudaError_t ce = cudaMalloc(&d, n * sizeof *h);
+    if (ce == cudaSuccess) ce = cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);
+    free(h);
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        dsc_fail(err, op, "expert table", ce);
+        return NULL;
+    }
+    dsc_moe_table *m = &I->moe[I->n_moe++];
+    m->w1 = p->w1;
+    m->d0 = p->w1[0].data;
+    m->E = p->E;
+    m->dev = (dsc_expert_ptrs *)d;
+    return m;
+}
+
+static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float *hs3, float *ys) {
+    int T = p->T, Is = p->sw1->rows;
+    if (dsc_launch_matmul(I->stream, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
+    if (dsc_launch_matmul(I->stream, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
+    size_t n = (size_t)T * Is, b = (n + 255) / 256;
+    swiglu_kernel<<<(unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream>>>(hs1, hs3, n, p->limit);
+    return dsc_launch_matmul(I->stream, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
+}
+
+extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err) {
+    const char *op = "moe";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    int T = p->T, k = p->k, E = p->E, D = p->D;
+    if (T <= 0) return 0;
+    if (k <= 0 || k > 32 || E <= 0) return dsc_failmsg(err, op, "top-%d of %d experts (k <= 32)", k, E);
+    if (T > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", T);
+    const ds_weight *w1 = &p->w1[0], *w2 = &p->w2[0];
+    if (w1->cols != D || w2->rows != D || w2->cols != w1->rows || (unsigned)w1->kind > DS_W_FP4 ||
+        (unsigned)w2->kind > DS_W_FP4)
+        return dsc_failmsg(err, op, "expert shapes w1 [%d, %d], w2 [%d, %d] for dim %d", w1->rows, w1->cols, w2->rows,
+                           w2->cols, D);
+    if (p->sw1 && (p->sw1->cols != D || p->sw2->rows != D || p->sw3->rows != p->sw1->rows))
+        return dsc_failmsg(err, op, "shared expert shapes");
+    const dsc_moe_table *tab = moe_table(I, p, err, op);
+    if (!tab) return -1;
+    size_t P = (size_t)T * k, Ie = (size_t)w1->rows;
+    size_t ints = (size_t)(E + 1) + E + 1 + 2 * P;
+    int *ib = (int *)dsc_scratch(I, DSC_S_MOE0, ints * sizeof(int), err, op);
+    float *h = ib ? (float *)dsc_scratch(I, DSC_S_MOE1, P * Ie * sizeof(float), err, op) : NULL;
+    float *y2 = h ? (float *)dsc_scratch(I, DSC_S_MOE2, P * (size_t)D * sizeof(float), err, op) : NULL;
+    if (!y2) return -1;
+    float *hs1 = NULL, *hs3 = NULL, *ys = NULL;
+    if (p->sw1) {
+        size_t Is = (size_t)p->sw1->rows;
+        hs1 = (float *)dsc_scratch(I, DSC_S_MOE3, (size_t)T * Is * sizeof(float), err, op);
+        hs3 = hs1 ? (float *)dsc_scratch(I, DSC_S_MOE4, (size_t)T * Is * sizeof(float), err, op) : NULL;
+        ys = hs3 ? (float *)dsc_scratch(I, DSC_S_MOE5, (size_t)T * D * sizeof(float), err, op) : NULL;
+        if (!ys) return -1;
+    }
+    int *off = ib, *active = off + E + 1, *n_active = active + E, *members = n_active + 1, *slot_pos = members + P;
+    size_t smem = sizeof(int) * (size_t)(E + 1);
+    if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the sort's shared memory", E);
+    moe_sort_kernel<<<1, 1024, smem, I->stream>>>(p->idx, (int)P, E, off, active, n_active, members, slot_pos);
+    if (dsc_check_launch(err, op)) return -1;
+
+    unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
+    up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
+    dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+    switch (w1->kind) {
+    case DS_W_F32: moe_up_kernel<DS_W_F32><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+    case DS_W_BF16: moe_up_kernel<DS_W_BF16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+    case DS_W_F16: moe_up_kernel<DS_W_F16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+    case DS_W_FP8: moe_up_kernel<DS_W_FP8><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+    case DS_W_FP4: moe_up_kernel<DS_W_FP4><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+    }
+    if (dsc_check_launch(err, op)) return -1;
+    down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
+    dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+    switch (w2->kind) {
+    case DS_W_F32: moe_down_kernel<DS_W_F32><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+    case DS_W_BF16: moe_down_kernel<DS_W_BF16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+    case DS_W_F16: moe_down_kernel<DS_W_F16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+    case DS_W_FP8: moe_down_kernel<DS_W_FP8><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+    case DS_W_FP4: moe_down_kernel<DS_W_FP4><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+    }
+    if (dsc_check_launch(err, op)) return -1;
+    if (p->sw1) {
+        if (launch_shared(I, p, hs1, hs3, ys)) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
+        if (dsc_check_launch(err, op)) return -1;
+    }
+    dim3 gc((unsigned)((D + 255) / 256), (unsigned)T);
+    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, slot_pos, y2, ys, k, D, E, p->out);
+    return dsc_check_launch(err, op);
+}

@@ -1,0 +1,1261 @@
+/* test_cuda_ops.c — the CUDA backend's ops against plain CPU references
+ * (double accumulation, tolerances stated per op), and batch invariance,
+ * bitwise: a token's outputs alone = inside batches of 2, 7 and 64 at other
+ * rows (matmul for every storage kind, K not a multiple of 128 too; attention;
+ * MoE; the indexer), and chunked = whole for the compressor.
+ * Exits 77 (skipped) without a GPU. Prints "N passed, M failed". */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+
+typedef struct {
+    ds_backend be;
+    ds_err err;
+    int pass, fail;
+    uint64_t rng;
+} ctx;
+
+static void check(ctx *C, int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (ok) {
+        C->pass++;
+    } else {
+        C->fail++;
+        printf("FAIL ");
+        vprintf(fmt, ap);
+        printf("\n");
+    }
+    va_end(ap);
+}
+
+static void die_if(ctx *C, int rc, const char *what) {
+    if (rc) {
+        printf("FATAL %s: %s\n", what, C->err.msg);
+        exit(1);
+    }
+}
+
+static uint32_t rnd(ctx *C) {
+    C->rng ^= C->rng << 13;
+    C->rng ^= C->rng >> 7;
+    C->rng ^= C->rng << 17;
+    return (uint32_t)(C->rng >> 11);
+}
+static float frand(ctx *C) { return (float)((rnd(C) & 0xffffff) / 8388608.0 - 1.0); }
+static float *frandv(ctx *C, size_t n, float s) {
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = frand(C) * s;
+    return v;
+}
+
+/* device helpers */
+static void *dput(ctx *C, const void *h, size_t bytes) {
+    void *d = C->be.alloc(&C->be, bytes, &C->err);
+    if (!d) die_if(C, -1, "alloc");
+    if (h) die_if(C, C->be.upload(&C->be, d, h, bytes, &C->err), "upload");
+    else die_if(C, C->be.memset0(&C->be, d, bytes, &C->err), "memset0");
+    return d;
+}
+static void dget(ctx *C, void *h, const void *d, size_t bytes) {
+    die_if(C, C->be.download(&C->be, h, d, bytes, &C->err), "download");
+}
+static float *fget(ctx *C, const void *d, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    dget(C, h, d, n * sizeof *h);
+    return h;
+}
+
+/* ---- host decoders (the reference) -------------------------------------- */
+
+static float h_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float h_f16(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : ldexpf(1.0f + m / 1024.0f, e - 15);
+    return s ? -v : v;
+}
+static float h_e8m0(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+static float h_fp8(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+    return s ? -v : v;
+}
+static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+
+typedef struct {
+    ds_weight h, d;     /* host and device views */
+    float *deq;         /* [rows][cols] dequantized */
+    uint8_t *hd, *hs;
+} tw;
+
+static float h_scale(const ds_weight *w, size_t i) {
+    if (w->scale_f32) {
+        float f;
+        memcpy(&f, w->scale + 4 * i, 4);
+        return f;
+    }
+    return h_e8m0(w->scale[i]);
+}
+
+static const char *kname[5] = {"F32", "BF16", "F16", "FP8", "FP4"};
+
+static tw make_weight(ctx *C, ds_wkind kind, int rows, int cols, int scale_f32) {
+    tw t;
+    memset(&t, 0, sizeof t);
+    ds_weight *w = &t.h;
+    w->kind = kind;
+    w->rows = rows;
+    w->cols = cols;
+    w->name = kname[kind];
+    w->scale_f32 = scale_f32;
+    size_t n = (size_t)rows * cols, db = kind == DS_W_F32 ? 4 * n : kind == DS_W_FP8 ? n : kind == DS_W_FP4 ? n / 2 : 2 * n;
+    size_t ns = 0;
+    if (kind == DS_W_FP8) {
+        w->scale_cols = (cols + 127) / 128;
+        ns = (size_t)((rows + 127) / 128) * w->scale_cols;
+    } else if (kind == DS_W_FP4) {
+        w->scale_cols = (cols + 31) / 32;
+        ns = (size_t)rows * w->scale_cols;
+    }
+    t.hd = malloc(db + 16);
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case DS_W_F32: {
+            float f = frand(C) * 0.5f;
+            memcpy(t.hd + 4 * i, &f, 4);
+            break;
+        }
+        case DS_W_BF16:
+        case DS_W_F16: {
+            uint16_t h;
+            if (kind == DS_W_BF16) {
+                float f = frand(C) * 0.5f;
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                h = (uint16_t)(u >> 16);
+            } else {
+                h = (uint16_t)((rnd(C) & 0x83ff) | ((10 + rnd(C) % 6) << 10)); /* |v| in [2^-5, 1) */
+            }
+            memcpy(t.hd + 2 * i, &h, 2);
+            break;
+        }
+        case DS_W_FP8: {
+            uint8_t b = (uint8_t)rnd(C);
+            if ((b & 0x7f) == 0x7f) b ^= 1;
+            t.hd[i] = b;
+            break;
+        }
+        case DS_W_FP4:
+            if (i % 2 == 0) t.hd[i / 2] = (uint8_t)rnd(C);
+            break;
+        }
+    }
+    if (ns) {
+        size_t sb = ns * (scale_f32 ? 4 : 1);
+        t.hs = malloc(sb);
+        for (size_t i = 0; i < ns; i++) {
+            if (scale_f32) {
+                float f = 0.01f + 0.05f * (frand(C) + 1.0f);
+                memcpy(t.hs + 4 * i, &f, 4);
+            } else {
+                t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 118 + rnd(C) % 6 : 122 + rnd(C) % 5);
+            }
+        }
+        w->scale = t.hs;
+    }
+    w->data = t.hd;
+    t.deq = malloc(n * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            float v = 0;
+            uint16_t h;
+            switch (kind) {
+            case DS_W_F32: memcpy(&v, t.hd + 4 * i, 4); break;
+            case DS_W_BF16: memcpy(&h, t.hd + 2 * i, 2); v = h_bf16(h); break;
+            case DS_W_F16: memcpy(&h, t.hd + 2 * i, 2); v = h_f16(h); break;
+            case DS_W_FP8: v = h_fp8(t.hd[i]) * h_scale(w, (size_t)(r / 128) * w->scale_cols + c / 128); break;
+            case DS_W_FP4: {
+                uint8_t b = t.hd[i / 2];
+                v = e2m1[(c & 1) ? b >> 4 : b & 15] * h_scale(w, (size_t)r * w->scale_cols + c / 32);
+                break;
+            }
+            }
+            t.deq[i] = v;
+        }
+    t.d = t.h;
+    const void *dd = NULL, *ds = NULL;
+    die_if(C, C->be.map_weights(&C->be, t.hd, db, &dd, &C->err), "map_weights");
+    t.d.data = dd;
+    if (ns) {
+        die_if(C, C->be.map_weights(&C->be, t.hs, ns * (scale_f32 ? 4 : 1), &ds, &C->err), "map_weights");
+        t.d.scale = ds;
+    }
+    return t;
+}
+
+static void free_weight(ctx *C, tw *t) {
+    C->be.unmap_weights(&C->be, t->d.data);
+    if (t->d.scale) C->be.unmap_weights(&C->be, t->d.scale);
+    free(t->hd);
+    free(t->hs);
+    free(t->deq);
+}
+
+/* |y - ref| <= rel * sum|w x| + abs */
+static int close_dot(double y, double ref, double mag, double rel) { return fabs(y - ref) <= rel * mag + 1e-6; }
+
+/* ---- a step ------------------------------------------------------------- */
+
+typedef struct {
+    int T, S, L;
+    int32_t tok_id[512];
+    int64_t tok_pos[512], seq_pos0[64];
+    int tok_seq[512], seq_row0[64], seq_n[64];
+    const ds_layer_mem *mem[64];
+    ds_layer_mem none;          /* the state of sequences an op does not touch */
+} step;
+
+static void step_add(step *s, int n, int64_t pos0, const ds_layer_mem *mem) {
+    int q = s->S++;
+    s->seq_row0[q] = s->T;
+    s->seq_n[q] = n;
+    s->seq_pos0[q] = pos0;
+    s->mem[q] = mem ? mem : &s->none;
+    for (int i = 0; i < n; i++) {
+        s->tok_pos[s->T] = pos0 + i;
+        s->tok_seq[s->T] = q;
+        s->tok_id[s->T] = (int32_t)((pos0 + i) * 7 % 50);
+        s->T++;
+    }
+}
+
+static void begin(ctx *C, step *s) {
+    ds_step_desc d = {s->T, s->S, s->L, s->tok_id, s->tok_pos, s->tok_seq, s->seq_row0, s->seq_n, s->seq_pos0, s->mem};
+    die_if(C, C->be.begin_step(&C->be, &d, &C->err), "begin_step");
+}
+
+/* ---- matmul --------------------------------------------------------------- */
+
+static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
+    tw w = make_weight(C, kind, rows, cols, sf32);
+    int T = 64;
+    float *x = frandv(C, (size_t)T * cols, 1.0f);
+    float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
+    die_if(C, ds_matmul(&C->be, &w.d, dx, T, dy, &C->err), "matmul");
+    float *y = fget(C, dy, (size_t)T * rows);
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)w.deq[(size_t)r * cols + k] * x[(size_t)t * cols + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            if (!close_dot(y[(size_t)t * rows + r], ref, mag, 2e-6 * sqrt(cols)) && bad++ < 3)
+                printf("  matmul %s [%d,%d] t %d r %d: %g vs %g\n", kname[kind], rows, cols, t, r, y[(size_t)t * rows + r], ref);
+        }
+    check(C, !bad, "matmul %s%s [%d x %d] vs reference (%d bad)", kname[kind], sf32 ? "/f32 scales" : "", rows, cols, bad);
+    /* invariance: token j of the 64-batch at row p of batches of 1, 2, 7 */
+    int sizes[3] = {1, 2, 7};
+    for (int si = 0; si < 3; si++) {
+        int n = sizes[si], same = 1;
+        for (int trial = 0; trial < 3; trial++) {
+            int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
+            float *xb = frandv(C, (size_t)n * cols, 1.0f);
+            memcpy(xb + (size_t)p * cols, x + (size_t)j * cols, sizeof(float) * cols);
+            float *dxb = dput(C, xb, sizeof(float) * n * cols), *dyb = dput(C, NULL, sizeof(float) * n * rows);
+            die_if(C, ds_matmul(&C->be, &w.d, dxb, n, dyb, &C->err), "matmul");
+            float *yb = fget(C, dyb, (size_t)n * rows);
+            if (memcmp(yb + (size_t)p * rows, y + (size_t)j * rows, sizeof(float) * rows)) same = 0;
+            free(xb);
+            free(yb);
+            C->be.free(&C->be, dxb);
+            C->be.free(&C->be, dyb);
+        }
+        check(C, same, "matmul %s [%d x %d]: token bits alone in batch of 64 = in batch of %d", kname[kind], rows, cols, n);
+    }
+    /* grouped: G groups of rows; each output equals the matmul of its row block */
+    if (rows % 4 == 0) {
+        int G = 4, Rg = rows / G, Tg = 7;
+        float *xg = frandv(C, (size_t)Tg * G * cols, 1.0f);
+        float *dxg = dput(C, xg, sizeof(float) * Tg * G * cols), *dyg = dput(C, NULL, sizeof(float) * Tg * rows);
+        ds_matmul_grouped gp = {&w.d, G, Tg, dxg, dyg};
+        die_if(C, C->be.matmul_grouped(&C->be, &gp, &C->err), "matmul_grouped");
+        float *yg = fget(C, dyg, (size_t)Tg * rows);
+        int ok = 1;
+        for (int g = 0; g < G && ok; g++) {
+            /* the group's matmul through a row view with the same x columns */
+            ds_weight v = w.d;
+            size_t rb = kind == DS_W_F32 ? 4 * (size_t)cols : kind == DS_W_FP8 ? (size_t)cols : kind == DS_W_FP4 ? (size_t)cols / 2 : 2 * (size_t)cols;
+            v.data = w.d.data + (size_t)g * Rg * rb;
+            v.rows = Rg;
+            if (kind == DS_W_FP8) v.srow0 = g * Rg;
+            if (kind == DS_W_FP4) v.scale = w.d.scale + (size_t)g * Rg * w.d.scale_cols * (sf32 ? 4 : 1);
+            float *xs = malloc(sizeof(float) * Tg * cols);
+            for (int t = 0; t < Tg; t++) memcpy(xs + (size_t)t * cols, xg + ((size_t)t * G + g) * cols, sizeof(float) * cols);
+            float *dxs = dput(C, xs, sizeof(float) * Tg * cols), *dys = dput(C, NULL, sizeof(float) * Tg * Rg);
+            die_if(C, ds_matmul(&C->be, &v, dxs, Tg, dys, &C->err), "matmul");
+            float *ys = fget(C, dys, (size_t)Tg * Rg);
+            for (int t = 0; t < Tg; t++)
+                if (memcmp(ys + (size_t)t * Rg, yg + (size_t)t * rows + (size_t)g * Rg, sizeof(float) * Rg)) ok = 0;
+            free(xs);
+            free(ys);
+            C->be.free(&C->be, dxs);
+            C->be.free(&C->be, dys);
+        }
+        check(C, ok, "matmul_grouped %s [%d x %d]: each group has the bits of its own matmul", kname[kind], rows, cols);
+        free(xg);
+        free(yg);
+        C->be.free(&C->be, dxg);
+        C->be.free(&C->be, dyg);
+    }
+    free(x);
+    free(y);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dy);
+    free_weight(C, &w);
+}
+
+/* ---- rmsnorm / rope -------------------------------------------------------- */
+
+static void test_norm_rope(ctx *C) {
+    int T = 5, n = 700;
+    float *x = frandv(C, (size_t)T * n, 2.0f), *w = frandv(C, n, 1.0f);
+    float *dx = dput(C, x, sizeof(float) * T * n), *dw = dput(C, w, sizeof(float) * n);
+    ds_rmsnorm_params rp = {dx, dw, dx, T, n, 1e-6f};
+    die_if(C, C->be.rmsnorm(&C->be, &rp, &C->err), "rmsnorm");
+    float *y = fget(C, dx, (size_t)T * n);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)x[t * n + i] * x[t * n + i];
+        double r = 1.0 / sqrt(ss / n + 1e-6);
+        for (int i = 0; i < n; i++)
+            if (fabs(y[t * n + i] - w[i] * x[t * n + i] * r) > 1e-5 * (1 + fabs(w[i] * x[t * n + i] * r))) bad++;
+    }
+    check(C, !bad, "rmsnorm in place, weighted (rel 1e-5; %d bad)", bad);
+    free(y);
+
+    /* rope on [T][H][d], norm on, at the step's positions */
+    int H = 3, d = 96, half = 16;
+    step s = {0};
+    s.L = 1;
+    step_add(&s, T, 1000, NULL);
+    begin(C, &s);
+    float *q = frandv(C, (size_t)T * H * d, 1.0f), *inv = malloc(sizeof(float) * half);
+    for (int i = 0; i < half; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (2 * half));
+    float *dq = dput(C, q, sizeof(float) * T * H * d), *dinv = dput(C, inv, sizeof(float) * half);
+    ds_rope_params ro = {dq, T, H, d, half, dinv, 1, 0, 1e-6f};
+    die_if(C, C->be.rope(&C->be, &ro, &C->err), "rope");
+    float *o = fget(C, dq, (size_t)T * H * d);
+    bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const float *xi = q + ((size_t)t * H + h) * d;
+            double ss = 0, ref[1024];
+            for (int i = 0; i < d; i++) ss += (double)xi[i] * xi[i];
+            double r = 1.0 / sqrt(ss / d + 1e-6);
+            for (int i = 0; i < d; i++) ref[i] = xi[i] * r;
+            double *p = ref + d - 2 * half;
+            for (int i = 0; i < half; i++) {
+                float angf = inv[i] * (float)(1000 + t); /* the angle in fp32, as the op forms it */
+                double ang = angf, a = p[2 * i], b = p[2 * i + 1];
+                p[2 * i] = a * cos(ang) - b * sin(ang);
+                p[2 * i + 1] = b * cos(ang) + a * sin(ang);
+            }
+            for (int i = 0; i < d; i++)
+                if (fabs(o[((size_t)t * H + h) * d + i] - ref[i]) > 2e-5) bad++;
+        }
+    check(C, !bad, "rope with head norm at positions 1000.. (abs 2e-5 given the fp32 angle; %d bad)", bad);
+    /* inverse undoes it */
+    ds_rope_params ri = {dq, T, H, d, half, dinv, 0, 1, 1e-6f};
+    die_if(C, C->be.rope(&C->be, &ri, &C->err), "rope");
+    float *o2 = fget(C, dq, (size_t)T * H * d);
+    bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const float *xi = q + ((size_t)t * H + h) * d;
+            double ss = 0;
+            for (int i = 0; i < d; i++) ss += (double)xi[i] * xi[i];
+            double r = 1.0 / sqrt(ss / d + 1e-6);
+            for (int i = 0; i < d; i++)
+                if (fabs(o2[((size_t)t * H + h) * d + i] - xi[i] * r) > 1e-5) bad++;
+        }
+    check(C, !bad, "inverse rope undoes rope (abs 1e-5; %d bad)", bad);
+    free(x);
+    free(w);
+    free(q);
+    free(inv);
+    free(o);
+    free(o2);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dw);
+    C->be.free(&C->be, dq);
+    C->be.free(&C->be, dinv);
+}
+
+/* ---- mHC ------------------------------------------------------------------ */
+
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static void test_mhc(ctx *C) {
+    int n = 4, D = 256, T = 3, rows = (2 + n) * n, iters = 20;
+    tw fn = make_weight(C, DS_W_F32, rows, n * D, 0);
+    tw fh = make_weight(C, DS_W_F32, n, n * D, 0);
+    float *base = frandv(C, rows, 0.5f), sc[3] = {0.7f, 0.3f, 1.1f};
+    float *X = frandv(C, (size_t)T * n * D, 1.0f);
+    float *dX = dput(C, X, sizeof(float) * T * n * D), *dbase = dput(C, base, sizeof(float) * rows);
+    float *dsc = dput(C, sc, sizeof sc);
+    float *dxin = dput(C, NULL, sizeof(float) * T * D), *dpost = dput(C, NULL, sizeof(float) * T * n);
+    float *dcomb = dput(C, NULL, sizeof(float) * T * n * n);
+    ds_hc_params hc = {&fn.d, dbase, dsc, n, D, iters, 1e-6f, 1e-6f};
+    ds_hc_pre_params pp = {hc, dX, T, dxin, dpost, dcomb};
+    die_if(C, C->be.hc_pre(&C->be, &pp, &C->err), "hc_pre");
+    float *xin = fget(C, dxin, (size_t)T * D), *post = fget(C, dpost, (size_t)T * n), *comb = fget(C, dcomb, (size_t)T * n * n);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *Xt = X + (size_t)t * n * D;
+        double ss = 0, m[64], pre[16], cm[16][16];
+        for (int i = 0; i < n * D; i++) ss += (double)Xt[i] * Xt[i];
+        double r = 1.0 / sqrt(ss / (n * D) + 1e-6);
+        for (int q = 0; q < rows; q++) {
+            m[q] = 0;
+            for (int i = 0; i < n * D; i++) m[q] += (double)fn.deq[(size_t)q * n * D + i] * Xt[i] * r;
+        }
+        for (int i = 0; i < n; i++) {
+            pre[i] = sigm(m[i] * sc[0] + base[i]) + 1e-6;
+            if (fabs(post[t * n + i] - 2 * sigm(m[n + i] * sc[1] + base[n + i])) > 1e-5) bad++;
+        }
+        for (int i = 0; i < n; i++) {
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j < n; j++) mx = fmax(mx, cm[i][j] = m[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j]);
+            for (int j = 0; j < n; j++) sum += (cm[i][j] = exp(cm[i][j] - mx));
+            for (int j = 0; j < n; j++) cm[i][j] = cm[i][j] / sum + 1e-6;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0)
+                for (int i = 0; i < n; i++) {
+                    double s = 0;
+                    for (int j = 0; j < n; j++) s += cm[i][j];
+                    for (int j = 0; j < n; j++) cm[i][j] /= s + 1e-6;
+                }
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int i = 0; i < n; i++) s += cm[i][j];
+                for (int i = 0; i < n; i++) cm[i][j] /= s + 1e-6;
+            }
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                if (fabs(comb[(t * n + i) * n + j] - cm[i][j]) > 1e-4) bad++;
+        for (int k = 0; k < D; k++) {
+            double s = 0;
+            for (int i = 0; i < n; i++) s += pre[i] * Xt[i * D + k];
+            if (fabs(xin[t * D + k] - s) > 1e-4 * (1 + fabs(s))) bad++;
+        }
+    }
+    check(C, !bad, "hc_pre: pre/post/Sinkhorn comb/x_in (abs 1e-4; %d bad)", bad);
+
+    /* post */
+    float *y = frandv(C, (size_t)T * D, 1.0f), *dy = dput(C, y, sizeof(float) * T * D);
+    float *dXo = dput(C, NULL, sizeof(float) * T * n * D);
+    ds_hc_post_params po = {n, D, T, dX, dy, dpost, dcomb, dXo};
+    die_if(C, C->be.hc_post(&C->be, &po, &C->err), "hc_post");
+    float *Xo = fget(C, dXo, (size_t)T * n * D);
+    bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < D; k++) {
+                double s = (double)post[t * n + j] * y[t * D + k];
+                for (int i = 0; i < n; i++) s += (double)comb[(t * n + i) * n + j] * X[((size_t)t * n + i) * D + k];
+                if (fabs(Xo[((size_t)t * n + j) * D + k] - s) > 1e-5 * (1 + fabs(s))) bad++;
+            }
+    check(C, !bad, "hc_post (rel 1e-5; %d bad)", bad);
+
+    /* head */
+    ds_hc_params hh = {&fh.d, dbase, dsc, n, D, 0, 1e-6f, 1e-6f};
+    float *dxh = dput(C, NULL, sizeof(float) * T * D);
+    ds_hc_head_params hp = {hh, dX, T, dxh};
+    die_if(C, C->be.hc_head(&C->be, &hp, &C->err), "hc_head");
+    float *xh = fget(C, dxh, (size_t)T * D);
+    bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *Xt = X + (size_t)t * n * D;
+        double ss = 0, pre[16];
+        for (int i = 0; i < n * D; i++) ss += (double)Xt[i] * Xt[i];
+        double r = 1.0 / sqrt(ss / (n * D) + 1e-6);
+        for (int q = 0; q < n; q++) {
+            double m = 0;
+            for (int i = 0; i < n * D; i++) m += (double)fh.deq[(size_t)q * n * D + i] * Xt[i] * r;
+            pre[q] = sigm(m * sc[0] + base[q]) + 1e-6;
+        }
+        for (int k = 0; k < D; k++) {
+            double s = 0;
+            for (int i = 0; i < n; i++) s += pre[i] * Xt[i * D + k];
+            if (fabs(xh[t * D + k] - s) > 1e-4 * (1 + fabs(s))) bad++;
+        }
+    }
+    check(C, !bad, "hc_head (abs 1e-4; %d bad)", bad);
+    free(base);
+    free(X);
+    free(xin);
+    free(post);
+    free(comb);
+    free(y);
+    free(Xo);
+    free(xh);
+    void *ps[] = {dX, dbase, dsc, dxin, dpost, dcomb, dy, dXo, dxh};
+    for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) C->be.free(&C->be, ps[i]);
+    free_weight(C, &fn);
+    free_weight(C, &fh);
+}
+
+/* ---- attention + window store ---------------------------------------------- */
+
+enum { AH = 4, AD = 128, AW = 16, AR = 4, ATOPK = 8, ANENT = 256 };
+
+typedef struct {
+    ds_layer_mem mem;           /* device pointers */
+    float *ring, *ent;          /* host copies */
+    int64_t pos0;
+    int n;
+    float *q, *kv;              /* host [n][H][d], [n][d] */
+} aseq;
+
+static void aseq_init(ctx *C, aseq *a, int64_t pos0, int n) {
+    memset(a, 0, sizeof *a);
+    a->pos0 = pos0;
+    a->n = n;
+    a->ring = frandv(C, (size_t)AW * AD, 1.0f);
+    a->ent = frandv(C, (size_t)ANENT * AD, 1.0f);
+    a->q = frandv(C, (size_t)n * AH * AD, 0.3f);
+    a->kv = frandv(C, (size_t)n * AD, 1.0f);
+    a->mem.ring = dput(C, a->ring, sizeof(float) * AW * AD);
+    a->mem.comp.entries = dput(C, a->ent, sizeof(float) * ANENT * AD);
+}
+
+static void aseq_free(ctx *C, aseq *a) {
+    C->be.free(&C->be, a->mem.ring);
+    C->be.free(&C->be, a->mem.comp.entries);
+    free(a->ring);
+    free(a->ent);
+    free(a->q);
+    free(a->kv);
+}
+
+static int csa_sel(int64_t p, int *sel) {
+    int nv = (int)((p + 1) / AR), ns = nv < ATOPK ? nv : ATOPK;
+    for (int j = 0; j < ns; j++) sel[j] = (int)((int64_t)j * nv / ns);
+    return ns;
+}
+
+/* Runs the sequences in order as one step; returns out rows [T][H][d]. */
+static float *attn_run(ctx *C, aseq **ss, int ns, int csa, const float *dsink) {
+    step s = {0};
+    s.L = 1;
+    for (int i = 0; i < ns; i++) step_add(&s, ss[i]->n, ss[i]->pos0, &ss[i]->mem);
+    begin(C, &s);
+    int T = s.T;
+    float *q = malloc(sizeof(float) * T * AH * AD), *kv = malloc(sizeof(float) * T * AD);
+    int *sel = calloc((size_t)T * ATOPK, sizeof *sel), *nsel = calloc((size_t)T, sizeof *nsel);
+    for (int i = 0; i < ns; i++) {
+        int r0 = s.seq_row0[i];
+        memcpy(q + (size_t)r0 * AH * AD, ss[i]->q, sizeof(float) * ss[i]->n * AH * AD);
+        memcpy(kv + (size_t)r0 * AD, ss[i]->kv, sizeof(float) * ss[i]->n * AD);
+    }
+    for (int t = 0; t < T; t++) nsel[t] = csa_sel(s.tok_pos[t], sel + (size_t)t * ATOPK);
+    float *dq = dput(C, q, sizeof(float) * T * AH * AD), *dkv = dput(C, kv, sizeof(float) * T * AD);
+    int *dsel = dput(C, sel, sizeof(int) * T * ATOPK), *dnsel = dput(C, nsel, sizeof(int) * T);
+    float *dout = dput(C, NULL, sizeof(float) * T * AH * AD);
+    ds_attention_params ap = {0, T, AH, AD, AW, AR, dq, dkv, dsink, csa ? dsel : NULL, csa ? dnsel : NULL, ATOPK,
+                              1.0f / sqrtf((float)AD), dout};
+    die_if(C, C->be.attention(&C->be, &ap, &C->err), "attention");
+    float *out = fget(C, dout, (size_t)T * AH * AD);
+    void *ps[] = {dq, dkv, dsel, dnsel, dout};
+    for (int i = 0; i < 5; i++) C->be.free(&C->be, ps[i]);
+    free(q);
+    free(kv);
+    free(sel);
+    free(nsel);
+    return out;
+}
+
+static int attn_ref_check(const aseq *a, const float *out, const float *sink, int csa) {
+    int bad = 0;
+    for (int i = 0; i < a->n; i++) {
+        int64_t p = a->pos0 + i, lo = p - AW + 1 < 0 ? 0 : p - AW + 1;
+        const float *keys[256];
+        int nk = 0, sel[ATOPK];
+        for (int64_t pp = lo; pp <= p; pp++)
+            keys[nk++] = pp >= a->pos0 ? a->kv + (size_t)(pp - a->pos0) * AD : a->ring + (size_t)(pp % AW) * AD;
+        if (csa) {
+            int n = csa_sel(p, sel);
+            for (int j = 0; j < n; j++) keys[nk++] = a->ent + (size_t)sel[j] * AD;
+        } else {
+            for (int j = 0; j < (p + 1) / AR; j++) keys[nk++] = a->ent + (size_t)j * AD;
+        }
+        for (int h = 0; h < AH; h++) {
+            const float *q = a->q + ((size_t)i * AH + h) * AD;
+            double s[256], mx = sink[h], sum = 0, o[AD] = {0};
+            for (int j = 0; j < nk; j++) {
+                double d = 0;
+                for (int c = 0; c < AD; c++) d += (double)q[c] * keys[j][c];
+                s[j] = d / sqrt((double)AD);
+                mx = fmax(mx, s[j]);
+            }
+            sum = exp(sink[h] - mx);
+            for (int j = 0; j < nk; j++) sum += (s[j] = exp(s[j] - mx));
+            for (int j = 0; j < nk; j++)
+                for (int c = 0; c < AD; c++) o[c] += s[j] / sum * keys[j][c];
+            for (int c = 0; c < AD; c++)
+                if (fabs(out[((size_t)i * AH + h) * AD + c] - o[c]) > 2e-5) bad++;
+        }
+    }
+    return bad;
+}
+
+static void test_attention(ctx *C) {
+    float sink[AH];
+    for (int h = 0; h < AH; h++) sink[h] = frand(C);
+    float *dsink = dput(C, sink, sizeof sink);
+    for (int csa = 0; csa < 2; csa++) {
+        const char *kind = csa ? "CSA" : "HCA";
+        aseq A, A5, B[3];
+        aseq_init(C, &A, 37, 1);   /* decode row */
+        aseq_init(C, &A5, 600, 70); /* prefill rows past the window: up to 16 + 167 keys, 3 blocks of 64 */
+        aseq_init(C, &B[0], 100, 63);
+        aseq_init(C, &B[1], 5, 3);
+        aseq_init(C, &B[2], 60, 3);
+        aseq *one[1] = {&A};
+        float *alone = attn_run(C, one, 1, csa, dsink);
+        check(C, !attn_ref_check(&A, alone, sink, csa), "attention %s decode row vs reference (abs 2e-5)", kind);
+        aseq *one5[1] = {&A5};
+        float *alone5 = attn_run(C, one5, 1, csa, dsink);
+        check(C, !attn_ref_check(&A5, alone5, sink, csa), "attention %s 70-row prefill vs reference (abs 2e-5)", kind);
+        size_t rb = sizeof(float) * AH * AD;
+        /* batch of 2: B[1] row 0 only is awkward; use B[2] with 1 row */
+        B[2].n = 1;
+        aseq *b2[2] = {&B[2], &A};
+        float *o2 = attn_run(C, b2, 2, csa, dsink);
+        check(C, !memcmp(o2 + 1 * AH * AD, alone, rb), "attention %s: row alone = row 1 of a batch of 2", kind);
+        B[2].n = 3;
+        aseq *b7[3] = {&B[1], &A, &B[2]};
+        float *o7 = attn_run(C, b7, 3, csa, dsink);
+        check(C, !memcmp(o7 + 3 * AH * AD, alone, rb), "attention %s: row alone = row 3 of a batch of 7", kind);
+        aseq *b64[2] = {&B[0], &A};
+        float *o64 = attn_run(C, b64, 2, csa, dsink);
+        check(C, !memcmp(o64 + 63 * AH * AD, alone, rb), "attention %s: row alone = row 63 of a batch of 64", kind);
+        aseq *b75[3] = {&B[1], &A5, &B[2]};
+        float *o75 = attn_run(C, b75, 3, csa, dsink);
+        check(C, !memcmp(o75 + 3 * AH * AD, alone5, rb * 70), "attention %s: 70-row prefill alone = inside a batch", kind);
+        free(alone);
+        free(alone5);
+        free(o2);
+        free(o7);
+        free(o64);
+        free(o75);
+        aseq_free(C, &A);
+        aseq_free(C, &A5);
+        for (int i = 0; i < 3; i++) aseq_free(C, &B[i]);
+    }
+    /* window store: the last W rows of a sequence land at pos % W */
+    aseq S;
+    aseq_init(C, &S, 30, 20);
+    step s = {0};
+    s.L = 1;
+    step_add(&s, S.n, S.pos0, &S.mem);
+    begin(C, &s);
+    float *dkv = dput(C, S.kv, sizeof(float) * S.n * AD);
+    ds_window_store_params wp = {0, AW, AD, dkv};
+    die_if(C, C->be.window_store(&C->be, &wp, &C->err), "window_store");
+    float *ring = fget(C, S.mem.ring, (size_t)AW * AD);
+    int ok = 1;
+    for (int i = S.n - AW; i < S.n; i++)
+        if (memcmp(ring + (size_t)((S.pos0 + i) % AW) * AD, S.kv + (size_t)i * AD, sizeof(float) * AD)) ok = 0;
+    check(C, ok, "window_store keeps the last W rows at pos %% W");
+    free(ring);
+    C->be.free(&C->be, dkv);
+    aseq_free(C, &S);
+    C->be.free(&C->be, dsink);
+}
+
+/* ---- compressor ------------------------------------------------------------ */
+
+typedef struct {
+    int R, d, cd, overlap, half, N;
+    float *kv, *gate, *ape, *norm, *inv; /* host: [N][cd], [N][cd], [R][cd], [d], [half] */
+    float *dape, *dnorm, *dinv;
+} cspec;
+
+/* The CPU compressor (ds_comp_push), in double, for all N positions. */
+static void comp_ref(const cspec *s, double *ent) {
+    int R = s->R, d = s->d, cd = s->cd, off = s->overlap ? d : 0;
+    for (int E = 0; E < s->N / R; E++) {
+        int np = s->overlap && E > 0 ? R : 0;
+        for (int c = 0; c < d; c++) {
+            double g[512], v[512], mx = -1e300, sum = 0, acc = 0;
+            for (int j = 0; j < np; j++) {
+                int q = (E - 1) * R + j;
+                g[j] = (double)(s->gate[(size_t)q * cd + c] + s->ape[(size_t)j * cd + c]);
+                v[j] = s->kv[(size_t)q * cd + c];
+            }
+            for (int j = 0; j < R; j++) {
+                int q = E * R + j;
+                g[np + j] = (double)(s->gate[(size_t)q * cd + off + c] + s->ape[(size_t)j * cd + off + c]);
+                v[np + j] = s->kv[(size_t)q * cd + off + c];
+            }
+            for (int j = 0; j < np + R; j++) mx = fmax(mx, g[j]);
+            for (int j = 0; j < np + R; j++) sum += exp(g[j] - mx);
+            for (int j = 0; j < np + R; j++) acc += v[j] * exp(g[j] - mx) / sum;
+            ent[(size_t)E * d + c] = acc;
+        }
+        double *e = ent + (size_t)E * d, ss = 0;
+        for (int c = 0; c < d; c++) ss += e[c] * e[c];
+        double r = 1.0 / sqrt(ss / d + 1e-6);
+        for (int c = 0; c < d; c++) e[c] = s->norm[c] * e[c] * r;
+        double *p = e + d - 2 * s->half, pos = (double)(E * R);
+        for (int i = 0; i < s->half; i++) {
+            double ang = (double)s->inv[i] * pos, a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * cos(ang) - b * sin(ang);
+            p[2 * i + 1] = b * cos(ang) + a * sin(ang);
+        }
+    }
+}
+
+static void cmem_init(ctx *C, const cspec *s, ds_comp_mem *m) {
+    memset(m, 0, sizeof *m);
+    m->entries = dput(C, NULL, sizeof(float) * (s->N / s->R + 1) * s->d);
+    m->pend_kv = dput(C, NULL, sizeof(float) * s->R * s->cd);
+    m->pend_gate = dput(C, NULL, sizeof(float) * s->R * s->cd);
+    if (s->overlap) {
+        m->prev_kv = dput(C, NULL, sizeof(float) * s->R * s->d);
+        m->prev_gate = dput(C, NULL, sizeof(float) * s->R * s->d);
+    }
+}
+
+static void cmem_free(ctx *C, ds_comp_mem *m) {
+    void *ps[] = {m->entries, m->pend_kv, m->pend_gate, m->prev_kv, m->prev_gate};
+    for (int i = 0; i < 5; i++) C->be.free(&C->be, ps[i]);
+}
+
+/* Feeds positions 0..N-1 in steps of chunk[i] rows (cycled); when other is
+ * set, a second sequence (its own state, the same rows reversed in time is
+ * not needed: the same spec) rides along first in every step. Returns the
+ * entries of the first sequence. */
+static float *comp_run(ctx *C, const cspec *s, const int *chunk, int nchunk, int which, int other) {
+    ds_layer_mem lm[2];
+    memset(lm, 0, sizeof lm);
+    cmem_init(C, s, which ? &lm[0].icomp : &lm[0].comp);
+    if (other) cmem_init(C, s, which ? &lm[1].icomp : &lm[1].comp);
+    float *kvb = malloc(sizeof(float) * 2 * s->N * s->cd), *gb = malloc(sizeof(float) * 2 * s->N * s->cd);
+    for (int p0 = 0, ci = 0; p0 < s->N; ci++) {
+        int n = chunk[ci % nchunk];
+        if (p0 + n > s->N) n = s->N - p0;
+        step st = {0};
+        st.L = 1;
+        int oth_n = other ? (n + 2 < s->N - p0 ? n + 2 : s->N - p0) : 0; /* the other one runs ahead a bit */
+        if (other) step_add(&st, oth_n, p0, &lm[1]);
+        step_add(&st, n, p0, &lm[0]);
+        /* other: positions p0.. of its own (it started at 0 too, but runs in different chunks) */
+        int T = st.T;
+        for (int t = 0; t < T; t++) {
+            int64_t pos = st.tok_pos[t];
+            memcpy(kvb + (size_t)t * s->cd, s->kv + (size_t)pos * s->cd, sizeof(float) * s->cd);
+            memcpy(gb + (size_t)t * s->cd, s->gate + (size_t)pos * s->cd, sizeof(float) * s->cd);
+        }
+        begin(C, &st);
+        float *dkv = dput(C, kvb, sizeof(float) * T * s->cd), *dg = dput(C, gb, sizeof(float) * T * s->cd);
+        ds_compress_params cp = {0, which, s->R, s->d, s->overlap, s->dape, s->dnorm, dkv, dg, s->dinv, s->half, 1e-6f};
+        die_if(C, C->be.compress(&C->be, &cp, &C->err), "compress");
+        C->be.free(&C->be, dkv);
+        C->be.free(&C->be, dg);
+        p0 += n;
+        if (other) { /* the other sequence must stay consistent: it restarts each step at p0 with fresh state */
+            cmem_free(C, which ? &lm[1].icomp : &lm[1].comp);
+            cmem_init(C, s, which ? &lm[1].icomp : &lm[1].comp);
+        }
+    }
+    size_t ne = (size_t)(s->N / s->R) * s->d;
+    float *ent = fget(C, (which ? lm[0].icomp : lm[0].comp).entries, ne ? ne : 1);
+    cmem_free(C, which ? &lm[0].icomp : &lm[0].comp);
+    if (other) cmem_free(C, which ? &lm[1].icomp : &lm[1].comp);
+    free(kvb);
+    free(gb);
+    return ent;
+}
+
+static void test_compressor(ctx *C, int R, int d, int overlap, int which) {
+    cspec s = {R, d, (overlap ? 2 : 1) * d, overlap, 8, 5 * R + 3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    s.kv = frandv(C, (size_t)s.N * s.cd, 1.0f);
+    s.gate = frandv(C, (size_t)s.N * s.cd, 2.0f);
+    s.ape = frandv(C, (size_t)R * s.cd, 0.5f);
+    s.norm = frandv(C, d, 1.0f);
+    s.inv = malloc(sizeof(float) * s.half);
+    for (int i = 0; i < s.half; i++) s.inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (2 * s.half));
+    s.dape = dput(C, s.ape, sizeof(float) * R * s.cd);
+    s.dnorm = dput(C, s.norm, sizeof(float) * d);
+    s.dinv = dput(C, s.inv, sizeof(float) * s.half);
+    int whole[1] = {1 << 20}, ones[1] = {1}, mixed[4] = {5, 1, R + 1, 3};
+    float *a = comp_run(C, &s, whole, 1, which, 0);
+    float *b = comp_run(C, &s, ones, 1, which, 0);
+    float *c = comp_run(C, &s, mixed, 4, which, 1);
+    size_t ne = (size_t)(s.N / R) * d;
+    double *ref = malloc(sizeof(double) * (ne ? ne : 1));
+    comp_ref(&s, ref);
+    int bad = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (fabs(a[i] - ref[i]) > 1e-4) bad++;
+    check(C, !bad, "compress R=%d d=%d overlap=%d: entries vs reference (abs 1e-4; %d bad)", R, d, overlap, bad);
+    check(C, !memcmp(a, b, sizeof(float) * ne), "compress R=%d overlap=%d: whole prefill = token by token (bits)", R, overlap);
+    check(C, !memcmp(a, c, sizeof(float) * ne), "compress R=%d overlap=%d: whole = chunks 5,1,%d,3 beside another sequence (bits)", R,
+          overlap, R + 1);
+    free(a);
+    free(b);
+    free(c);
+    free(ref);
+    free(s.kv);
+    free(s.gate);
+    free(s.ape);
+    free(s.norm);
+    free(s.inv);
+    C->be.free(&C->be, s.dape);
+    C->be.free(&C->be, s.dnorm);
+    C->be.free(&C->be, s.dinv);
+}
+
+/* ---- indexer ---------------------------------------------------------------- */
+
+enum { INH = 4, IDH = 64, IR = 4, ITOPK = 16, INENT = 128 };
+
+/* Runs rows at positions pos[0..T) of one sequence each (own entries [INENT][IDH]
+ * in ent[t]), returns sel [T][ITOPK] and nsel [T]. */
+static void idx_run(ctx *C, int T, const int64_t *pos, float *const *ent_dev, const float *iq, const float *iw, int *sel,
+                    int *nsel) {
+    ds_layer_mem *lm = calloc((size_t)T, sizeof *lm);
+    step s = {0};
+    s.L = 1;
+    for (int t = 0; t < T; t++) {
+        lm[t].icomp.entries = ent_dev[t];
+        step_add(&s, 1, pos[t], &lm[t]);
+    }
+    begin(C, &s);
+    float *diq = dput(C, iq, sizeof(float) * T * INH * IDH), *diw = dput(C, iw, sizeof(float) * T * INH);
+    int *dsel = dput(C, NULL, sizeof(int) * T * ITOPK), *dn = dput(C, NULL, sizeof(int) * T);
+    ds_indexer_params ip = {0, IR, INH, IDH, ITOPK, diq, diw, 0.5f, dsel, dn};
+    die_if(C, C->be.indexer(&C->be, &ip, &C->err), "indexer");
+    dget(C, sel, dsel, sizeof(int) * T * ITOPK);
+    dget(C, nsel, dn, sizeof(int) * T);
+    C->be.free(&C->be, diq);
+    C->be.free(&C->be, diw);
+    C->be.free(&C->be, dsel);
+    C->be.free(&C->be, dn);
+    free(lm);
+}
+
+static void test_indexer(ctx *C) {
+    int T = 64;
+    float *ent = frandv(C, (size_t)INENT * IDH, 1.0f), *same = malloc(sizeof(float) * INENT * IDH);
+    for (int w = 0; w < INENT; w++) memcpy(same + (size_t)w * IDH, ent, sizeof(float) * IDH);
+    float *dent = dput(C, ent, sizeof(float) * INENT * IDH), *dsame = dput(C, same, sizeof(float) * INENT * IDH);
+    float *iq = frandv(C, (size_t)T * INH * IDH, 1.0f), *iw = frandv(C, (size_t)T * INH, 1.0f);
+    int64_t pos[64];
+    float *ents[64];
+    for (int t = 0; t < T; t++) {
+        pos[t] = t < 4 ? 20 + t : 100 + (int64_t)(rnd(C) % 400); /* the first rows keep all (nv <= topk) */
+        ents[t] = t % 9 == 8 ? dsame : dent;
+    }
+    int *sel = malloc(sizeof(int) * T * ITOPK), nsel[64];
+    idx_run(C, T, pos, ents, iq, iw, sel, nsel);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        int nv = (int)((pos[t] + 1) / IR), *o = sel + (size_t)t * ITOPK;
+        const float *E = t % 9 == 8 ? same : ent;
+        if (nv <= ITOPK) {
+            if (nsel[t] != nv) bad++;
+            for (int j = 0; j < nv && j < nsel[t]; j++)
+                if (o[j] != j) bad++;
+            continue;
+        }
+        if (nsel[t] != ITOPK) {
+            bad++;
+            continue;
+        }
+        double sc[INENT];
+        unsigned char in[INENT] = {0};
+        for (int w = 0; w < nv; w++) {
+            double s = 0;
+            for (int h = 0; h < INH; h++) {
+                double d = 0;
+                for (int i = 0; i < IDH; i++) d += (double)iq[((size_t)t * INH + h) * IDH + i] * E[(size_t)w * IDH + i];
+                s += (d > 0 ? d : 0) / sqrt((double)IDH) * (iw[t * INH + h] * 0.5);
+            }
+            sc[w] = isnan(s) ? -INFINITY : s;
+        }
+        for (int j = 0; j < ITOPK; j++) {
+            if (o[j] < 0 || o[j] >= nv || (j && o[j] <= o[j - 1])) bad++;
+            else in[o[j]] = 1;
+        }
+        double minin = INFINITY, maxout = -INFINITY;
+        for (int w = 0; w < nv; w++) {
+            if (in[w]) minin = fmin(minin, sc[w]);
+            else maxout = fmax(maxout, sc[w]);
+        }
+        if (t % 9 == 8) { /* all scores equal: the lowest indices */
+            for (int j = 0; j < ITOPK; j++)
+                if (o[j] != j) bad++;
+        } else if (minin < maxout - 1e-5) {
+            bad++;
+        }
+    }
+    check(C, !bad, "indexer: top-%d ascending, ties to the lower index (%d bad)", ITOPK, bad);
+    /* invariance: row j alone and at row p of batches of 2 and 7 */
+    int ok = 1;
+    int sizes[3] = {1, 2, 7};
+    for (int si = 0; si < 3; si++)
+        for (int trial = 0; trial < 3; trial++) {
+            int n = sizes[si], j = 4 + (int)(rnd(C) % (T - 4)), p = (int)(rnd(C) % n);
+            int64_t pb[7];
+            float *eb[7];
+            float *qb = frandv(C, (size_t)n * INH * IDH, 1.0f), *wb = frandv(C, (size_t)n * INH, 1.0f);
+            for (int i = 0; i < n; i++) {
+                pb[i] = 100 + (int64_t)(rnd(C) % 400);
+                eb[i] = dent;
+            }
+            pb[p] = pos[j];
+            eb[p] = ents[j];
+            memcpy(qb + (size_t)p * INH * IDH, iq + (size_t)j * INH * IDH, sizeof(float) * INH * IDH);
+            memcpy(wb + (size_t)p * INH, iw + (size_t)j * INH, sizeof(float) * INH);
+            int sb[7 * ITOPK], nb[7];
+            idx_run(C, n, pb, eb, qb, wb, sb, nb);
+            if (nb[p] != nsel[j] || memcmp(sb + p * ITOPK, sel + (size_t)j * ITOPK, sizeof(int) * nsel[j])) ok = 0;
+            free(qb);
+            free(wb);
+        }
+    check(C, ok, "indexer: a row's selection alone = in a batch of 64 = in batches of 2, 7");
+    free(ent);
+    free(same);
+    free(iq);
+    free(iw);
+    free(sel);
+    C->be.free(&C->be, dent);
+    C->be.free(&C->be, dsame);
+}
+
+/* ---- route ------------------------------------------------------------------ */
+
+static void test_route(ctx *C) {
+    int T = 9, E = 64, k = 6, V = 50;
+    float *lg = frandv(C, (size_t)T * E, 3.0f), *bias = frandv(C, E, 0.1f);
+    int32_t *tid = malloc(sizeof(int32_t) * V * k);
+    for (int i = 0; i < V * k; i++) tid[i] = (int32_t)(rnd(C) % E);
+    float *dlg = dput(C, lg, sizeof(float) * T * E), *db = dput(C, bias, sizeof(float) * E);
+    int32_t *dtid = dput(C, tid, sizeof(int32_t) * V * k), *didx = dput(C, NULL, sizeof(int32_t) * T * k);
+    float *dw = dput(C, NULL, sizeof(float) * T * k);
+    step s = {0};
+    s.L = 1;
+    step_add(&s, T, 3, NULL);
+    begin(C, &s);
+    const char *names[3] = {"softmax", "sigmoid", "sqrtsoftplus"};
+    for (int hash = 0; hash < 2; hash++)
+        for (int f = 0; f < 3; f++) {
+            ds_route_params rp = {dlg, T, E, k, f, db, hash ? dtid : NULL, 1.5f, didx, dw};
+            die_if(C, C->be.route(&C->be, &rp, &C->err), "route");
+            int32_t idx[64 * 6];
+            float w[64 * 6];
+            dget(C, idx, didx, sizeof(int32_t) * T * k);
+            dget(C, w, dw, sizeof(float) * T * k);
+            int bad = 0;
+            for (int t = 0; t < T; t++) {
+                double sc[64], mx = -1e300, sum = 0;
+                const float *l = lg + (size_t)t * E;
+                for (int e = 0; e < E; e++) {
+                    if (f == 0) mx = fmax(mx, l[e]);
+                    sc[e] = f == 1 ? 1.0 / (1.0 + exp(-l[e])) : f == 2 ? sqrt(l[e] > 20 ? l[e] : log1p(exp(l[e]))) : 0;
+                }
+                if (f == 0) {
+                    for (int e = 0; e < E; e++) sum += (sc[e] = exp(l[e] - mx));
+                    for (int e = 0; e < E; e++) sc[e] /= sum;
+                }
+                int ref[6];
+                if (hash) {
+                    for (int j = 0; j < k; j++) ref[j] = tid[(size_t)s.tok_id[t] * k + j];
+                } else {
+                    unsigned char tk[64] = {0};
+                    for (int j = 0; j < k; j++) {
+                        int b = -1;
+                        for (int e = 0; e < E; e++)
+                            if (!tk[e] && (b < 0 || sc[e] + bias[e] > sc[b] + bias[b])) b = e;
+                        tk[b] = 1;
+                    }
+                    for (int e = 0, j = 0; e < E; e++)
+                        if (tk[e]) ref[j++] = e;
+                }
+                double ws = 0;
+                for (int j = 0; j < k; j++) ws += sc[ref[j]];
+                for (int j = 0; j < k; j++) {
+                    if (idx[t * k + j] != ref[j]) bad++;
+                    else if (fabs(w[t * k + j] - sc[ref[j]] / ws * 1.5) > 1e-5) bad++;
+                }
+            }
+            check(C, !bad, "route %s%s: experts exact, weights abs 1e-5 (%d bad)", names[f], hash ? " (hash)" : "", bad);
+        }
+    free(lg);
+    free(bias);
+    free(tid);
+    void *ps[] = {dlg, db, dtid, didx, dw};
+    for (int i = 0; i < 5; i++) C->be.free(&C->be, ps[i]);
+}
+
+/* ---- MoE -------------------------------------------------------------------- */
+
+enum { ME = 8, MK = 2, MD = 200, MI = 96, MIS = 64 };
+
+typedef struct {
+    tw w1[ME], w2[ME], w3[ME], s1, s2, s3;
+    ds_weight d1[ME], d2[ME], d3[ME];
+} moe_w;
+
+static double swiglu_d(double a, double b, double L) {
+    double g = a < L ? a : L, u = b < -L ? -L : b > L ? L : b;
+    return g / (1 + exp(-g)) * u;
+}
+
+static float *moe_run(ctx *C, moe_w *M, int T, const float *x, const int32_t *idx, const float *wts) {
+    float *dx = dput(C, x, sizeof(float) * T * MD), *dout = dput(C, NULL, sizeof(float) * T * MD);
+    int32_t *di = dput(C, idx, sizeof(int32_t) * T * MK);
+    float *dw = dput(C, wts, sizeof(float) * T * MK);
+    ds_moe_params mp = {dx, T, MD, ME, MK, di, dw, M->d1, M->d2, M->d3, &M->s1.d, &M->s2.d, &M->s3.d, 1.0f, dout};
+    die_if(C, C->be.moe(&C->be, &mp, &C->err), "moe");
+    float *out = fget(C, dout, (size_t)T * MD);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dout);
+    C->be.free(&C->be, di);
+    C->be.free(&C->be, dw);
+    return out;
+}
+
+static void moe_routing(ctx *C, int T, int32_t *idx, float *wts) {
+    for (int t = 0; t < T; t++) {
+        int a = (int)(rnd(C) % ME), b = (int)(rnd(C) % (ME - 1));
+        if (b >= a) b++;
+        idx[t * MK] = a; /* not sorted: combine orders by expert id */
+        idx[t * MK + 1] = b;
+        wts[t * MK] = 0.2f + 0.5f * (frand(C) + 1.0f);
+        wts[t * MK + 1] = 0.2f + 0.5f * (frand(C) + 1.0f);
+    }
+}
+
+static void test_moe(ctx *C) {
+    moe_w *M = calloc(1, sizeof *M);
+    for (int e = 0; e < ME; e++) {
+        M->w1[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
+        M->w3[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
+        M->w2[e] = make_weight(C, DS_W_FP4, MD, MI, 0);
+        M->d1[e] = M->w1[e].d;
+        M->d2[e] = M->w2[e].d;
+        M->d3[e] = M->w3[e].d;
+    }
+    M->s1 = make_weight(C, DS_W_BF16, MIS, MD, 0);
+    M->s3 = make_weight(C, DS_W_BF16, MIS, MD, 0);
+    M->s2 = make_weight(C, DS_W_BF16, MD, MIS, 0);
+    int T = 64;
+    float *x = frandv(C, (size_t)T * MD, 0.5f), wts[64 * MK];
+    int32_t idx[64 * MK];
+    moe_routing(C, T, idx, wts);
+    float *out = moe_run(C, M, T, x, idx, wts);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * MD;
+        double y[MD] = {0}, h[MI];
+        int ord[MK] = {0, 1};
+        if (idx[t * MK] > idx[t * MK + 1]) ord[0] = 1, ord[1] = 0;
+        for (int jj = 0; jj < MK; jj++) {
+            int j = ord[jj], e = idx[t * MK + j];
+            for (int r = 0; r < MI; r++) {
+                double a = 0, b = 0;
+                for (int c = 0; c < MD; c++) {
+                    a += (double)M->w1[e].deq[r * MD + c] * xt[c];
+                    b += (double)M->w3[e].deq[r * MD + c] * xt[c];
+                }
+                h[r] = swiglu_d(a, b, 1.0);
+            }
+            for (int r = 0; r < MD; r++) {
+                double s = 0;
+                for (int c = 0; c < MI; c++) s += M->w2[e].deq[r * MI + c] * h[c];
+                y[r] += wts[t * MK + j] * s;
+            }
+        }
+        double hs[MIS];
+        for (int r = 0; r < MIS; r++) {
+            double a = 0, b = 0;
+            for (int c = 0; c < MD; c++) {
+                a += (double)M->s1.deq[r * MD + c] * xt[c];
+                b += (double)M->s3.deq[r * MD + c] * xt[c];
+            }
+            hs[r] = swiglu_d(a, b, 1.0);
+        }
+        for (int r = 0; r < MD; r++) {
+            double s = 0;
+            for (int c = 0; c < MIS; c++) s += M->s2.deq[r * MIS + c] * hs[c];
+            y[r] += s;
+            if (fabs(out[(size_t)t * MD + r] - y[r]) > 1e-4 * (1 + fabs(y[r]))) bad++;
+        }
+    }
+    check(C, !bad, "moe FP4 experts (D=%d, not a multiple of 32) + BF16 shared vs reference (rel 1e-4; %d bad)", MD, bad);
+    int sizes[3] = {1, 2, 7};
+    for (int si = 0; si < 3; si++) {
+        int n = sizes[si], ok = 1;
+        for (int trial = 0; trial < 3; trial++) {
+            int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
+            float *xb = frandv(C, (size_t)n * MD, 0.5f), wb[7 * MK];
+            int32_t ib[7 * MK];
+            moe_routing(C, n, ib, wb);
+            memcpy(xb + (size_t)p * MD, x + (size_t)j * MD, sizeof(float) * MD);
+            memcpy(ib + p * MK, idx + j * MK, sizeof(int32_t) * MK);
+            memcpy(wb + p * MK, wts + j * MK, sizeof(float) * MK);
+            float *ob = moe_run(C, M, n, xb, ib, wb);
+            if (memcmp(ob + (size_t)p * MD, out + (size_t)j * MD, sizeof(float) * MD)) ok = 0;
+            free(xb);
+            free(ob);
+        }
+        check(C, ok, "moe: a token's output in a batch of 64 = in a batch of %d (bits)", n);
+    }
+    free(x);
+    free(out);
+    for (int e = 0; e < ME; e++) {
+        free_weight(C, &M->w1[e]);
+        free_weight(C, &M->w2[e]);
+        free_weight(C, &M->w3[e]);
+    }
+    free_weight(C, &M->s1);
+    free_weight(C, &M->s2);
+    free_weight(C, &M->s3);
+    free(M);
+}
+
+/* ---- embed, gather ------------------------------------------------------------ */
+
+static void test_embed_gather(ctx *C) {
+    tw w = make_weight(C, DS_W_BF16, 50, 96, 0);
+    step s = {0};
+    s.L = 1;
+    step_add(&s, 5, 10, NULL);
+    begin(C, &s);
+    float *dX = dput(C, NULL, sizeof(float) * 5 * 2 * 96);
+    ds_embed_params ep = {&w.d, 2, dX};
+    die_if(C, C->be.embed(&C->be, &ep, &C->err), "embed");
+    float *X = fget(C, dX, 5 * 2 * 96);
+    int ok = 1;
+    for (int t = 0; t < 5; t++)
+        for (int i = 0; i < 2; i++)
+            if (memcmp(X + (t * 2 + i) * 96, w.deq + (size_t)s.tok_id[t] * 96, sizeof(float) * 96)) ok = 0;
+    check(C, ok, "embed: every stream holds the token's row");
+    float *src = frandv(C, 10 * 33, 1.0f), *dsrc = dput(C, src, sizeof(float) * 330), *ddst = dput(C, NULL, sizeof(float) * 99);
+    int rows[3] = {3, 0, 9};
+    ds_gather_params gp = {dsrc, rows, 3, 33, ddst};
+    die_if(C, C->be.gather(&C->be, &gp, &C->err), "gather");
+    float *dst = fget(C, ddst, 99);
+    ok = 1;
+    for (int j = 0; j < 3; j++)
+        if (memcmp(dst + j * 33, src + rows[j] * 33, sizeof(float) * 33)) ok = 0;
+    check(C, ok, "gather rows 3, 0, 9");
+    free(X);
+    free(src);
+    free(dst);
+    C->be.free(&C->be, dX);
+    C->be.free(&C->be, dsrc);
+    C->be.free(&C->be, ddst);
+    free_weight(C, &w);
+}
+
+/* ---- --bench: decode bandwidth of the products (zero weights: the values do
+ * not change the time) --------------------------------------------------------- */
+
+#include <time.h>
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void bench(ctx *C) {
+    struct { ds_wkind kind; int rows, cols; } cases[] = {
+        {DS_W_BF16, 16384, 8192}, {DS_W_FP8, 32768, 8192}, {DS_W_FP8, 4096, 4096}, {DS_W_FP4, 32768, 16384}, {DS_W_FP4, 2048, 4096}};
+    int Ts[4] = {1, 8, 64, 256};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ds_weight w = {cases[i].kind, cases[i].rows, cases[i].cols, NULL, NULL, 0, 0, 0, kname[cases[i].kind]};
+        size_t n = (size_t)w.rows * w.cols, db = w.kind == DS_W_BF16 ? 2 * n : w.kind == DS_W_FP8 ? n : n / 2, ns = 0;
+        if (w.kind == DS_W_FP8) ns = (size_t)(w.scale_cols = (w.cols + 127) / 128) * ((w.rows + 127) / 128);
+        if (w.kind == DS_W_FP4) ns = (size_t)(w.scale_cols = (w.cols + 31) / 32) * w.rows;
+        w.data = dput(C, NULL, db);
+        w.scale = ns ? dput(C, NULL, ns) : NULL;
+        float *x = dput(C, NULL, sizeof(float) * 256 * w.cols), *y = dput(C, NULL, sizeof(float) * 256 * w.rows), sink;
+        for (int ti = 0; ti < 4; ti++) {
+            int T = Ts[ti], reps = T <= 8 ? 50 : 10;
+            die_if(C, ds_matmul(&C->be, &w, x, T, y, &C->err), "matmul");
+            dget(C, &sink, y, 4);
+            double t0 = wall();
+            for (int r = 0; r < reps; r++) die_if(C, ds_matmul(&C->be, &w, x, T, y, &C->err), "matmul");
+            dget(C, &sink, y, 4);
+            double dt = (wall() - t0) / reps, bytes = (double)db + (double)ns;
+            printf("bench matmul %-4s [%5d x %5d] T=%-3d %8.1f us  %7.1f GB/s  %8.2f TFLOP/s\n", kname[w.kind], w.rows, w.cols, T,
+                   dt * 1e6, bytes / dt / 1e9, 2.0 * n * T / dt / 1e12);
+        }
+        C->be.free(&C->be, (void *)w.data);
+        if (w.scale) C->be.free(&C->be, (void *)w.scale);
+        C->be.free(&C->be, x);
+        C->be.free(&C->be, y);
+    }
+}
+
+int main(int argc, char **argv) {
+    char desc[256];
+    if (!ds_backend_cuda_available(desc, sizeof desc)) {
+        printf("test_cuda_ops: skipped: %s\n", desc);
+        return 77;
+    }
+    printf("test_cuda_ops on %s\n", desc);
+    ctx *C = calloc(1, sizeof *C);
+    C->rng = 0x9e3779b97f4a7c15ull;
+    die_if(C, ds_backend_cuda_init(&C->be, 0, &C->err), "init");
+
+    /* an error is a message, not a crash */
+    void *huge = C->be.alloc(&C->be, (size_t)1 << 50, &C->err);
+    check(C, !huge && strstr(C->err.msg, "alloc") != NULL, "alloc of 1 PiB fails with a message: %s", C->err.msg);
+
+    int shapes[3][2] = {{300, 1000}, {256, 1024}, {17, 4096}};
+    for (int k = 0; k < 5; k++)
+        for (int s = 0; s < 3; s++) test_matmul(C, (ds_wkind)k, shapes[s][0], shapes[s][1], 0);
+    test_matmul(C, DS_W_FP8, 300, 1000, 1);
+    test_matmul(C, DS_W_FP4, 300, 1000, 1);
+    test_norm_rope(C);
+    test_mhc(C);
+    test_embed_gather(C);
+    test_attention(C);
+    test_compressor(C, 4, 64, 1, 0);
+    test_compressor(C, 16, 96, 0, 0);
+    test_compressor(C, 4, 32, 1, 1);
+    test_indexer(C);
+    test_route(C);
+    test_moe(C);
+    if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
+
+    C->be.close(&C->be);
+    printf("%d passed, %d failed\n", C->pass, C->fail);
+    int rc = C->fail ? 1 : 0;
+    free(C);
+    return rc;
+}
