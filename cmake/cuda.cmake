@@ -49,6 +49,8 @@ if(DSV4_HAVE_CUDA)
   add_executable(test_cuda_ops tests/gpu/test_cuda_ops.c)
   target_include_directories(test_cuda_ops PRIVATE src)
   target_link_libraries(test_cuda_ops PRIVATE dsv4cuda m)
+  # its references are computed in double on purpose
+  target_compile_options(test_cuda_ops PRIVATE -Wno-double-promotion)
   set_target_properties(test_cuda_ops PROPERTIES LINKER_LANGUAGE CUDA)
 endif()
 

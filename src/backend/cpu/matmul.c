@@ -341,8 +341,8 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
             for (int k = 0; k < 8; k++) {
                 __m256 wv = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(d[h], 4 * k)),
                                          _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d[h], 28 - 4 * k), sign)));
-                __m256 xv = _mm256_loadu_ps(xb + 16 * k + 8 * h), *acc = k & 1 ? oh[h] : eh[h];
-                *acc = k < 2 ? _mm256_mul_ps(wv, xv) : _mm256_fmadd_ps(wv, xv, *acc);
+                __m256 xv = _mm256_loadu_ps(xb + 16 * k + 8 * h), *chain = k & 1 ? oh[h] : eh[h];
+                *chain = k < 2 ? _mm256_mul_ps(wv, xv) : _mm256_fmadd_ps(wv, xv, *chain);
             }
         float s0 = fp4_scale(w, r, 4 * b), s1 = fp4_scale(w, r, 4 * b + 1);
         float s2 = fp4_scale(w, r, 4 * b + 2), s3 = fp4_scale(w, r, 4 * b + 3);
