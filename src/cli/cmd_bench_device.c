@@ -84,7 +84,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     int V = c->vocab_size;
     toks = malloc((size_t)(prompt + gen) * sizeof *toks);
     logits = malloc((size_t)V * sizeof *logits);
-    if (!toks || !logits || ds_seq_new(m, prompt + gen + 1, &seq, &err)) {
+    if (!toks || !logits || ds_seq_new(m, prompt + 2 * gen + 1, &seq, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", toks && logits ? err.msg : "out of memory");
         goto out;
     }
@@ -119,6 +119,37 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
            gen, td * 1e3, td * 1e3 / c->n_layers, 1.0 / td, bytes / 1e9, bytes / td / 1e9, bytes / td / 1e9 / bw,
            bytes / (bw * 1e9) * 1e3 / c->n_layers);
     fflush(stdout);
+    {
+        /* where the time goes: the same decode again with the backend's
+         * profile on (it synchronizes around the accounted ops) */
+        ds_profile prof;
+        memset(&prof, 0, sizeof prof);
+        be.profile = &prof;
+        double tw = ds_now();
+        for (long long g = 0; g < gen; g++) {
+            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+            if (ds_forward(m, &be, &d, 1, &err)) {
+                be.profile = NULL;
+                goto fail;
+            }
+        }
+        tw = (ds_now() - tw) / (double)gen;
+        be.profile = NULL;
+        static const char *const kn[5] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
+        double rest = tw;
+        printf("where      per token (profiled, %.3f ms):", tw * 1e3);
+        for (int k = 0; k < 5; k++) {
+            if (!prof.mm_calls[k]) continue;
+            double s = prof.mm_seconds[k] / (double)gen;
+            rest -= s;
+            printf(" %s %.3f ms (%.0f GB/s, %.0f calls);", kn[k], s * 1e3, prof.mm_bytes[k] / prof.mm_seconds[k] / 1e9,
+                   (double)prof.mm_calls[k] / (double)gen);
+        }
+        rest -= prof.attend_seconds / (double)gen;
+        printf(" attention %.3f ms; other (moe experts, norms, indexer, ...) %.3f ms\n",
+               prof.attend_seconds / (double)gen * 1e3, rest * 1e3);
+        fflush(stdout);
+    }
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
         ds_seq **ss = calloc((size_t)B, sizeof *ss);

@@ -12,7 +12,10 @@
 #define DSC_MM_WARPS 8          /* warps (weight rows) per block */
 #define DSC_MM_NT 8             /* tokens sharing one weight load (not ORDER) */
 #define DSC_MM_UNROLL 4         /* chunks in flight per lane */
-#define DSC_MOE_NT 4            /* tokens per weight load in the experts (not ORDER:
+#define DSC_MM_RW 4             /* rows per warp from DSC_MM_TILED_MIN_T tokens on
+                                 * (not ORDER: each x load feeds RW rows) */
+#define DSC_MM_TILED_MIN_T 4
+#define DSC_MOE_NT 8            /* tokens per weight load in the experts (not ORDER:
                                  * a token's fmaf chain is the same for any tile) */
 
 /* row reductions (rmsnorm, hc mixes): ORDER: thread i sums elements

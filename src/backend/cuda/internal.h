@@ -126,21 +126,23 @@ __device__ __forceinline__ float dsc_e8m0(uint8_t e) {
     return __uint_as_float((uint32_t)e << 23);
 }
 
+/* e4m3 without branches: the 7 magnitude bits placed at the top of a float's
+ * exponent/mantissa give 2^(ex-127)(1+m/8) (or m 2^-149 when ex == 0: a
+ * float subnormal); times 2^120 (exact) that is 2^(ex-7)(1+m/8), resp.
+ * m 2^-9 — the exact e4m3 value. Then the sign bit; 0x7f is NaN. */
 __device__ __forceinline__ float dsc_fp8(uint8_t b) {
-    int ex = (b >> 3) & 0xf, mant = b & 7;
-    uint32_t sign = (uint32_t)(b >> 7) << 31;
-    if (ex == 15 && mant == 7) return __uint_as_float(0x7fc00000u);
-    if (ex == 0) {
-        float v = (float)mant * 0.001953125f; /* 2^-9, exact */
-        return sign ? -v : v;
-    }
-    return __uint_as_float(sign | ((uint32_t)(ex - 7 + 127) << 23) | ((uint32_t)mant << 20));
+    uint32_t mag = (uint32_t)(b & 0x7f);
+    float v = __fmul_rn(__uint_as_float(mag << 20), 1.329227995784915872903807060280344576e36f); /* 2^120 */
+    v = __uint_as_float(__float_as_uint(v) | ((uint32_t)(b & 0x80) << 24));
+    return mag == 0x7f ? __uint_as_float(0x7fc00000u) : v;
 }
 
+/* e2m1: twice the magnitude {0,1,2,3,4,6,8,12} packed as nibbles of one
+ * register (no local-memory table), halved (exact), then the sign bit
+ * (code 8 gives -0.0f, as -a did). */
 __device__ __forceinline__ float dsc_e2m1(int code) {
-    const float v[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float a = v[code & 7];
-    return (code & 8) ? -a : a;
+    float a = (float)((0xC8643210u >> (4 * (code & 7))) & 15u) * 0.5f;
+    return __uint_as_float(__float_as_uint(a) | ((uint32_t)(code & 8) << 28));
 }
 
 __device__ __forceinline__ float dsc_scale(const dsc_w &w, size_t i) {
@@ -253,6 +255,74 @@ __device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, con
                         if (i < nv) a = fmaf(wv[i], x[i], a);
                 }
                 acc[j] = a;
+            }
+        }
+    }
+}
+
+/* Element e (compile-time after unrolling) of a 16-byte chunk, times the
+ * chunk's scale s for FP8/FP4: the same value dsc_chunk gives. */
+template <int KIND>
+__device__ __forceinline__ float dsc_chunk_elem(const uint32_t *u, int e, float s) {
+    if (KIND == DS_W_F32) return __uint_as_float(u[e]);
+    if (KIND == DS_W_BF16) return dsc_bf16((uint16_t)(u[e / 2] >> (16 * (e & 1))));
+    if (KIND == DS_W_F16) return dsc_f16((uint16_t)(u[e / 2] >> (16 * (e & 1))));
+    if (KIND == DS_W_FP8) return dsc_fp8((uint8_t)(u[e / 4] >> (8 * (e & 3)))) * s;
+    return dsc_e2m1((int)(u[e / 8] >> (4 * (e & 7))) & 15) * s;
+}
+
+/* dsc_row_dot for RW consecutive rows r0.. at once (rows of a regular
+ * shape only: 16-byte aligned rows, K % V == 0, x 16-byte aligned): each x
+ * float4 is loaded once for the RW rows. acc[q*NT + j] for row r0+q; rows
+ * past w.rows are not read. ORDER: per (row, token) exactly dsc_row_dot's —
+ * lane l's chunks l, l+32, ... ascending, elements ascending, one fmaf each. */
+template <int KIND, int NT, int RW>
+__device__ __forceinline__ void dsc_rows_dot(const dsc_w &w, int r0, int lane, const float *const *xj, int nt,
+                                             float *acc) {
+    const int V = dsc_kind<KIND>::V;
+    const int K = w.cols;
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nch = K / V;
+    const uint8_t *rows[RW];
+#pragma unroll
+    for (int q = 0; q < RW; q++) rows[q] = w.data + (size_t)(r0 + q < w.rows ? r0 + q : r0) * rowbytes;
+#pragma unroll 1
+    for (int ch = lane; ch < nch; ch += 32) {
+        uint4 qv[RW];
+        float s[RW];
+#pragma unroll
+        for (int q = 0; q < RW; q++) qv[q] = __ldg((const uint4 *)(rows[q] + (size_t)ch * 16));
+#pragma unroll
+        for (int q = 0; q < RW; q++) {
+            int r = r0 + q < w.rows ? r0 + q : r0;
+            s[q] = 1.0f;
+            if (KIND == DS_W_FP8)
+                s[q] = dsc_scale(w, (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols +
+                                        (size_t)(ch * V / DS_FP8_BLOCK));
+            if (KIND == DS_W_FP4) s[q] = dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)ch);
+        }
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+            float wv[RW][4];
+#pragma unroll
+            for (int q = 0; q < RW; q++) {
+                uint32_t u[4] = {qv[q].x, qv[q].y, qv[q].z, qv[q].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) wv[q][e] = dsc_chunk_elem<KIND>(u, i + e, s[q]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                if (j >= nt) break;
+                float4 x4 = *(const float4 *)(xj[j] + (size_t)ch * V + i);
+#pragma unroll
+                for (int q = 0; q < RW; q++) {
+                    float a = acc[q * NT + j];
+                    a = fmaf(wv[q][0], x4.x, a);
+                    a = fmaf(wv[q][1], x4.y, a);
+                    a = fmaf(wv[q][2], x4.z, a);
+                    a = fmaf(wv[q][3], x4.w, a);
+                    acc[q * NT + j] = a;
+                }
             }
         }
     }

@@ -39,19 +39,68 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32)
     }
 }
 
+/* Several tokens: one warp per DSC_MM_RW consecutive rows (of one group), so
+ * that each x load feeds DSC_MM_RW rows. A (row, token)'s arithmetic is
+ * mm_kernel's (dsc_rows_dot), so which kernel runs never changes a bit. */
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32)
+    mm_tiled_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y,
+                    int ys) {
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
+    if (r0 >= w.rows) return;
+    const float *xb = x + (size_t)(r0 / rpg) * (size_t)xg;
+    for (int t0 = blockIdx.y * DSC_MM_NT; t0 < T; t0 += gridDim.y * DSC_MM_NT) {
+        int nt = T - t0 < DSC_MM_NT ? T - t0 : DSC_MM_NT;
+        const float *xj[DSC_MM_NT];
+        float acc[DSC_MM_RW * DSC_MM_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MM_NT; j++) xj[j] = xb + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)xs;
+#pragma unroll
+        for (int i = 0; i < DSC_MM_RW * DSC_MM_NT; i++) acc[i] = 0.0f;
+        dsc_rows_dot<KIND, DSC_MM_NT, DSC_MM_RW>(w, r0, lane, xj, nt, acc);
+#pragma unroll
+        for (int q = 0; q < DSC_MM_RW; q++) {
+#pragma unroll
+            for (int j = 0; j < DSC_MM_NT; j++) {
+                if (j >= nt) break;
+                float v = dsc_warp_sum(acc[q * DSC_MM_NT + j]);
+                if (lane == 0 && r0 + q < w.rows) y[(size_t)(t0 + j) * (size_t)ys + r0 + q] = v;
+            }
+        }
+    }
+}
+
+template <int KIND> static int regular(const dsc_w &w, int rpg, int xvec) {
+    size_t rowbytes = (size_t)w.cols * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    return xvec && ((uintptr_t)w.data & 15) == 0 && rowbytes % 16 == 0 && w.cols % dsc_kind<KIND>::V == 0 &&
+           rpg % DSC_MM_RW == 0;
+}
+
+template <int KIND>
+static void launch(cudaStream_t st, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y, int ys,
+                   int xvec) {
+    int ty = (T + DSC_MM_NT - 1) / DSC_MM_NT;
+    dim3 block(DSC_MM_WARPS * 32);
+    if (T >= DSC_MM_TILED_MIN_T && regular<KIND>(w, rpg, xvec)) {
+        int rpb = DSC_MM_WARPS * DSC_MM_RW;
+        dim3 grid((unsigned)((w.rows + rpb - 1) / rpb), (unsigned)(ty < 65535 ? ty : 65535));
+        mm_tiled_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        return;
+    }
+    dim3 grid((unsigned)((w.rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), (unsigned)(ty < 65535 ? ty : 65535));
+    mm_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec);
+}
+
 int dsc_launch_matmul(cudaStream_t st, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
                       int ys) {
     if (T <= 0 || w.rows <= 0) return 0;
     int xvec = ((uintptr_t)x & 15) == 0 && xs % 4 == 0 && xg % 4 == 0;
-    int ty = (T + DSC_MM_NT - 1) / DSC_MM_NT;
-    dim3 grid((unsigned)((w.rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), (unsigned)(ty < 65535 ? ty : 65535));
-    dim3 block(DSC_MM_WARPS * 32);
     switch (kind) {
-    case DS_W_F32: mm_kernel<DS_W_F32><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
-    case DS_W_BF16: mm_kernel<DS_W_BF16><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
-    case DS_W_F16: mm_kernel<DS_W_F16><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
-    case DS_W_FP8: mm_kernel<DS_W_FP8><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
-    case DS_W_FP4: mm_kernel<DS_W_FP4><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_F32: launch<DS_W_F32>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_BF16: launch<DS_W_BF16>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_F16: launch<DS_W_F16>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_FP8: launch<DS_W_FP8>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
+    case DS_W_FP4: launch<DS_W_FP4>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
     default: return -1;
     }
     return 0;

@@ -254,6 +254,90 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_kernel(down_args a
     }
 }
 
+/* Several tokens: as moe_up_kernel / moe_down_kernel but one warp per
+ * DSC_MM_RW consecutive rows (regular shapes only), each x load feeding
+ * DSC_MM_RW rows; a (row, token)'s arithmetic is unchanged (dsc_rows_dot). */
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_tiled_kernel(up_args a) {
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
+    if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
+    int e = a.active[blockIdx.y];
+    dsc_w w1 = a.shape, w3 = a.shape;
+    w1.data = a.w1[e].data;
+    w1.scale = a.w1[e].scale;
+    w1.srow0 = a.w1[e].srow0;
+    w3.data = a.w3[e].data;
+    w3.scale = a.w3[e].scale;
+    w3.srow0 = a.w3[e].srow0;
+    int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.rows;
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float a1[DSC_MM_RW * DSC_MOE_NT], a3[DSC_MM_RW * DSC_MOE_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) xj[j] = a.x + (size_t)(a.members[mt + (j < nt ? j : 0)] / a.k) * a.D;
+#pragma unroll
+        for (int i = 0; i < DSC_MM_RW * DSC_MOE_NT; i++) a1[i] = a3[i] = 0.0f;
+        dsc_rows_dot<KIND, DSC_MOE_NT, DSC_MM_RW>(w1, r0, lane, xj, nt, a1);
+        dsc_rows_dot<KIND, DSC_MOE_NT, DSC_MM_RW>(w3, r0, lane, xj, nt, a3);
+#pragma unroll
+        for (int q = 0; q < DSC_MM_RW; q++) {
+#pragma unroll
+            for (int j = 0; j < DSC_MOE_NT; j++) {
+                if (j >= nt) break;
+                float v1 = dsc_warp_sum(a1[q * DSC_MOE_NT + j]), v3 = dsc_warp_sum(a3[q * DSC_MOE_NT + j]);
+                if (lane == 0 && r0 + q < I) a.h[(size_t)(mt + j) * I + r0 + q] = dsc_swiglu(v1, v3, a.limit);
+            }
+        }
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_tiled_kernel(down_args a) {
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
+    if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
+    int e = a.active[blockIdx.y];
+    dsc_w w = a.shape;
+    w.data = a.w2[e].data;
+    w.scale = a.w2[e].scale;
+    w.srow0 = a.w2[e].srow0;
+    int m0 = a.off[e], m1 = a.off[e + 1], I = a.shape.cols, D = a.shape.rows;
+    for (int mt = m0; mt < m1; mt += DSC_MOE_NT) {
+        int nt = m1 - mt < DSC_MOE_NT ? m1 - mt : DSC_MOE_NT;
+        const float *xj[DSC_MOE_NT];
+        float acc[DSC_MM_RW * DSC_MOE_NT];
+#pragma unroll
+        for (int j = 0; j < DSC_MOE_NT; j++) xj[j] = a.h + (size_t)(mt + (j < nt ? j : 0)) * I;
+#pragma unroll
+        for (int i = 0; i < DSC_MM_RW * DSC_MOE_NT; i++) acc[i] = 0.0f;
+        dsc_rows_dot<KIND, DSC_MOE_NT, DSC_MM_RW>(w, r0, lane, xj, nt, acc);
+#pragma unroll
+        for (int q = 0; q < DSC_MM_RW; q++) {
+#pragma unroll
+            for (int j = 0; j < DSC_MOE_NT; j++) {
+                if (j >= nt) break;
+                float v = dsc_warp_sum(acc[q * DSC_MOE_NT + j]);
+                if (lane == 0 && r0 + q < D) a.y[(size_t)(mt + j) * D + r0 + q] = v;
+            }
+        }
+    }
+}
+
+/* Rows of every expert 16-byte aligned, whole chunks, x / h rows aligned. */
+static int moe_regular(const ds_moe_params *p, const float *h) {
+    const ds_weight *ws[3] = {&p->w1[0], &p->w3[0], &p->w2[0]};
+    static const int V[5] = {4, 8, 8, 16, 32}, NUM[5] = {4, 2, 2, 1, 1}, DEN[5] = {1, 1, 1, 1, 2};
+    if (((uintptr_t)p->x & 15) || p->D % 4 || ((uintptr_t)h & 15) || ws[2]->cols % 4) return 0;
+    for (int q = 0; q < 3; q++) {
+        const ds_weight *w = ws[q];
+        if (w->cols % V[w->kind] || ((size_t)w->cols * NUM[w->kind] / DEN[w->kind]) % 16) return 0;
+    }
+    for (int e = 0; e < p->E; e++)
+        if (((uintptr_t)p->w1[e].data & 15) || ((uintptr_t)p->w3[e].data & 15) || ((uintptr_t)p->w2[e].data & 15))
+            return 0;
+    return 1;
+}
+
 __global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, float L) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         a[i] = dsc_swiglu(a[i], b[i], L);
@@ -387,8 +471,20 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
 
     unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
     up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
+    int tiled = T >= DSC_MM_TILED_MIN_T && moe_regular(p, h);
+    if (tiled) {
+        int rpb = DSC_MM_WARPS * DSC_MM_RW;
+        dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+        switch (w1->kind) {
+        case DS_W_F32: moe_up_tiled_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_BF16: moe_up_tiled_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_F16: moe_up_tiled_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_FP8: moe_up_tiled_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_FP4: moe_up_tiled_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        }
+    }
     dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    switch (w1->kind) {
+    if (!tiled) switch (w1->kind) {
     case DS_W_F32: moe_up_kernel<DS_W_F32><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
     case DS_W_BF16: moe_up_kernel<DS_W_BF16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
     case DS_W_F16: moe_up_kernel<DS_W_F16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
@@ -397,8 +493,19 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
     }
     if (dsc_check_launch(err, op)) return -1;
     down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
+    if (tiled) {
+        int rpb = DSC_MM_WARPS * DSC_MM_RW;
+        dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+        switch (w2->kind) {
+        case DS_W_F32: moe_down_tiled_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_BF16: moe_down_tiled_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_F16: moe_down_tiled_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_FP8: moe_down_tiled_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_FP4: moe_down_tiled_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        }
+    }
     dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    switch (w2->kind) {
+    if (!tiled) switch (w2->kind) {
     case DS_W_F32: moe_down_kernel<DS_W_F32><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
     case DS_W_BF16: moe_down_kernel<DS_W_BF16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
     case DS_W_F16: moe_down_kernel<DS_W_F16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
