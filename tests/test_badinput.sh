@@ -102,6 +102,19 @@ expect_fail "config not JSON" "config.json" -- "$DSV4" info -m "$T/m"
 fresh; rm "$T/m/config.json"
 expect_fail "no config.json" "config.json" -- "$DSV4" info -m "$T/m"
 
+# non-regular files where a checkpoint file should be: a FIFO must not hang the
+# open (timeout turns a hang into exit status 124, a failure here)
+fresh; rm "$T/m/config.json"; mkfifo "$T/m/config.json"
+expect_fail "config.json is a FIFO" "config.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; rm "$S1"; mkfifo "$S1"
+expect_fail "shard is a FIFO" "model-00001-of-00003.safetensors" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; rm "$T/m/model.safetensors.index.json"; mkfifo "$T/m/model.safetensors.index.json"
+expect_fail "index is a FIFO" "model.safetensors.index.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; mkfifo "$T/m/tokenizer.json"
+expect_fail "tokenizer.json is a FIFO" "tokenizer.json" "not a regular file" -- timeout 20 "$DSV4" tokenize -m "$T/m" --text hi
+mkdir -p "$T/d/config.json"
+expect_fail "config.json is a directory" "config.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/d"
+
 # bad arguments
 fresh
 expect_fail "token id out of range" "token 512" "position 1" -- "$DSV4" logits -m "$T/m" --tokens 5,512,7 -o "$T/x"

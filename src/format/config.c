@@ -429,7 +429,7 @@ int ds_config_parse(const char *json, const char *what, ds_config *cfg, ds_err *
 int ds_config_load(const char *path, ds_config *cfg, ds_err *err) {
     char *buf;
     size_t len;
-    if (ds_read_file(path, CONFIG_FILE_MAX, &buf, &len, err)) return -1;
+    if (ds_read_regular_file(path, CONFIG_FILE_MAX, &buf, &len, err)) return -1;
     int rc = memchr(buf, 0, len) ? ds_fail(err, "%s: contains a NUL byte", path)
                                  : ds_config_parse(buf, path, cfg, err);
     free(buf);

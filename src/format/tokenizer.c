@@ -907,7 +907,7 @@ int ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_err *err) {
     }
     size_t n;
     char *json;
-    if (ds_read_file(file, 0, &json, &n, err)) return -1;
+    if (ds_read_regular_file(file, 0, &json, &n, err)) return -1;
     int rc = ds_tokenizer_load_json(json, n, file, out, err);
     free(json);
     return rc;
