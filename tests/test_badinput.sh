@@ -115,6 +115,21 @@ expect_fail "tokenizer.json is a FIFO" "tokenizer.json" "not a regular file" -- 
 mkdir -p "$T/d/config.json"
 expect_fail "config.json is a directory" "config.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/d"
 
+# output write errors: every command exits non-zero with a message when its
+# standard output cannot be written (here /dev/full)
+full() { bash -c '"$0" "$@" >/dev/full' "$@"; }
+fresh
+printf 'In the beginning God created the heaven and the earth.\n' > "$T/text.txt"
+expect_fail "info >/dev/full" "standard output" -- full "$DSV4" info -m "$T/m"
+expect_fail "generate >/dev/full" "standard output" -- full "$DSV4" generate -m "$T/m" --tokens 5,6 -n 2
+expect_fail "perplexity >/dev/full" "standard output" -- full "$DSV4" perplexity -m "$SRC/models/kjv" --file "$T/text.txt"
+expect_fail "stats >/dev/full" "standard output" -- full "$DSV4" stats -m "$SRC/models/kjv" --file "$T/text.txt"
+expect_fail "bench >/dev/full" "standard output" -- full "$DSV4" bench -m "$T/m" --prompt 4 --gen 2 --batch 2
+expect_fail "check >/dev/full" "standard output" -- full "$DSV4" check -m "$SRC/tests/fixtures/tiny" --trials 1
+expect_fail "tokenize >/dev/full" "standard output" -- full "$DSV4" tokenize -m "$SRC/models/kjv" --text hello
+expect_fail "detokenize >/dev/full" "standard output" -- full "$DSV4" detokenize -m "$SRC/models/kjv" --ids "5 6"
+expect_fail "run >/dev/full" "standard output" -- full "$DSV4" run -m "$SRC/models/kjv" -p "And God" -n 3
+
 # bad arguments
 fresh
 expect_fail "token id out of range" "token 512" "position 1" -- "$DSV4" logits -m "$T/m" --tokens 5,512,7 -o "$T/x"
