@@ -76,6 +76,11 @@ int cmd_generate(int argc, char **argv) {
     ds_backend be;
     ds_backend_cpu_init(&be, (int)threads);
     int V = m->cfg.vocab_size;
+    if (n_prompt > m->cfg.max_pos) {
+        fprintf(stderr, "dsv4 generate: a prompt of %d tokens is beyond the model's max_position_embeddings (%lld)\n",
+                (int)n_prompt, (long long)m->cfg.max_pos);
+        goto out;
+    }
     if (ds_seq_new(m, n_prompt + n_gen + 1, &seq, &err)) goto fail;
     logits = malloc((size_t)V * sizeof *logits);
     hist = malloc((size_t)(n_prompt + n_gen + 1) * sizeof *hist);
@@ -89,6 +94,11 @@ int cmd_generate(int argc, char **argv) {
     ds_batch_item it = {seq, prompt, n_prompt, logits, 0};
     int n_hist = n_prompt;
     for (long long g = 0; g < n_gen; g++) {
+        if (seq->pos + it.n_tokens >= m->cfg.max_pos) { /* the next token's position is beyond the model's */
+            fprintf(stderr, "dsv4 generate: stopped at the model's max_position_embeddings (%lld tokens)\n",
+                    (long long)m->cfg.max_pos);
+            break;
+        }
         if (ds_forward(m, &be, &it, 1, &err)) goto fail;
         int32_t tok;
         if (ds_sample(&sp, logits, V, hist, n_hist, seq->pos, scr, &tok, &err)) goto fail;

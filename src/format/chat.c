@@ -7,6 +7,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "format/chat.h"
 
+#include "format/tokenizer.h"
+
 #include <errno.h>
 #include <math.h>
 #include <pcre2.h>
@@ -21,6 +23,8 @@ typedef struct {
     char *p;
     size_t n, cap;
     int oom;
+    unsigned char *mk; /* with track: per byte of p, 1 = text from a message field (plain text) */
+    int track, user;   /* track: keep mk; user: the bytes added now come from a message field */
 } sb;
 
 static void sb_add(sb *b, const char *s, size_t n) {
@@ -34,12 +38,32 @@ static void sb_add(sb *b, const char *s, size_t n) {
             return;
         }
         b->p = np;
+        if (b->track) {
+            unsigned char *nm = realloc(b->mk, c);
+            if (!nm) {
+                b->oom = 1;
+                return;
+            }
+            b->mk = nm;
+        }
         b->cap = c;
     }
     if (n) memcpy(b->p + b->n, s, n);
+    if (b->track && n) memset(b->mk + b->n, b->user ? 1 : 0, n);
     b->n += n;
     b->p[b->n] = 0;
 }
+
+/* Text that comes from a message (content, reasoning, tool names, arguments,
+ * schemas): marked plain, so it never becomes control tokens. */
+static void sb_user(sb *b, const char *s, size_t n) {
+    int was = b->user;
+    b->user = 1;
+    sb_add(b, s, n);
+    b->user = was;
+}
+
+static void sb_users(sb *b, const char *s) { sb_user(b, s, strlen(s)); }
 
 static void sb_adds(sb *b, const char *s) { sb_add(b, s, strlen(s)); }
 
@@ -859,7 +883,9 @@ static void render_tools(sb *b, const jnode *tools) {
     sb_adds(b, TOOLS_TEMPLATE_A);
     for (size_t i = 0; i < tools->n; i++) {
         if (i) sb_add(b, "\n", 1);
+        b->user = 1;
         py_dump(b, jget(&tools->kids[i], "function"));
+        b->user = 0;
     }
     sb_adds(b, TOOLS_TEMPLATE_B);
 }
@@ -882,7 +908,9 @@ static int render_extras(sb *b, const imsg *m, size_t index, ds_err *err) {
         if (py_truthy(&rf)) {
             sb_add(b, "\n\n", 2);
             sb_adds(b, RESPONSE_FORMAT_PREFIX);
+            b->user = 1;
             py_dump(b, &rf);
+            b->user = 0;
         }
         jfree(&rf);
     }
@@ -905,7 +933,7 @@ static int render_arguments(sb *b, const ds_chat_tool_call *tc, size_t index, ds
         /* not JSON: one string parameter holding the text */
         sb_adds(b, P_OPEN);
         sb_adds(b, "arguments\" string=\"true\">");
-        sb_adds(b, tc->arguments);
+        sb_users(b, tc->arguments);
         sb_adds(b, P_CLOSE);
         return 0;
     }
@@ -921,10 +949,12 @@ static int render_arguments(sb *b, const ds_chat_tool_call *tc, size_t index, ds
         if (!first) sb_add(b, "\n", 1);
         first = 0;
         sb_adds(b, P_OPEN);
-        sb_add(b, j.key[i], j.klen[i]);
+        sb_user(b, j.key[i], j.klen[i]);
         sb_adds(b, v->t == J_STR ? "\" string=\"true\">" : "\" string=\"false\">");
+        b->user = 1;
         if (v->t == J_STR) sb_add(b, v->s, v->len);
         else py_dump(b, v);
+        b->user = 0;
         sb_adds(b, P_CLOSE);
     }
     jfree(&j);
@@ -942,14 +972,14 @@ static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinki
 
     switch (m->role) {
     case DS_CHAT_ROLE_SYSTEM:
-        if (m->m->content) sb_adds(b, m->m->content);
+        if (m->m->content) sb_users(b, m->m->content);
         if (render_extras(b, m, index, err)) return -1;
         break;
     case DS_CHAT_ROLE_DEVELOPER:
         if (!m->m->content || !m->m->content[0])
             return ds_fail(err, "chat: message %zu: a developer message needs content", index);
         sb_adds(b, DS_CHAT_USER);
-        sb_adds(b, m->m->content);
+        sb_users(b, m->m->content);
         if (render_extras(b, m, index, err)) return -1;
         break;
     case DS_CHAT_ROLE_USER:
@@ -958,31 +988,31 @@ static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinki
             if (k) sb_add(b, "\n\n", 2);
             if (m->blocks[k].tool_result) {
                 sb_adds(b, "<tool_result>");
-                sb_adds(b, m->blocks[k].text);
+                sb_users(b, m->blocks[k].text);
                 sb_adds(b, "</tool_result>");
             } else {
-                sb_adds(b, m->blocks[k].text);
+                sb_users(b, m->blocks[k].text);
             }
         }
         break;
     case DS_CHAT_ROLE_LATEST_REMINDER:
         sb_adds(b, DS_CHAT_LATEST_REMINDER);
-        sb_adds(b, m->m->content ? m->m->content : "None");
+        sb_users(b, m->m->content ? m->m->content : "None");
         break;
     case DS_CHAT_ROLE_ASSISTANT: {
         int prev_has_task = index > 0 && list[index - 1]->task;
         if (thinking && !prev_has_task && (!drop || (long)index > lu)) {
-            if (m->m->reasoning_content && !m->drop_reasoning) sb_adds(b, m->m->reasoning_content);
+            if (m->m->reasoning_content && !m->drop_reasoning) sb_users(b, m->m->reasoning_content);
             sb_adds(b, DS_CHAT_THINK_END);
         }
-        if (m->m->content) sb_adds(b, m->m->content);
+        if (m->m->content) sb_users(b, m->m->content);
         if (m->m->n_tool_calls) {
             sb_adds(b, "\n\n<" DS_CHAT_DSML "tool_calls>\n");
             for (size_t k = 0; k < m->m->n_tool_calls; k++) {
                 const ds_chat_tool_call *tc = &m->m->tool_calls[k];
                 if (k) sb_add(b, "\n", 1);
                 sb_adds(b, "<" DS_CHAT_DSML "invoke name=\"");
-                sb_adds(b, tc->name ? tc->name : "None");
+                sb_users(b, tc->name ? tc->name : "None");
                 sb_adds(b, "\">\n");
                 if (render_arguments(b, tc, index, err)) return -1;
                 sb_adds(b, "\n</" DS_CHAT_DSML "invoke>");
@@ -1021,14 +1051,21 @@ static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinki
 /* encode_messages */
 int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
                    ds_err *err) {
+    return ds_chat_encode_marked(msgs, n, opts, out, out_n, NULL, err);
+}
+
+int ds_chat_encode_marked(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
+                          unsigned char **plain, ds_err *err) {
     *out = NULL;
     *out_n = 0;
+    if (plain) *plain = NULL;
     static const ds_chat_opts zero_opts;
     if (!opts) opts = &zero_opts;
     if (opts->n_context > n) return ds_fail(err, "chat: n_context %zu > %zu messages", opts->n_context, n);
     imsg_list ctx = {0}, rest = {0};
     imsg **full = NULL;
     sb b = {0};
+    b.track = plain != NULL;
     int rc = -1;
     if (merge_tool_messages(msgs, opts->n_context, &ctx, err) ||
         merge_tool_messages(msgs + opts->n_context, n - opts->n_context, &rest, err))
@@ -1082,15 +1119,36 @@ int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, 
             goto done;
         }
     }
+    if (plain && !b.mk && !(b.mk = calloc(1, 1))) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
     *out = b.p;
     *out_n = b.n;
+    if (plain) *plain = b.mk;
     b.p = NULL;
+    b.mk = NULL;
     rc = 0;
 done:
     free(b.p);
+    free(b.mk);
     free(full);
     imsg_list_free(&ctx);
     imsg_list_free(&rest);
+    return rc;
+}
+
+int ds_chat_tokenize(ds_tokenizer *tok, const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts,
+                     int parse_special_in_messages, int32_t **ids, size_t *n_ids, ds_err *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    char *text = NULL;
+    unsigned char *plain = NULL;
+    size_t len = 0;
+    int rc = ds_chat_encode_marked(msgs, n, opts, &text, &len, parse_special_in_messages ? NULL : &plain, err);
+    if (!rc) rc = ds_tokenizer_encode_masked(tok, text, len, DS_TOK_PARSE_ALL, plain, ids, n_ids, err);
+    free(text);
+    free(plain);
     return rc;
 }
 
