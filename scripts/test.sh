@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# test.sh — builds three trees and runs the tests:
+# test.sh — builds three trees and runs the tests, then a fuzz smoke run:
 #   build/           Release: every test
 #   build-asan/      Release + AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #   build-portable/  Release without SIMD (the portable kernels): the kernel,
 #                    oracle and format tests
-# Exits non-zero if any configure, build or test step fails.
+#   build-fuzz/      clang + libFuzzer + ASan/UBSan: every fuzz target for
+#                    FUZZ_SECONDS (default 20) from its seed corpus (scripts/fuzz.sh)
+# Exits non-zero if any configure, build, test or fuzz step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +36,17 @@ run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON
 # handle every storage kind (the slow whole-model suites run in the trees above)
 run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler)\$" \
   -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF
+
+echo
+echo "================================================================"
+echo "== Fuzz smoke: build-fuzz"
+echo "================================================================"
+if bash scripts/fuzz.sh "${FUZZ_SECONDS:-20}"; then
+  echo "== Fuzz smoke: OK"
+else
+  echo "== Fuzz smoke: FAILED"
+  failed+=("Fuzz smoke")
+fi
 
 echo
 if [ "${#failed[@]}" -ne 0 ]; then
