@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/chat.h"
-#include "format/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

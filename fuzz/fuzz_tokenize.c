@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "format/chat.h"
-#include "format/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "testutil.h"
 
 static char *slurp(const char *path) {

@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "testutil.h"
 
 static char *slurp(const char *path, size_t *n) {

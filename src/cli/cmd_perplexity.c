@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 
 typedef struct {

@@ -10,8 +10,8 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "format/chat.h"
-#include "format/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/generate.h"
 

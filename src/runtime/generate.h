@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 

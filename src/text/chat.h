@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* <｜begin▁of▁sentence｜>, <｜end▁of▁sentence｜>, <｜User｜>, <｜Assistant｜>, <｜latest_reminder｜> */
 #define DS_CHAT_BOS "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"

@@ -16,7 +16,7 @@
  * rewritten to include it. PCRE2_MATCH_INVALID_UTF lets invalid bytes through:
  * nothing matches them, so they fall in the gaps between matches. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
