@@ -19,7 +19,7 @@ jobs="${JOBS:-2}"
 fjobs="${FUZZ_JOBS:-1}"
 dir=build-fuzz
 
-cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DDSV4_FUZZ=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DDSV4_FUZZ=ON -DDSV4_WERROR=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$dir" -j"$jobs" --target fuzzers
 
 if [ "$#" -gt 0 ]; then

@@ -4,8 +4,10 @@
 #   build-asan/      Release + AddressSanitizer + UndefinedBehaviorSanitizer: every test
 #   build-portable/  Release without SIMD (the portable kernels): the kernel,
 #                    oracle and format tests
+#   build-clang/     clang Release: the kernel, oracle, format and text tests
 #   build-fuzz/      clang + libFuzzer + ASan/UBSan: every fuzz target for
 #                    FUZZ_SECONDS (default 20) from its seed corpus (scripts/fuzz.sh)
+# Every tree builds with the full warning set and -Werror (DSV4_WERROR=ON).
 # Exits non-zero if any configure, build, test or fuzz step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +32,15 @@ run_tree() { # label dir ctest-regex cmake-args...
   fi
 }
 
-run_tree "Release" build . -DCMAKE_BUILD_TYPE=Release
-run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON
+run_tree "Release" build . -DCMAKE_BUILD_TYPE=Release -DDSV4_WERROR=ON
+run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_WERROR=ON
 # the portable kernels alone (no SIMD): they build, agree with the oracle and
 # handle every storage kind (the slow whole-model suites run in the trees above)
 run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler)\$" \
-  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF
+  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON
+# the second compiler: clang builds everything warning-free and agrees on the fast suites
+run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput)\$" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON
 
 echo
 echo "================================================================"

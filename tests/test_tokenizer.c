@@ -587,7 +587,7 @@ static void test_bad_input(void) {
     expect_load_error(nobytes, "byte 0x00", "missing byte symbols: names the byte");
 
     /* a minimal valid file: ByteLevel with the GPT-2 regex; byte b's symbol has id b */
-    ds_tokenizer *tok;
+    ds_tokenizer *tok = NULL;
     ds_err err;
     const char *added_s[] = {"<s>"};
     char *ok = byte_vocab_json(added_s, 1, 1);

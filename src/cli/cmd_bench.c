@@ -167,7 +167,7 @@ int cmd_bench(int argc, char **argv) {
     long long prompt = 128, gen = 16, threads = 0;
     int32_t *batches = NULL;
     int n_batches = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -195,7 +195,6 @@ int cmd_bench(int argc, char **argv) {
             free(batches);
             return 2;
         }
-        i++;
     }
     if (!dir) {
         usage(stderr);

@@ -26,7 +26,7 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     ds_sample_scratch *scr = NULL;
     ds_err err = {{0}};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -59,7 +59,6 @@ int cmd_generate(int argc, char **argv) {
             bad = 1;
         }
         if (bad) goto usage_err;
-        i++;
     }
     if (!dir || !prompt) {
         fprintf(stderr, "dsv4 generate: -m and --tokens are required\n");

@@ -136,9 +136,9 @@ static int get_double(const cJSON *obj, const char *key, const char *what, doubl
 }
 
 static int get_float(const cJSON *obj, const char *key, const char *what, float *out, ds_err *err) {
-    double d = *out;
+    double d = (double)*out;
     if (get_double(obj, key, what, &d, err) != 0) return -1;
-    if (!(fabs(d) <= FLT_MAX)) return ds_fail(err, "%s: '%s' = %g is out of float range", what, key, d);
+    if (!(fabs(d) <= (double)FLT_MAX)) return ds_fail(err, "%s: '%s' = %g is out of float range", what, key, d);
     *out = (float)d;
     return 0;
 }
@@ -566,10 +566,10 @@ int ds_config_validate(const ds_config *c, const char *what, ds_err *err) {
         double v;
         int zero_ok;
     } reals[] = {
-        {"routed_scaling_factor", c->route_scale, 0},
-        {"swiglu_limit", c->swiglu_limit, 1},
-        {"hc_eps", c->hc_eps, 1},
-        {"rms_norm_eps", c->rms_eps, 0},
+        {"routed_scaling_factor", (double)c->route_scale, 0},
+        {"swiglu_limit", (double)c->swiglu_limit, 1},
+        {"hc_eps", (double)c->hc_eps, 1},
+        {"rms_norm_eps", (double)c->rms_eps, 0},
         {"rope_theta", c->rope_theta, 0},
         {"compress_rope_theta", c->compress_rope_theta, 0},
         {"rope_scaling.factor", c->yarn ? c->yarn_factor : 1, 0},
@@ -663,10 +663,10 @@ int ds_config_write(const ds_config *c, const char *path, ds_err *err) {
             bad |= add(root, ints[i].key, int_item(ints[i].v));
         bad |= !cJSON_AddStringToObject(root, "scoring_func", score_names[c->score_func]);
         bad |= !cJSON_AddBoolToObject(root, "norm_topk_prob", c->norm_topk_prob);
-        bad |= add(root, "routed_scaling_factor", real_item(c->route_scale, 1));
-        bad |= add(root, "swiglu_limit", real_item(c->swiglu_limit, 1));
-        bad |= add(root, "hc_eps", real_item(c->hc_eps, 1));
-        bad |= add(root, "rms_norm_eps", real_item(c->rms_eps, 1));
+        bad |= add(root, "routed_scaling_factor", real_item((double)c->route_scale, 1));
+        bad |= add(root, "swiglu_limit", real_item((double)c->swiglu_limit, 1));
+        bad |= add(root, "hc_eps", real_item((double)c->hc_eps, 1));
+        bad |= add(root, "rms_norm_eps", real_item((double)c->rms_eps, 1));
         bad |= add(root, "rope_theta", real_item(c->rope_theta, 0));
         bad |= add(root, "compress_rope_theta", real_item(c->compress_rope_theta, 0));
         cJSON *ratios = cJSON_CreateArray();

@@ -356,19 +356,19 @@ static int jvalue(jp *P, ds_jnode *out) {
     if (left >= 3 && !memcmp(P->p, "NaN", 3)) {
         P->p += 3;
         out->t = DS_J_FLOAT;
-        out->d = NAN;
+        out->d = (double)NAN;
         return 0;
     }
     if (left >= 8 && !memcmp(P->p, "Infinity", 8)) {
         P->p += 8;
         out->t = DS_J_FLOAT;
-        out->d = INFINITY;
+        out->d = HUGE_VAL;
         return 0;
     }
     if (c == '-' && !(left >= 2 && is_digit(P->p[1])) && left >= 9 && !memcmp(P->p, "-Infinity", 9)) {
         P->p += 9;
         out->t = DS_J_FLOAT;
-        out->d = -INFINITY;
+        out->d = -HUGE_VAL;
         return 0;
     }
     return jnumber(P, out);
