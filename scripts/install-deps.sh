@@ -12,6 +12,7 @@ packages=(
   python3          # tools/ and test helpers
   clang            # libFuzzer targets (fuzz/) and the clang build tree
   libomp-dev       # OpenMP for the clang builds
+  clang-format     # scripts/format-check.sh
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -7,7 +7,8 @@
 #   build-clang/     clang Release: the kernel, oracle, format and text tests
 #   build-fuzz/      clang + libFuzzer + ASan/UBSan: every fuzz target for
 #                    FUZZ_SECONDS (default 20) from its seed corpus (scripts/fuzz.sh)
-# Every tree builds with the full warning set and -Werror (DSV4_WERROR=ON).
+# Every tree builds with the full warning set and -Werror (DSV4_WERROR=ON);
+# scripts/format-check.sh checks .clang-format on the files it lists.
 # Exits non-zero if any configure, build, test or fuzz step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,14 @@ run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|confi
 # the second compiler: clang builds everything warning-free and agrees on the fast suites
 run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput)\$" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON
+
+echo
+if bash scripts/format-check.sh; then
+  echo "== Format: OK"
+else
+  echo "== Format: FAILED"
+  failed+=("Format")
+fi
 
 echo
 echo "================================================================"

@@ -37,7 +37,9 @@ static FILE *open_read(const char *path, int regular_only, ds_err *err) {
     }
     if (!S_ISREG(st.st_mode)) {
         ds_fail(err, "%s: not a regular file (%s)", path,
-                S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
+                S_ISDIR(st.st_mode)    ? "a directory"
+                : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                       : "a device or socket");
         close(fd);
         return NULL;
     }
