@@ -586,6 +586,28 @@ static void test_bad_input(void) {
     expect_load_error(nobytes, "lacks the byte-level symbol", "missing byte symbols");
     expect_load_error(nobytes, "byte 0x00", "missing byte symbols: names the byte");
 
+    /* an added token taking a model token's id with another text (found by fuzz_tokenizer_load:
+     * the model token "Ċ", byte 0x0A, then decoded as "<｜User｜>", so "\n" did not round trip) */
+    {
+        const char *added_u[] = {"<\xef\xbd\x9cUser\xef\xbd\x9c>"};
+        char *js = byte_vocab_json(added_u, 1, 0);
+        cJSON *r = cJSON_Parse(js);
+        cJSON_SetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "added_tokens"), 0), "id"),
+                             10);
+        char *js2 = cJSON_PrintUnformatted(r);
+        expect_load_error(js2, "added_tokens[0]: id 10 is the model token", "added token on a model token's id");
+        free(js2);
+        cJSON_Delete(r);
+        free(js);
+        char crash[1024];
+        test_path(crash, sizeof crash, "tests/fixtures/fuzz/tokenizer_load-crash-7068cb2c.json");
+        ds_tokenizer *ct = NULL;
+        ds_err ce = {{0}};
+        CHECK(ds_tokenizer_load(crash, &ct, &ce) == -1 && strstr(ce.msg, "added_tokens"),
+              "fuzz crash 7068cb2c: %s", ce.msg);
+        ds_tokenizer_free(ct);
+    }
+
     /* a minimal valid file: ByteLevel with the GPT-2 regex; byte b's symbol has id b */
     ds_tokenizer *tok = NULL;
     ds_err err;

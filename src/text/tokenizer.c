@@ -888,6 +888,11 @@ static int load_added(ds_tokenizer *tok, const cJSON *root, const char *what, ds
             get_bool(it, "normalized", !special, &normalized, what, err))
             return ds_fail_prefix(err, "added_tokens[%d]", i);
         if (!content[0]) continue; /* tokenizers ignores empty added tokens */
+        /* an added token may take a model token's id only with the same text:
+         * otherwise that model token's bytes would decode as the added token's */
+        if ((tok->kind[id] & 1) && strcmp(tok->str[id], content) != 0)
+            return ds_fail(err, "%s: added_tokens[%d]: id %ld is the model token \"%s\", not \"%s\"", what, i,
+                           (long)id, tok->str[id], content);
         a->len = strlen(content);
         a->content = malloc(a->len + 1);
         if (!a->content) return ds_fail(err, "%s: out of memory", what);
