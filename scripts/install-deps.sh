@@ -10,6 +10,9 @@ packages=(
   libcjson-dev     # JSON: config.json, safetensors headers, tokenizer.json
   libpcre2-dev     # tokenizer pre-tokenization regexes
   python3          # tools/ and test helpers
+  clang            # libFuzzer targets (fuzz/) and the clang build tree
+  libomp-dev       # OpenMP for the clang builds
+  clang-format     # scripts/format-check.sh
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -102,6 +102,56 @@ expect_fail "config not JSON" "config.json" -- "$DSV4" info -m "$T/m"
 fresh; rm "$T/m/config.json"
 expect_fail "no config.json" "config.json" -- "$DSV4" info -m "$T/m"
 
+# config <-> checkpoint: a config with fewer layers (or experts) than the checkpoint
+# must not run a truncated model: the unused tensors are named
+fresh; python3 -c "import json;p='$T/m/config.json';j=json.load(open(p));n=j['num_hidden_layers']-1;j['num_hidden_layers']=n;j['compress_ratios']=j['compress_ratios'][:n]+[0]*j.get('num_nextn_predict_layers',0);j['num_hash_layers']=min(j.get('num_hash_layers',0),n);json.dump(j,open(p,'w'))"
+expect_fail "config with fewer layers" "81 tensors are not used" "'layers.4.attn.attn_sink'" -- "$DSV4" info -m "$T/m"
+# an extra tensor the model does not read (the MTP ones, mtp.*, are allowed)
+fresh; python3 - "$S1" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+for name in ("layers.0.attn.extra", "mtp.0.extra"):
+    h[name] = {"dtype": "F32", "shape": [2], "data_offsets": [len(data), len(data) + 8]}
+    data += bytes(8)
+hdr = json.dumps(h).encode()
+hdr += b" " * ((8 - len(hdr) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(hdr)) + hdr + data)
+PY
+python3 -c "import json;p='$T/m/model.safetensors.index.json';j=json.load(open(p));j['weight_map']['layers.0.attn.extra']=j['weight_map']['mtp.0.extra']='model-00001-of-00003.safetensors';json.dump(j,open(p,'w'))"
+expect_fail "unused tensor" "1 tensor is not used" "'layers.0.attn.extra'" -- "$DSV4" info -m "$T/m"
+
+# non-regular files where a checkpoint file should be: a FIFO must not hang the
+# open (timeout turns a hang into exit status 124, a failure here)
+fresh; rm "$T/m/config.json"; mkfifo "$T/m/config.json"
+expect_fail "config.json is a FIFO" "config.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; rm "$S1"; mkfifo "$S1"
+expect_fail "shard is a FIFO" "model-00001-of-00003.safetensors" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; rm "$T/m/model.safetensors.index.json"; mkfifo "$T/m/model.safetensors.index.json"
+expect_fail "index is a FIFO" "model.safetensors.index.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/m"
+fresh; mkfifo "$T/m/tokenizer.json"
+expect_fail "tokenizer.json is a FIFO" "tokenizer.json" "not a regular file" -- timeout 20 "$DSV4" tokenize -m "$T/m" --text hi
+mkdir -p "$T/d/config.json"
+expect_fail "config.json is a directory" "config.json" "not a regular file" -- timeout 20 "$DSV4" info -m "$T/d"
+
+# output write errors: every command exits non-zero with a message when its
+# standard output cannot be written (here /dev/full)
+full() { bash -c '"$0" "$@" >/dev/full' "$@"; }
+fresh
+printf 'In the beginning God created the heaven and the earth.\n' > "$T/text.txt"
+expect_fail "info >/dev/full" "standard output" -- full "$DSV4" info -m "$T/m"
+expect_fail "generate >/dev/full" "standard output" -- full "$DSV4" generate -m "$T/m" --tokens 5,6 -n 2
+expect_fail "perplexity >/dev/full" "standard output" -- full "$DSV4" perplexity -m "$SRC/models/kjv" --file "$T/text.txt"
+expect_fail "stats >/dev/full" "standard output" -- full "$DSV4" stats -m "$SRC/models/kjv" --file "$T/text.txt"
+expect_fail "bench >/dev/full" "standard output" -- full "$DSV4" bench -m "$T/m" --prompt 4 --gen 2 --batch 2
+expect_fail "check >/dev/full" "standard output" -- full "$DSV4" check -m "$SRC/tests/fixtures/tiny" --trials 1
+expect_fail "tokenize >/dev/full" "standard output" -- full "$DSV4" tokenize -m "$SRC/models/kjv" --text hello
+expect_fail "detokenize >/dev/full" "standard output" -- full "$DSV4" detokenize -m "$SRC/models/kjv" --ids "5 6"
+expect_fail "run >/dev/full" "standard output" -- full "$DSV4" run -m "$SRC/models/kjv" -p "And God" -n 3
+
 # bad arguments
 fresh
 expect_fail "token id out of range" "token 512" "position 1" -- "$DSV4" logits -m "$T/m" --tokens 5,512,7 -o "$T/x"

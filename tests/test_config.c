@@ -138,6 +138,15 @@ static void expect_bad(const char *base, const char *key, const char *value, con
     free(text);
 }
 #define BAD(base, key, value, needle) expect_bad(base, key, value, needle, __LINE__)
+/* Two keys replaced at once. */
+static void expect_bad2(const char *base, const char *k1, const char *v1, const char *k2, const char *v2,
+                        const char *needle, int line) {
+    char *once = with_key(base, k1, v1);
+    if (once) expect_bad(once, k2, v2, needle, line);
+    CHECK(once != NULL, "line %d: with_key", line);
+    free(once);
+}
+#define BAD2(base, k1, v1, k2, v2, needle) expect_bad2(base, k1, v1, k2, v2, needle, __LINE__)
 
 static void test_forms(void) {
     ds_config flash, a, b;
@@ -295,6 +304,24 @@ static void test_bad(void) {
     BAD(o, "eos_token_id", "[]", "eos_token_id");
     BAD(o, "eos_token_id", "\"</s>\"", "eos_token_id");
     BAD(o, "max_position_embeddings", "true", "max_position_embeddings");
+
+    /* Limits per key and derived sizes (issue 14: these used to wrap or hang). */
+    BAD(o, "hc_sinkhorn_iters", "2147483647", "'hc_sinkhorn_iters' = 2147483647 exceeds");
+    BAD(o, "hc_mult", "100000", "'hc_mult' = 100000 exceeds");
+    BAD(o, "num_attention_heads", "1000000", "'num_attention_heads' = 1000000 exceeds");
+    BAD(o, "vocab_size", "2147483647", "'vocab_size' = 2147483647 exceeds");
+    BAD(o, "index_topk", "2000000000", "'index_topk'");
+    BAD(o, "sliding_window", "2000000000", "'sliding_window'");
+    BAD(o, "max_position_embeddings", "2199023255552", "'max_position_embeddings'");
+    BAD2(o, "num_attention_heads", "4096", "head_dim", "65536", "num_attention_heads x head_dim");
+    BAD2(o, "o_groups", "4096", "o_lora_rank", "65536", "o_groups x o_lora_rank");
+    BAD2(o, "index_n_heads", "4096", "index_head_dim", "65536", "index_n_heads x index_head_dim");
+    BAD2(o, "hc_mult", "64", "hidden_size", "65537", "'hidden_size' = 65537 exceeds");
+    {
+        sbuf rb = {.n = 0};
+        ratio_list(&rb, 5, 1 << 20);
+        BAD(o, "compress_ratios", rb.s, "compress_ratios[5]");
+    }
 
     /* Invalid values. */
     BAD(o, "hidden_size", "-1", "hidden_size");

@@ -54,8 +54,8 @@ static void on_tensor(void *ctx, const char *name, int layer, const float *x, in
         for (int i = 0; i < P->n_pos; i++) {
             if (P->pos[i] >= rows) continue;
             for (int c = 0; c < cols; c++) {
-                double d = fabs((double)x[(size_t)P->pos[i] * cols + c] - r[(size_t)i * cols + c]);
-                if (d > P->maxd[k] || isnan(d)) P->maxd[k] = isnan(d) ? INFINITY : d;
+                double d = fabs((double)x[(size_t)P->pos[i] * cols + c] - (double)r[(size_t)i * cols + c]);
+                if (d > P->maxd[k] || isnan(d)) P->maxd[k] = isnan(d) ? (double)INFINITY : d;
             }
         }
         P->compared[k]++;

@@ -48,8 +48,8 @@ static void make(ds_weight *w, ds_wkind kind, int rows, int cols, uint8_t **data
 
 int main(void) {
     /* dequantization against the format definitions */
-    CHECK(ds_fp8_e4m3_to_f32(0x38) == 1.0f, "e4m3 0x38 = %g", ds_fp8_e4m3_to_f32(0x38));
-    CHECK(ds_fp8_e4m3_to_f32(0x7e) == 448.0f, "e4m3 max = %g", ds_fp8_e4m3_to_f32(0x7e));
+    CHECK(ds_fp8_e4m3_to_f32(0x38) == 1.0f, "e4m3 0x38 = %g", (double)ds_fp8_e4m3_to_f32(0x38));
+    CHECK(ds_fp8_e4m3_to_f32(0x7e) == 448.0f, "e4m3 max = %g", (double)ds_fp8_e4m3_to_f32(0x7e));
     CHECK(ds_fp8_e4m3_to_f32(0x01) == ldexpf(1, -9), "e4m3 min subnormal");
     CHECK(ds_fp8_e4m3_to_f32(0xb8) == -1.0f, "e4m3 sign");
     CHECK(isnan(ds_fp8_e4m3_to_f32(0x7f)), "e4m3 NaN");
@@ -92,8 +92,8 @@ int main(void) {
                     if (t == 0) { /* against a double-precision dot of the dequantized row */
                         ds_weight_row_f32(&w, r, row);
                         double ref = 0, mag = 0;
-                        for (int c = 0; c < K; c++) ref += (double)row[c] * x[c], mag += fabs((double)row[c] * x[c]);
-                        double rel = fabs(ref - y[r]) / (mag + 1e-30);
+                        for (int c = 0; c < K; c++) ref += (double)row[c] * (double)x[c], mag += fabs((double)row[c] * (double)x[c]);
+                        double rel = fabs(ref - (double)y[r]) / (mag + 1e-30);
                         if (rel > maxrel) maxrel = rel;
                     }
                 }
@@ -149,7 +149,7 @@ int main(void) {
         for (int i = 0; i < n; i++) a[i] = frand(), b[i] = frand();
         ds_weight w1 = {.kind = DS_W_F32, .rows = 1, .cols = n, .data = (const uint8_t *)a};
         float f = ds_dot_f32(a, b, n), g = ds_cpu_row_dot(&w1, 0, b);
-        CHECK(!memcmp(&f, &g, 4), "ds_dot_f32 n=%d: %g != portable %g", n, f, g);
+        CHECK(!memcmp(&f, &g, 4), "ds_dot_f32 n=%d: %g != portable %g", n, (double)f, (double)g);
     }
     be1.close(&be1);
     be3.close(&be3);

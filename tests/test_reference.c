@@ -125,9 +125,9 @@ static void fixture(const char *name) {
             const float *a = full[i] + (size_t)t * V, *b = r.ref[i] + (size_t)t * V;
             int ia = 0, ib = 0;
             for (int v = 0; v < V; v++) {
-                double d = fabs((double)a[v] - b[v]);
-                if (d > maxd || isnan(d)) maxd = isnan(d) ? INFINITY : d;
-                if (fabs(b[v]) > maxref) maxref = fabs(b[v]);
+                double d = fabs((double)a[v] - (double)b[v]);
+                if (d > maxd || isnan(d)) maxd = isnan(d) ? HUGE_VAL : d;
+                if (fabs((double)b[v]) > maxref) maxref = fabs((double)b[v]);
                 if (a[v] > a[ia]) ia = v;
                 if (b[v] > b[ib]) ib = v;
             }
@@ -188,7 +188,7 @@ static void fixture(const char *name) {
                 int best = 0;
                 for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
                 for (int v = 0; v < V; v++) {
-                    double d = fabs((double)lg[v] - ((const float *)(const void *)gl->data)[(size_t)j * V + v]);
+                    double d = fabs((double)lg[v] - (double)((const float *)(const void *)gl->data)[(size_t)j * V + v]);
                     maxd = d > maxd ? d : maxd;
                 }
                 int32_t want;

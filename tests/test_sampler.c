@@ -36,7 +36,7 @@ static int item_cmp(const void *a, const void *b) {
 }
 
 static double ref_scaled(float w, float wmax, double t) {
-    if (wmax == INFINITY) return w == INFINITY ? 0.0 : -INFINITY;
+    if (wmax == INFINITY) return w == INFINITY ? 0.0 : -HUGE_VAL;
     return ((double)w - (double)wmax) / t;
 }
 
@@ -186,9 +186,9 @@ static void test_exp(void) {
     CHECK(ds_sample_exp(-0.0) == 1.0, "exp(-0)");
     CHECK(ds_sample_exp(-708.0) > 2.2250738585072014e-308, "exp(-708) must be a normal number");
     CHECK(ds_sample_exp(-708.0000001) == 0.0, "below the cutoff exp is exactly 0");
-    CHECK(ds_sample_exp(-INFINITY) == 0.0, "exp(-inf)");
-    CHECK(ds_sample_exp(1000.0) == INFINITY, "exp(1000)");
-    CHECK(isnan(ds_sample_exp(NAN)), "exp(nan)");
+    CHECK(ds_sample_exp(-HUGE_VAL) == 0.0, "exp(-inf)");
+    CHECK(ds_sample_exp(1000.0) == HUGE_VAL, "exp(1000)");
+    CHECK(isnan(ds_sample_exp((double)NAN)), "exp(nan)");
     double worst = 0, wx = 0;
     for (int i = 0; i < 200000; i++) {
         double x = i < 100000 ? -708.0 * unif() : (unif() - 0.5) * 40;
@@ -213,8 +213,8 @@ static void test_exp_batch(void) {
         for (int i = 0; i < N; i++) {
             double u = unif();
             x[i] = i % 97 == 0 ? (unif() - 0.5) * 2000 : -u * 708.0 * divisors[d]; /* some lanes out of range */
-            if (i % 1013 == 0) x[i] = NAN;
-            if (i % 1019 == 0) x[i] = -INFINITY;
+            if (i % 1013 == 0) x[i] = (double)NAN;
+            if (i % 1019 == 0) x[i] = -HUGE_VAL;
             if (i % 1021 == 0) x[i] = -0.0;
             y[i] = x[i];
         }
@@ -366,7 +366,7 @@ static void test_frequencies(ds_sample_scratch *s) {
     for (int rep = 0; rep < 2; rep++) {
         p.temperature = rep == 0 ? 1.0 : 0.7;
         double q[4], z = 0;
-        for (int i = 0; i < 4; i++) z += q[i] = exp(l[i] / p.temperature);
+        for (int i = 0; i < 4; i++) z += q[i] = exp((double)l[i] / p.temperature);
         for (int i = 0; i < 4; i++) q[i] /= z;
         draw(&p, l, 4, N, s, counts);
         check_freq(rep == 0 ? "softmax T=1" : "softmax T=0.7", counts, q, 4, N);
@@ -486,7 +486,7 @@ static void test_penalties(ds_sample_scratch *s) {
     memcpy(w, base, sizeof w);
     CHECK(ds_apply_penalties(&p, w, 6, hist, 7, s, &err) == 0, "%s", err.msg);
     CHECK(w[0] == 1.0f && w[1] == -3.0f && w[2] == 3.0f && w[3] == 0.25f && w[4] == 0.0f && w[5] == -INFINITY,
-          "repetition: %g %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4], w[5]);
+          "repetition: %g %g %g %g %g %g", (double)w[0], (double)w[1], (double)w[2], (double)w[3], (double)w[4], (double)w[5]);
 
     /* presence / frequency only (OpenAI): w -= presence + frequency * count */
     p.repetition_penalty = 1.0;
@@ -495,14 +495,14 @@ static void test_penalties(ds_sample_scratch *s) {
     memcpy(w, base, sizeof w);
     CHECK(ds_apply_penalties(&p, w, 6, hist, 7, s, &err) == 0, "%s", err.msg);
     CHECK(w[0] == 1.25f && w[1] == -2.5f && w[2] == 3.0f && w[3] == -0.75f && w[4] == -0.75f,
-          "presence/frequency: %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4]);
+          "presence/frequency: %g %g %g %g %g", (double)w[0], (double)w[1], (double)w[2], (double)w[3], (double)w[4]);
 
     /* all three: repetition first, then presence/frequency */
     p.repetition_penalty = 2.0;
     memcpy(w, base, sizeof w);
     CHECK(ds_apply_penalties(&p, w, 6, hist, 7, s, &err) == 0, "%s", err.msg);
     CHECK(w[0] == 0.25f && w[1] == -4.0f && w[2] == 3.0f && w[3] == -1.0f && w[4] == -0.75f,
-          "combined: %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4]);
+          "combined: %g %g %g %g %g", (double)w[0], (double)w[1], (double)w[2], (double)w[3], (double)w[4]);
     /* again: the scratch's counts must have been left clean */
     memcpy(w, base, sizeof w);
     ds_apply_penalties(&p, w, 6, hist, 7, s, &err);
@@ -514,8 +514,8 @@ static void test_penalties(ds_sample_scratch *s) {
     const int32_t hist2[] = {3, 1, 3, 0, 3, 1, 4};
     memcpy(w, base, sizeof w);
     ds_apply_penalties(&p, w, 6, hist2, 7, s, &err);
-    CHECK(w[0] == 3.5f && w[1] == 0.5f && w[3] == 3.0f && w[4] == 1.5f, "negative: %g %g %g %g", w[0], w[1],
-          w[3], w[4]);
+    CHECK(w[0] == 3.5f && w[1] == 0.5f && w[3] == 3.0f && w[4] == 1.5f, "negative: %g %g %g %g", (double)w[0], (double)w[1],
+          (double)w[3], (double)w[4]);
 
     /* ds_sample sees the penalised logits: a huge presence penalty bans token 0 */
     p.presence_penalty = 1000;
@@ -665,18 +665,18 @@ static void test_validation(ds_sample_scratch *s) {
     ds_err err;
     CHECK(ds_sampling_validate(&ok, &err) == 0, "defaults must validate");
     p = ok, p.temperature = -0.1, expect_field(&p, "temperature", s);
-    p = ok, p.temperature = NAN, expect_field(&p, "temperature", s);
-    p = ok, p.temperature = INFINITY, expect_field(&p, "temperature", s);
+    p = ok, p.temperature = (double)NAN, expect_field(&p, "temperature", s);
+    p = ok, p.temperature = HUGE_VAL, expect_field(&p, "temperature", s);
     p = ok, p.top_k = -1, expect_field(&p, "top_k", s);
     p = ok, p.top_p = 0, expect_field(&p, "top_p", s);
     p = ok, p.top_p = 1.01, expect_field(&p, "top_p", s);
-    p = ok, p.top_p = NAN, expect_field(&p, "top_p", s);
+    p = ok, p.top_p = (double)NAN, expect_field(&p, "top_p", s);
     p = ok, p.min_p = -0.01, expect_field(&p, "min_p", s);
     p = ok, p.min_p = 1.5, expect_field(&p, "min_p", s);
     p = ok, p.repetition_penalty = 0, expect_field(&p, "repetition_penalty", s);
-    p = ok, p.repetition_penalty = INFINITY, expect_field(&p, "repetition_penalty", s);
-    p = ok, p.presence_penalty = NAN, expect_field(&p, "presence_penalty", s);
-    p = ok, p.frequency_penalty = -INFINITY, expect_field(&p, "frequency_penalty", s);
+    p = ok, p.repetition_penalty = HUGE_VAL, expect_field(&p, "repetition_penalty", s);
+    p = ok, p.presence_penalty = (double)NAN, expect_field(&p, "presence_penalty", s);
+    p = ok, p.frequency_penalty = -HUGE_VAL, expect_field(&p, "frequency_penalty", s);
 
     float l[4] = {0, 1, 2, 3};
     int32_t tok, bad_hist[] = {1, 4};
@@ -695,8 +695,8 @@ static void test_validation(ds_sample_scratch *s) {
     float w[4] = {0, 1, 2, 3};
     int32_t h[] = {2};
     ds_apply_penalties(&pen, w, 4, h, 1, s, &err);
-    CHECK(w[0] == 0 && w[1] == 1 && w[2] == 1 && w[3] == 3, "penalties after a failed call: %g %g %g %g", w[0],
-          w[1], w[2], w[3]);
+    CHECK(w[0] == 0 && w[1] == 1 && w[2] == 1 && w[3] == 3, "penalties after a failed call: %g %g %g %g", (double)w[0],
+          (double)w[1], (double)w[2], (double)w[3]);
 }
 
 static void test_stop(void) {

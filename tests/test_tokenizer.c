@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "testutil.h"
 
 static char *slurp(const char *path, size_t *n) {
@@ -459,6 +459,48 @@ static void test_invalid_utf8_and_stream(void) {
     ds_tokenizer_free(tok);
 }
 
+/* GPT-2's bytes_to_unicode: the code point standing for byte b. */
+static unsigned gpt2_cp(unsigned b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return b;
+    unsigned n = 0;
+    for (unsigned c = 0; c < b; c++)
+        if (!((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255))) n++;
+    return 256 + n;
+}
+
+/* A tokenizer.json: ByteLevel, vocab = the 256 byte symbols (byte b has id b)
+ * + "ab" (id 256, merge "a b"), then the added tokens with ids 257, ...
+ * (special as given). Caller frees. */
+static char *byte_vocab_json(const char *const *added, int n_added, int special) {
+    cJSON *root = cJSON_CreateObject(), *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pt, "type", "ByteLevel");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "decoder"), "type", "ByteLevel");
+    cJSON *model = cJSON_AddObjectToObject(root, "model"), *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned cp = gpt2_cp(b);
+        char sym[4] = {0};
+        if (cp < 0x80)
+            sym[0] = (char)cp;
+        else
+            sym[0] = (char)(0xc0 | (cp >> 6)), sym[1] = (char)(0x80 | (cp & 0x3f));
+        cJSON_AddNumberToObject(vocab, sym, b);
+    }
+    cJSON_AddNumberToObject(vocab, "ab", 256);
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    cJSON_AddItemToArray(merges, cJSON_CreateString("a b"));
+    cJSON *add = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < n_added; i++) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", 257 + i);
+        cJSON_AddStringToObject(a, "content", added[i]);
+        cJSON_AddBoolToObject(a, "special", special);
+        cJSON_AddItemToArray(add, a);
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
 static void expect_load_error(const char *json, const char *needle, const char *what) {
     ds_tokenizer *tok = NULL;
     ds_err err = {{0}};
@@ -536,22 +578,52 @@ static void test_bad_input(void) {
     expect_load_error("{\"model\": {\"vocab\": {\"a\": 0}}}", "pre_tokenizer", "no pre_tokenizer");
     expect_load_error("", "not valid JSON", "empty file");
 
-    /* a minimal valid file: ByteLevel with the GPT-2 regex; missing byte symbols are dropped */
-    const char *ok = "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}, "
-                     "\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"\xc4\xa0\": 3}, \"merges\": [\"a b\"]}, "
-                     "\"added_tokens\": [{\"id\": 4, \"content\": \"<s>\", \"special\": true}]}";
-    ds_tokenizer *tok;
+    /* a vocabulary without all 256 byte symbols is refused (it used to load and
+     * drop bytes, reaching memcpy(NULL) for a text of only such bytes) */
+    const char *nobytes = "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}, "
+                          "\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"\xc4\xa0\": 3}, \"merges\": "
+                          "[\"a b\"]}, \"added_tokens\": [{\"id\": 4, \"content\": \"<s>\", \"special\": true}]}";
+    expect_load_error(nobytes, "lacks the byte-level symbol", "missing byte symbols");
+    expect_load_error(nobytes, "byte 0x00", "missing byte symbols: names the byte");
+
+    /* an added token taking a model token's id with another text (found by fuzz_tokenizer_load:
+     * the model token "Ċ", byte 0x0A, then decoded as "<｜User｜>", so "\n" did not round trip) */
+    {
+        const char *added_u[] = {"<\xef\xbd\x9cUser\xef\xbd\x9c>"};
+        char *js = byte_vocab_json(added_u, 1, 0);
+        cJSON *r = cJSON_Parse(js);
+        cJSON_SetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "added_tokens"), 0), "id"),
+                             10);
+        char *js2 = cJSON_PrintUnformatted(r);
+        expect_load_error(js2, "added_tokens[0]: id 10 is the model token", "added token on a model token's id");
+        free(js2);
+        cJSON_Delete(r);
+        free(js);
+        char crash[1024];
+        test_path(crash, sizeof crash, "tests/fixtures/fuzz/tokenizer_load-crash-7068cb2c.json");
+        ds_tokenizer *ct = NULL;
+        ds_err ce = {{0}};
+        CHECK(ds_tokenizer_load(crash, &ct, &ce) == -1 && strstr(ce.msg, "added_tokens"),
+              "fuzz crash 7068cb2c: %s", ce.msg);
+        ds_tokenizer_free(ct);
+    }
+
+    /* a minimal valid file: ByteLevel with the GPT-2 regex; byte b's symbol has id b */
+    ds_tokenizer *tok = NULL;
     ds_err err;
-    CHECK(ds_tokenizer_load_json(ok, strlen(ok), "ok.json", &tok, &err) == 0, "minimal file: %s", err.msg);
+    const char *added_s[] = {"<s>"};
+    char *ok = byte_vocab_json(added_s, 1, 1);
+    CHECK(ok && ds_tokenizer_load_json(ok, strlen(ok), "ok.json", &tok, &err) == 0, "minimal file: %s", err.msg);
+    free(ok);
     if (tok) {
         int32_t *ids;
         size_t n;
-        /* "ab" | <s> | " abz": z has no symbol and is dropped, as tokenizers does */
-        CHECK(ds_tokenizer_encode(tok, "ab<s> abz", 9, DS_TOK_PARSE_ALL, &ids, &n, &err) == 0 && n == 4 &&
-                  ids[0] == 2 && ids[1] == 4 && ids[2] == 3 && ids[3] == 2,
+        /* "ab" | <s> | " ab" "z": ids from the construction (ab = 256, <s> = 257) */
+        CHECK(ds_tokenizer_encode(tok, "ab<s> abz", 9, DS_TOK_PARSE_ALL, &ids, &n, &err) == 0 && n == 5 &&
+                  ids[0] == 256 && ids[1] == 257 && ids[2] == ' ' && ids[3] == 256 && ids[4] == 'z',
               "minimal encode (n=%zu)", n);
         free(ids);
-        CHECK(ds_tokenizer_vocab_size(tok) == 5, "minimal vocab size");
+        CHECK(ds_tokenizer_vocab_size(tok) == 258, "minimal vocab size");
         ds_tokenizer_free(tok);
     }
 
@@ -617,6 +689,74 @@ static void bench(void) {
     ds_tokenizer_free(tok);
 }
 
+static double now_s(void);
+
+/* Added-token matching is linear in the text: 100 kB of 'a' against a 50 kB
+ * added token "aaa...ab" that never matches took 9 s with the trie scan
+ * (O(text x token length)); and overlapping / nested tokens still give the
+ * leftmost-longest match. */
+static void test_added_matching(void) {
+    size_t tl = 50000, n = 100000;
+    char *longtok = malloc(tl + 1), *text = malloc(n + 1);
+    memset(longtok, 'a', tl - 1);
+    longtok[tl - 1] = 'b', longtok[tl] = 0;
+    memset(text, 'a', n);
+    text[n] = 0;
+    const char *added[] = {longtok, "aab", "xyz", "yz", "xyzw", "zw"};
+    char *json = byte_vocab_json(added, 6, 0);
+    ds_tokenizer *tok = NULL;
+    ds_err err = {{0}};
+    CHECK(json && ds_tokenizer_load_json(json, strlen(json), "ac.json", &tok, &err) == 0, "ac load: %s", err.msg);
+    free(json);
+    if (tok) {
+        int32_t *ids = NULL;
+        size_t nid = 0;
+        double t0 = now_s();
+        int rc = ds_tokenizer_encode(tok, text, n, DS_TOK_PARSE_ALL, &ids, &nid, &err);
+        double dt = now_s() - t0;
+        CHECK(rc == 0 && nid > 0, "long added token: encode");
+        CHECK(dt < 2.0, "100 kB text vs a 50 kB added token took %.2f s (must be linear)", dt);
+        free(ids);
+        /* leftmost-longest among overlapping tokens: "xyzw" at 0 (not "xyz"), then "aab" */
+        rc = ds_tokenizer_encode(tok, "xyzwaab", 7, DS_TOK_PARSE_ALL, &ids, &nid, &err);
+        CHECK(rc == 0 && nid == 2 && ids[0] == 257 + 4 && ids[1] == 257 + 1, "xyzw aab: n=%zu", nid);
+        free(ids);
+        /* "qxyz": leftmost start wins over a longer later one ("yz" is not preferred to "xyz") */
+        rc = ds_tokenizer_encode(tok, "qxyzq", 5, DS_TOK_PARSE_ALL, &ids, &nid, &err);
+        CHECK(rc == 0 && nid == 3 && ids[0] == 'q' && ids[1] == 257 + 2 && ids[2] == 'q', "qxyzq: n=%zu", nid);
+        free(ids);
+        /* "yzw": "yz" starts at 0, before "zw" */
+        rc = ds_tokenizer_encode(tok, "yzw", 3, DS_TOK_PARSE_ALL, &ids, &nid, &err);
+        CHECK(rc == 0 && nid == 2 && ids[0] == 257 + 3 && ids[1] == 'w', "yzw: n=%zu", nid);
+        free(ids);
+
+        /* plain marks: no added token over a marked byte */
+        const char *t = "xyzwaab";
+        unsigned char none[7] = {0}, all[7] = {1, 1, 1, 1, 1, 1, 1}, mid[7] = {0, 0, 1, 0, 0, 0, 0};
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK(ds_tokenizer_encode_masked(tok, t, 7, DS_TOK_PARSE_ALL, none, &a, &na, &err) == 0 &&
+                  ds_tokenizer_encode(tok, t, 7, DS_TOK_PARSE_ALL, &b, &nb, &err) == 0 && na == nb &&
+                  !memcmp(a, b, na * sizeof *a),
+              "no marks: same as encode");
+        free(a), free(b);
+        CHECK(ds_tokenizer_encode_masked(tok, t, 7, DS_TOK_PARSE_ALL, all, &a, &na, &err) == 0 &&
+                  ds_tokenizer_encode(tok, t, 7, DS_TOK_PARSE_NONE, &b, &nb, &err) == 0 && na == nb &&
+                  !memcmp(a, b, na * sizeof *a),
+              "all marked: same as plain encode");
+        free(a), free(b);
+        /* 'z' (byte 2) marked: xyzw, xyz, yz and zw all cover it; "aab" still matches */
+        CHECK(ds_tokenizer_encode_masked(tok, t, 7, DS_TOK_PARSE_ALL, mid, &a, &na, &err) == 0 && na >= 2 &&
+                  a[na - 1] == 257 + 1,
+              "z marked: aab matched");
+        for (size_t i = 0; i + 1 < na; i++) CHECK(a[i] < 257, "z marked: no added token before aab (id %d)", a[i]);
+        free(a);
+        ds_tokenizer_free(tok);
+    }
+    free(longtok);
+    free(text);
+}
+
 int main(void) {
     test_fixture("tests/fixtures/tokenizer/tok_small.json", "tests/fixtures/tokenizer/cases_small.json", "small");
     test_fixture("tests/fixtures/tokenizer/tok_flags.json", "tests/fixtures/tokenizer/cases_flags.json", "flags");
@@ -624,6 +764,7 @@ int main(void) {
     test_lookups();
     test_invalid_utf8_and_stream();
     test_bad_input();
+    test_added_matching();
     bench();
     return test_summary("test_tokenizer");
 }

@@ -170,7 +170,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *batches = NULL;
     int n_batches = 0, bk;
     ds_backend_opts bo = {0};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -200,7 +200,6 @@ int cmd_bench(int argc, char **argv) {
             free(batches);
             return 2;
         }
-        i++;
     }
     if (!dir) {
         usage(stderr);

@@ -298,8 +298,8 @@ int cmd_check(int argc, char **argv) {
             for (int u = 0; u < unique[i]; u++) seen |= hs[u] == h;
             if (!seen) hs[unique[i]++] = h;
             for (size_t x = 0; x < nrow; x++) {
-                double d = fabs((double)rows[i][x] - ref_rows[i][x]);
-                if (d > maxdiff[i] || d != d) maxdiff[i] = d != d ? INFINITY : d;
+                double d = fabs((double)rows[i][x] - (double)ref_rows[i][x]);
+                if (d > maxdiff[i] || d != d) maxdiff[i] = d != d ? HUGE_VAL : d;
             }
         }
         printf("trial %3lld  threads %d, max chunk %3d, %2d co-batched requests\n", t, threads, chunk_max, nn);

@@ -28,7 +28,7 @@ int cmd_generate(int argc, char **argv) {
     ds_sample_scratch *scr = NULL;
     ds_err err = {{0}};
     ds_backend_opts bo = {0};
-    for (int i = 1, bk; i < argc; i++) {
+    for (int i = 1, bk; i < argc; i += 2) { /* every option but --help takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -63,7 +63,6 @@ int cmd_generate(int argc, char **argv) {
             bad = 1;
         }
         if (bad) goto usage_err;
-        i++;
     }
     if (!dir || !prompt) {
         fprintf(stderr, "dsv4 generate: -m and --tokens are required\n");
@@ -80,6 +79,11 @@ int cmd_generate(int argc, char **argv) {
     bo.threads = (int)threads;
     if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
+    if (n_prompt > m->cfg.max_pos) {
+        fprintf(stderr, "dsv4 generate: a prompt of %d tokens is beyond the model's max_position_embeddings (%lld)\n",
+                (int)n_prompt, (long long)m->cfg.max_pos);
+        goto out;
+    }
     if (ds_seq_new(m, n_prompt + n_gen + 1, &seq, &err)) goto fail;
     logits = malloc((size_t)V * sizeof *logits);
     hist = malloc((size_t)(n_prompt + n_gen + 1) * sizeof *hist);
@@ -93,6 +97,11 @@ int cmd_generate(int argc, char **argv) {
     ds_batch_item it = {seq, prompt, n_prompt, logits, 0};
     int n_hist = n_prompt;
     for (long long g = 0; g < n_gen; g++) {
+        if (seq->pos + it.n_tokens >= m->cfg.max_pos) { /* the next token's position is beyond the model's */
+            fprintf(stderr, "dsv4 generate: stopped at the model's max_position_embeddings (%lld tokens)\n",
+                    (long long)m->cfg.max_pos);
+            break;
+        }
         if (ds_forward(m, &be, &it, 1, &err)) goto fail;
         int32_t tok;
         if (ds_sample(&sp, logits, V, hist, n_hist, seq->pos, scr, &tok, &err)) goto fail;

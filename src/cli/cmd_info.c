@@ -40,7 +40,7 @@ int cmd_info(int argc, char **argv) {
     printf("moe        %d routed experts (%d active, %s), %d shared, width %d, %d hash layers, swiglu limit %g\n",
            c->n_routed_experts, c->n_active_experts,
            c->score_func == DS_SCORE_SQRTSOFTPLUS ? "sqrtsoftplus" : c->score_func == DS_SCORE_SIGMOID ? "sigmoid" : "softmax",
-           c->n_shared_experts, c->moe_inter_dim, c->n_hash_layers, c->swiglu_limit);
+           c->n_shared_experts, c->moe_inter_dim, c->n_hash_layers, (double)c->swiglu_limit);
     printf("attention  window %d, indexer %d heads x %d, top-%d, mHC %d streams (%d Sinkhorn iters)\n", c->window,
            c->index_n_heads, c->index_head_dim, c->index_topk, c->hc_mult, c->hc_sinkhorn_iters);
     printf("rope       theta %g (sliding), %g (compressed)%s\n", c->rope_theta, c->compress_rope_theta,

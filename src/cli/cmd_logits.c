@@ -103,6 +103,11 @@ int cmd_logits(int argc, char **argv) {
     logits = calloc((size_t)n_seqs, sizeof *logits);
     if (!seqs || !logits) goto out;
     for (int i = 0; i < n_seqs; i++) {
+        if (lens[i] > m->cfg.max_pos) {
+            fprintf(stderr, "dsv4 logits: sequence %d: %d tokens are beyond the model's max_position_embeddings (%lld)\n",
+                    i, lens[i], (long long)m->cfg.max_pos);
+            goto out;
+        }
         if (ds_seq_new(m, lens[i], &seqs[i], &err)) {
             fprintf(stderr, "dsv4 logits: %s\n", err.msg);
             goto out;
@@ -132,7 +137,8 @@ int cmd_logits(int argc, char **argv) {
         snprintf(path, sizeof path, "%s.%d.f32", prefix, i);
         FILE *f = fopen(path, "wb");
         size_t nw = f ? fwrite(logits[i], sizeof(float), (size_t)lens[i] * V, f) : 0;
-        if (!f || nw != (size_t)lens[i] * V || fclose(f)) {
+        int closed = f ? fclose(f) : EOF;
+        if (!f || nw != (size_t)lens[i] * V || closed != 0) {
             fprintf(stderr, "dsv4 logits: cannot write %s\n", path);
             goto out;
         }

@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 
 typedef struct {
@@ -211,9 +211,9 @@ static void ppl_usage(FILE *f) {
 
 /* NLL of `target` under one row of float logits, in double. */
 static double row_nll(const float *x, int V, int32_t target) {
-    double mx = -INFINITY;
+    double mx = -HUGE_VAL;
     for (int i = 0; i < V; i++)
-        if ((double)x[i] > mx) mx = x[i];
+        if ((double)x[i] > mx) mx = (double)x[i];
     double s = 0;
     for (int i = 0; i < V; i++) s += exp((double)x[i] - mx);
     return mx + log(s) - (double)x[target];

@@ -10,8 +10,8 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "format/chat.h"
-#include "format/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/generate.h"
 
@@ -85,7 +85,8 @@ static double rate(double n, double s) { return s > 0 ? n / s : 0; }
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: dsv4 run [-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think]] [--raw] [--special]\n"
+            "usage: dsv4 run [-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw]\n"
+            "                [--special]\n"
             "                [sampling options]\n"
             "\n"
             "Continues a text prompt and streams the new text to standard output as it is\n"
@@ -100,7 +101,9 @@ static void run_usage(FILE *f) {
             "                     at the end-of-sentence token\n"
             "  --raw              no BOS before the prompt (default: BOS + prompt)\n"
             "  --chat             wrap the prompt as one user message of the DeepSeek-V4 chat template\n"
-            "                     (non-thinking mode; --think: thinking mode)\n"
+            "                     (non-thinking mode; --think: thinking mode); the prompt is plain text:\n"
+            "                     special-token strings in it stay text\n"
+            "  --parse-special    with --chat: special-token strings in the prompt become control tokens\n"
             "  --special          also print special tokens (BOS, EOS, ...) met in the output\n"
             "%s",
             GEN_OPTS_HELP);
@@ -127,7 +130,7 @@ static int run_cb(void *ctx, int32_t token, int is_stop, const char *text, size_
 
 int cmd_run(int argc, char **argv) {
     const char *given = NULL, *prompt = NULL, *file = NULL;
-    int raw = 0, chat = 0, think = 0, special = 0, rc = 1;
+    int raw = 0, chat = 0, think = 0, special = 0, parse_special = 0, rc = 1;
     gen_opts o;
     gen_opts_init(&o, 64);
     for (int i = 1; i < argc; i++) {
@@ -150,6 +153,8 @@ int cmd_run(int argc, char **argv) {
             think = 1;
         } else if (!strcmp(a, "--special")) {
             special = 1;
+        } else if (!strcmp(a, "--parse-special")) {
+            parse_special = 1;
         } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
             if (r < 0) goto usage_err;
             i += used;
@@ -166,6 +171,10 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: --think needs --chat\n");
         goto usage_err;
     }
+    if (parse_special && !chat) {
+        fprintf(stderr, "dsv4 run: --parse-special needs --chat (without --chat the prompt is parsed anyway)\n");
+        goto usage_err;
+    }
     if (chat && raw) {
         fprintf(stderr, "dsv4 run: --chat and --raw do not go together (the chat template starts with BOS)\n");
         goto usage_err;
@@ -178,7 +187,7 @@ int cmd_run(int argc, char **argv) {
 
     char dir[4096];
     if (cli_model_dir("run", given, dir, sizeof dir)) return 1;
-    char *owned = NULL, *text = NULL;
+    char *owned = NULL;
     size_t text_n;
     if (file) {
         if (!(owned = cli_read_file("run", file, &text_n))) return 1;
@@ -202,8 +211,7 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "dsv4 run: --chat: the prompt holds a NUL byte\n");
             goto out;
         }
-        if (ds_chat_encode(&msg, 1, &co, &text, &text_n, &err)) goto fail;
-        if (ds_tokenizer_encode(tok, text, text_n, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
+        if (ds_chat_tokenize(tok, &msg, 1, &co, parse_special, &ids, &n_ids, &err)) goto fail;
     } else {
         if (ds_tokenizer_encode(tok, prompt, text_n, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
     }
@@ -237,6 +245,9 @@ int cmd_run(int argc, char **argv) {
     }
     if (!ro.ends_nl && isatty(STDOUT_FILENO)) fputc('\n', stdout);
     fflush(stdout);
+    if (res.at_max_pos)
+        fprintf(stderr, "dsv4 run: stopped at the model's max_position_embeddings (%lld tokens)\n",
+                (long long)m->cfg.max_pos);
     fprintf(stderr, "prompt: %d tokens, %.3f s, %.1f tokens/s\n", res.n_prompt, res.prompt_s,
             rate(res.n_prompt, res.prompt_s));
     fprintf(stderr, "generated: %d tokens%s, %.3f s, %.1f tokens/s\n", res.n_gen,
@@ -248,7 +259,6 @@ fail:
 out:
     free(full);
     free(ids);
-    free(text);
     free(owned);
     ds_tokenizer_free(tok);
     ds_model_free(m);
@@ -264,11 +274,14 @@ usage_err:
 static void chat_usage(FILE *f) {
     fprintf(f,
             "usage: dsv4 chat [-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache]\n"
+            "                 [--parse-special]\n"
             "                 [sampling options]\n"
             "\n"
             "Interactive chat on standard input / output with the DeepSeek-V4 chat template: each\n"
             "input line is a user message; the reply is streamed until the end-of-sentence token.\n"
-            "Ends at end of input or on the line /exit; /reset starts a new conversation.\n"
+            "Ends at end of input or on the line /exit; /reset starts a new conversation. A message\n"
+            "beyond the context (--ctx) is refused and the conversation goes on (the exit status is\n"
+            "then 1).\n"
             "\n"
             "  -m DIR             model directory (default as for dsv4 run)\n"
             "  --think            thinking mode: the reply starts with its reasoning, then </think>\n"
@@ -277,6 +290,8 @@ static void chat_usage(FILE *f) {
             "  --ctx N            context capacity in tokens for the whole conversation (default 4096)\n"
             "  --verbose          per turn: tokens, cached prefix and speed on standard error\n"
             "  --no-cache         prefill the whole conversation every turn (same replies, slower)\n"
+            "  --parse-special    special-token strings typed in a message become control tokens\n"
+            "                     (default: what is typed is plain text and cannot forge a turn)\n"
             "%s"
             "\n"
             "The sequence state is kept between turns: when the new turn's encoding extends the\n"
@@ -336,7 +351,7 @@ static void free_turns(chat_turn *t, int n) {
 
 int cmd_chat(int argc, char **argv) {
     const char *given = NULL, *system = NULL;
-    int think = 0, verbose = 0, no_cache = 0, rc = 1;
+    int think = 0, verbose = 0, no_cache = 0, parse_special = 0, dropped = 0, rc = 1;
     long long ctx = 4096;
     gen_opts o;
     gen_opts_init(&o, 0);
@@ -359,6 +374,8 @@ int cmd_chat(int argc, char **argv) {
             verbose = 1;
         } else if (!strcmp(a, "--no-cache")) {
             no_cache = 1;
+        } else if (!strcmp(a, "--parse-special")) {
+            parse_special = 1;
         } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
             if (r < 0) goto usage_err;
             i += used;
@@ -385,7 +402,7 @@ int cmd_chat(int argc, char **argv) {
     int32_t *ctx_ids = NULL, *ids = NULL; /* ctx_ids: the tokens in seq */
     size_t n_ids = 0;
     int n_ctx = 0;
-    char *line = NULL, *prompt = NULL, *reply_text = NULL;
+    char *line = NULL, *reply_text = NULL;
     size_t line_cap = 0;
     chat_reply reply = {0};
     if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
@@ -441,19 +458,20 @@ int cmd_chat(int argc, char **argv) {
         }
         ds_chat_opts co = {0};
         co.thinking = think;
-        size_t pn;
-        free(prompt);
-        prompt = NULL;
-        if (ds_chat_encode(msgs, (size_t)n_turns, &co, &prompt, &pn, &err)) goto fail;
         free(ids);
         ids = NULL;
-        if (ds_tokenizer_encode(tok, prompt, pn, DS_TOK_PARSE_ALL, &ids, &n_ids, &err)) goto fail;
+        if (ds_chat_tokenize(tok, msgs, (size_t)n_turns, &co, parse_special, &ids, &n_ids, &err)) goto fail;
         if (n_ids + 1 > (size_t)ctx) {
             fprintf(stderr,
                     "dsv4 chat: the conversation is %zu tokens, beyond the context of %lld (--ctx); "
                     "/reset or raise --ctx\n",
                     n_ids, ctx);
-            goto out;
+            /* the message is dropped; the conversation so far stays, so /reset (or a
+             * shorter message) can go on */
+            n_turns--;
+            free(turns[n_turns].content);
+            dropped = 1;
+            continue;
         }
         /* reuse the sequence if it holds a prefix of the new encoding */
         int cached = 0;
@@ -482,6 +500,9 @@ int cmd_chat(int argc, char **argv) {
         }
         fputc('\n', stdout);
         fflush(stdout);
+        if (res.at_max_pos)
+            fprintf(stderr, "dsv4 chat: the reply stopped at the model's max_position_embeddings (%lld tokens); "
+                            "/reset to go on\n", (long long)m->cfg.max_pos);
         /* the tokens now in the sequence: the prompt + every reply token but the last */
         memcpy(ctx_ids, ids, n_ids * sizeof *ids);
         n_ctx = (int)n_ids;
@@ -527,7 +548,7 @@ int cmd_chat(int argc, char **argv) {
         if (!t.content) goto oom;
         turns[n_turns++] = t;
     }
-    rc = 0;
+    rc = dropped; /* 1 if a message was refused for the context */
     goto out;
 oom:
     fprintf(stderr, "dsv4 chat: out of memory\n");
@@ -541,7 +562,6 @@ out:
     free(ctx_ids);
     free(ids);
     free(line);
-    free(prompt);
     free(reply_text);
     free(reply.ids);
     ds_seq_free(seq);

@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/util.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 
 static void tokenize_usage(FILE *f) {
     fprintf(f,

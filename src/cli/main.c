@@ -1,4 +1,5 @@
 /* main.c — the dsv4 command-line entry point: dispatches to cmd_<name>. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,13 +32,27 @@ static void usage(FILE *f) {
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
 
+/* Every command's output goes through stdout: a write that failed (a full
+ * disk, /dev/full, a closed pipe) shows in fflush / ferror / fclose here, and
+ * turns a successful exit status into 1 with a message. */
+static int finish_output(const char *cmd, int rc) {
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) bad = 1, e = errno;
+    if (bad) {
+        fprintf(stderr, "dsv4 %s: cannot write standard output: %s\n", cmd, e ? strerror(e) : "write error");
+        if (rc == 0) rc = 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return finish_output(argv[1], commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

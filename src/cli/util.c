@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/io.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/model.h"
 
 int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n) {

@@ -1,14 +1,66 @@
 #include "common/io.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-int ds_read_file(const char *path, size_t max, char **out, size_t *n, ds_err *err) {
+/* Opens path for reading. regular_only: the file must be a regular file; it is
+ * opened without blocking (a FIFO would otherwise block in open) and checked
+ * with fstat before anything is read. */
+static FILE *open_read(const char *path, int regular_only, ds_err *err) {
+    if (!strcmp(path, "-")) {
+        if (regular_only) {
+            ds_fail(err, "%s: standard input is not accepted here (a regular file is needed)", path);
+            return NULL;
+        }
+        return stdin;
+    }
+    if (!regular_only) {
+        FILE *f = fopen(path, "rb");
+        if (!f) ds_fail(err, "%s: %s", path, strerror(errno));
+        return f;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        ds_fail(err, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        ds_fail(err, "%s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ds_fail(err, "%s: not a regular file (%s)", path,
+                S_ISDIR(st.st_mode)    ? "a directory"
+                : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                       : "a device or socket");
+        close(fd);
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        ds_fail(err, "%s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        ds_fail(err, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+static int read_all(const char *path, int regular_only, size_t max, char **out, size_t *n, ds_err *err) {
     *out = NULL;
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return ds_fail(err, "%s: %s", path, strerror(errno));
+    FILE *f = open_read(path, regular_only, err);
+    if (!f) return -1;
     char *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = 0;
@@ -41,4 +93,12 @@ int ds_read_file(const char *path, size_t max, char **out, size_t *n, ds_err *er
     *out = buf;
     if (n) *n = len;
     return 0;
+}
+
+int ds_read_file(const char *path, size_t max, char **out, size_t *n, ds_err *err) {
+    return read_all(path, 0, max, out, n, err);
+}
+
+int ds_read_regular_file(const char *path, size_t max, char **out, size_t *n, ds_err *err) {
+    return read_all(path, 1, max, out, n, err);
 }

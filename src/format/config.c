@@ -136,9 +136,9 @@ static int get_double(const cJSON *obj, const char *key, const char *what, doubl
 }
 
 static int get_float(const cJSON *obj, const char *key, const char *what, float *out, ds_err *err) {
-    double d = *out;
+    double d = (double)*out;
     if (get_double(obj, key, what, &d, err) != 0) return -1;
-    if (!(fabs(d) <= FLT_MAX)) return ds_fail(err, "%s: '%s' = %g is out of float range", what, key, d);
+    if (!(fabs(d) <= (double)FLT_MAX)) return ds_fail(err, "%s: '%s' = %g is out of float range", what, key, d);
     *out = (float)d;
     return 0;
 }
@@ -429,7 +429,7 @@ int ds_config_parse(const char *json, const char *what, ds_config *cfg, ds_err *
 int ds_config_load(const char *path, ds_config *cfg, ds_err *err) {
     char *buf;
     size_t len;
-    if (ds_read_file(path, CONFIG_FILE_MAX, &buf, &len, err)) return -1;
+    if (ds_read_regular_file(path, CONFIG_FILE_MAX, &buf, &len, err)) return -1;
     int rc = memchr(buf, 0, len) ? ds_fail(err, "%s: contains a NUL byte", path)
                                  : ds_config_parse(buf, path, cfg, err);
     free(buf);
@@ -478,11 +478,61 @@ int ds_config_validate(const ds_config *c, const char *what, ds_err *err) {
     for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++)
         if (nonneg[i].v < 0)
             return ds_fail(err, "%s: '%s' = %d must not be negative", what, nonneg[i].key, nonneg[i].v);
-    if (c->n_layers > DS_MAX_LAYERS)
-        return ds_fail(err, "%s: 'num_hidden_layers' = %d exceeds the engine's limit of %d", what, c->n_layers,
-                       DS_MAX_LAYERS);
-    if (c->n_mtp > DS_MAX_LAYERS)
-        return ds_fail(err, "%s: 'num_nextn_predict_layers' = %d is too large", what, c->n_mtp);
+    /* Named upper limits per key: every size the engine derives from these
+     * (below, checked in 64 bits) then fits an int, and every count that
+     * drives a loop is bounded. */
+    const struct {
+        const char *key;
+        int64_t v, max;
+    } lim[] = {
+        {"vocab_size", c->vocab_size, DS_LIMIT_VOCAB},
+        {"hidden_size", c->dim, DS_LIMIT_DIM},
+        {"num_hidden_layers", c->n_layers, DS_MAX_LAYERS},
+        {"num_attention_heads", c->n_heads, DS_LIMIT_HEADS},
+        {"head_dim", c->head_dim, DS_LIMIT_DIM},
+        {"q_lora_rank", c->q_lora_rank, DS_LIMIT_DIM},
+        {"o_groups", c->o_groups, DS_LIMIT_HEADS},
+        {"o_lora_rank", c->o_lora_rank, DS_LIMIT_DIM},
+        {"n_routed_experts", c->n_routed_experts, DS_LIMIT_EXPERTS},
+        {"num_experts_per_tok", c->n_active_experts, DS_LIMIT_ACTIVE_EXPERTS},
+        {"n_shared_experts", c->n_shared_experts, DS_LIMIT_ACTIVE_EXPERTS},
+        {"moe_intermediate_size", c->moe_inter_dim, DS_LIMIT_DIM},
+        {"sliding_window", c->window, DS_LIMIT_WINDOW},
+        {"index_n_heads", c->index_n_heads, DS_LIMIT_HEADS},
+        {"index_head_dim", c->index_head_dim, DS_LIMIT_DIM},
+        {"index_topk", c->index_topk, DS_LIMIT_WINDOW},
+        {"hc_mult", c->hc_mult, DS_LIMIT_HC_MULT},
+        {"hc_sinkhorn_iters", c->hc_sinkhorn_iters, DS_LIMIT_SINKHORN_ITERS},
+        {"num_hash_layers", c->n_hash_layers, DS_MAX_LAYERS},
+        {"num_nextn_predict_layers", c->n_mtp, DS_MAX_LAYERS},
+        {"max_position_embeddings", c->max_pos, DS_LIMIT_POSITIONS},
+    };
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v > lim[i].max)
+            return ds_fail(err, "%s: '%s' = %" PRId64 " exceeds the engine's limit of %" PRId64, what, lim[i].key,
+                           lim[i].v, lim[i].max);
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->compress_ratio[l] > DS_LIMIT_COMPRESS_RATIO)
+            return ds_fail(err, "%s: 'compress_ratios[%d]' = %d exceeds the engine's limit of %d", what, l,
+                           c->compress_ratio[l], DS_LIMIT_COMPRESS_RATIO);
+    /* Derived sizes, each a row or column count of some weight or activation. */
+    const struct {
+        const char *expr;
+        int64_t a, b;
+    } prod[] = {
+        {"num_attention_heads x head_dim", c->n_heads, c->head_dim},
+        {"o_groups x o_lora_rank", c->o_groups, c->o_lora_rank},
+        {"index_n_heads x index_head_dim", c->index_n_heads, c->index_head_dim},
+        {"hc_mult x hidden_size", c->hc_mult, c->dim},
+        {"(2 + hc_mult) x hc_mult", 2 + (int64_t)c->hc_mult, c->hc_mult},
+        {"n_shared_experts x moe_intermediate_size", c->n_shared_experts, c->moe_inter_dim},
+        {"2 x head_dim x max(compress_ratios)", 2 * (int64_t)c->head_dim, DS_LIMIT_COMPRESS_RATIO},
+        {"num_experts_per_tok x hidden_size", c->n_active_experts, c->dim},
+    };
+    for (size_t i = 0; i < sizeof prod / sizeof prod[0]; i++)
+        if (prod[i].a * prod[i].b > DS_LIMIT_DERIVED)
+            return ds_fail(err, "%s: %s = %" PRId64 " x %" PRId64 " exceeds the engine's limit of %d", what,
+                           prod[i].expr, prod[i].a, prod[i].b, DS_LIMIT_DERIVED);
     if (c->n_kv_heads != 1)
         return ds_fail(err, "%s: 'num_key_value_heads' = %d must be 1 (one shared K=V head)", what, c->n_kv_heads);
     if (c->rope_dim % 2 != 0 || c->rope_dim > c->head_dim)
@@ -516,10 +566,10 @@ int ds_config_validate(const ds_config *c, const char *what, ds_err *err) {
         double v;
         int zero_ok;
     } reals[] = {
-        {"routed_scaling_factor", c->route_scale, 0},
-        {"swiglu_limit", c->swiglu_limit, 1},
-        {"hc_eps", c->hc_eps, 1},
-        {"rms_norm_eps", c->rms_eps, 0},
+        {"routed_scaling_factor", (double)c->route_scale, 0},
+        {"swiglu_limit", (double)c->swiglu_limit, 1},
+        {"hc_eps", (double)c->hc_eps, 1},
+        {"rms_norm_eps", (double)c->rms_eps, 0},
         {"rope_theta", c->rope_theta, 0},
         {"compress_rope_theta", c->compress_rope_theta, 0},
         {"rope_scaling.factor", c->yarn ? c->yarn_factor : 1, 0},
@@ -613,10 +663,10 @@ int ds_config_write(const ds_config *c, const char *path, ds_err *err) {
             bad |= add(root, ints[i].key, int_item(ints[i].v));
         bad |= !cJSON_AddStringToObject(root, "scoring_func", score_names[c->score_func]);
         bad |= !cJSON_AddBoolToObject(root, "norm_topk_prob", c->norm_topk_prob);
-        bad |= add(root, "routed_scaling_factor", real_item(c->route_scale, 1));
-        bad |= add(root, "swiglu_limit", real_item(c->swiglu_limit, 1));
-        bad |= add(root, "hc_eps", real_item(c->hc_eps, 1));
-        bad |= add(root, "rms_norm_eps", real_item(c->rms_eps, 1));
+        bad |= add(root, "routed_scaling_factor", real_item((double)c->route_scale, 1));
+        bad |= add(root, "swiglu_limit", real_item((double)c->swiglu_limit, 1));
+        bad |= add(root, "hc_eps", real_item((double)c->hc_eps, 1));
+        bad |= add(root, "rms_norm_eps", real_item((double)c->rms_eps, 1));
         bad |= add(root, "rope_theta", real_item(c->rope_theta, 0));
         bad |= add(root, "compress_rope_theta", real_item(c->compress_rope_theta, 0));
         cJSON *ratios = cJSON_CreateArray();

@@ -11,6 +11,22 @@
 
 #define DS_MAX_LAYERS 256
 
+/* The engine's upper limits per config key (V4-Pro uses well under each). With
+ * them every size derived from the config (a product of at most two keys, or
+ * a key and a limit) fits in DS_LIMIT_DERIVED, and every count that drives a
+ * loop (layers, experts, Sinkhorn iterations, window, top-k) is bounded. */
+#define DS_LIMIT_VOCAB (1 << 24)
+#define DS_LIMIT_DIM (1 << 16)          /* hidden_size, head_dim, ranks, intermediate sizes */
+#define DS_LIMIT_HEADS (1 << 12)        /* attention heads, indexer heads, o_groups */
+#define DS_LIMIT_EXPERTS 4096           /* n_routed_experts */
+#define DS_LIMIT_ACTIVE_EXPERTS 64      /* num_experts_per_tok, n_shared_experts */
+#define DS_LIMIT_WINDOW (1 << 20)       /* sliding_window, index_topk */
+#define DS_LIMIT_HC_MULT 64
+#define DS_LIMIT_SINKHORN_ITERS 1000
+#define DS_LIMIT_COMPRESS_RATIO 4096
+#define DS_LIMIT_POSITIONS (1LL << 40)  /* max_position_embeddings */
+#define DS_LIMIT_DERIVED (1 << 24)      /* any derived size: heads x head_dim, ... */
+
 enum { DS_SCORE_SQRTSOFTPLUS = 0, DS_SCORE_SOFTMAX = 1, DS_SCORE_SIGMOID = 2 };
 
 typedef struct ds_config {

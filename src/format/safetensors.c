@@ -181,7 +181,7 @@ static int push_file(ds_checkpoint *ck, const char *path, ds_err *err) {
 }
 
 static int map_file(ck_file *f, ds_err *err) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block: fstat rejects it below */
     if (fd < 0) return ds_fail(err, "%s: %s", f->path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -399,7 +399,7 @@ static int safe_rel_name(const char *s) {
 
 static int open_index(ds_checkpoint *ck, const char *dir, const char *ipath, ds_err *err) {
     char *text = NULL;
-    if (ds_read_file(ipath, INDEX_FILE_MAX, &text, NULL, err) != 0) return -1;
+    if (ds_read_regular_file(ipath, INDEX_FILE_MAX, &text, NULL, err) != 0) return -1;
     int rc = -1;
     wm_entry *wm = NULL, *byfile = NULL;
     const char **shards = NULL;

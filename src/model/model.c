@@ -13,7 +13,47 @@ typedef struct loader {
     ds_model *m;
     ds_err *err;
     char name[512];
+    unsigned char *used; /* per checkpoint tensor (name order): read by the loader */
 } loader;
+
+/* Marks the tensor `name` as used (absent names are ignored). */
+static void mark(loader *L, const char *name) {
+    const ds_tensor *t = ds_checkpoint_find(L->m->ck, name), *t0 = ds_checkpoint_at(L->m->ck, 0);
+    if (t && t0 && L->used) L->used[t - t0] = 1;
+}
+
+static void mark_weight(loader *L, const ds_weight *w, const char *prefix) {
+    mark(L, w->name);
+    if (w->scale) {
+        char sn[600];
+        snprintf(sn, sizeof sn, "%s.scale", prefix);
+        mark(L, sn);
+    }
+}
+
+/* Every tensor of the checkpoint but the MTP ones (mtp.*) must be read by the
+ * model the config describes: a config with fewer layers or experts than the
+ * checkpoint would otherwise run a truncated model silently. */
+static int check_unused(loader *L) {
+    const ds_checkpoint *ck = L->m->ck;
+    int n = ds_checkpoint_count(ck), unused = 0;
+    char list[400] = "";
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const ds_tensor *t = ds_checkpoint_at(ck, i);
+        if (L->used[i] || !strncmp(t->name, "mtp.", 4)) continue;
+        if (unused < 3 && off < sizeof list)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s'%s'", unused ? ", " : "", t->name);
+        unused++;
+    }
+    if (!unused) return 0;
+    const ds_config *c = &L->m->cfg;
+    return ds_fail(L->err,
+                   "%d tensor%s not used by the model config.json describes (num_hidden_layers %d, "
+                   "n_routed_experts %d, n_shared_experts %d): %s%s (does the config match the checkpoint?)",
+                   unused, unused == 1 ? " is" : "s are", c->n_layers, c->n_routed_experts, c->n_shared_experts, list,
+                   unused > 3 ? ", ..." : "");
+}
 
 static const char *nm(loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static const char *nm(loader *L, const char *fmt, ...) {
@@ -26,6 +66,7 @@ static const char *nm(loader *L, const char *fmt, ...) {
 
 static int wt(loader *L, ds_weight *w, int rows, int cols, unsigned allow) {
     if (ds_weight_get(L->m->ck, L->name, rows, cols, allow, w, L->err)) return -1;
+    mark_weight(L, w, L->name);
     L->m->weight_bytes += ds_weight_bytes(w);
     L->m->n_tensors_used += w->scale ? 2 : 1;
     return 0;
@@ -34,6 +75,7 @@ static int wt(loader *L, ds_weight *w, int rows, int cols, unsigned allow) {
 static int vec(loader *L, float **out, int ndim, int64_t a, int64_t b) {
     int64_t shape[2] = {a, b};
     if (ds_tensor_to_f32(L->m->ck, L->name, ndim, shape, out, L->err)) return -1;
+    mark(L, L->name);
     L->m->weight_bytes += (uint64_t)(ndim == 1 ? a : a * b) * 4;
     L->m->n_tensors_used++;
     return 0;
@@ -42,6 +84,7 @@ static int vec(loader *L, float **out, int ndim, int64_t a, int64_t b) {
 static int hc(loader *L, ds_hc_w *h, const char *prefix, int rows, int nscale) {
     const ds_config *c = &L->m->cfg;
     if (ds_weight_get_named(L->m->ck, nm(L, "%s_fn", prefix), rows, c->hc_mult * c->dim, &h->fn, L->err)) return -1;
+    mark(L, L->name);
     L->m->weight_bytes += ds_weight_bytes(&h->fn);
     L->m->n_tensors_used++;
     nm(L, "%s_base", prefix);
@@ -91,6 +134,7 @@ static int load_tid2eid(loader *L, ds_layer *ly, int li) {
                            i, i / (size_t)c->n_active_experts, (long long)v, c->n_routed_experts);
         ly->tid2eid[i] = (int32_t)v;
     }
+    mark(L, L->name);
     L->m->weight_bytes += t->nbytes;
     L->m->n_tensors_used++;
     return 0;
@@ -195,10 +239,15 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
         ds_model_free(m);
         return -1;
     }
-    loader L = {m, err, {0}};
+    loader L = {m, err, {0}, calloc((size_t)ds_checkpoint_count(m->ck) + 1, 1)};
+    if (!L.used) {
+        ds_model_free(m);
+        return ds_fail(err, "out of memory");
+    }
     int n = c->hc_mult;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
+        free(L.used);
         ds_model_free(m);
         return ds_fail(err, "out of memory");
     }
@@ -211,6 +260,9 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
     rc = rc || vec(&L, &m->norm, 1, c->dim, 0);
     rc = rc || hc(&L, &m->hc_head, "hc_head", n, 1);
     for (int li = 0; !rc && li < c->n_layers; li++) rc = load_layer(&L, li);
+    rc = rc || check_unused(&L);
+    free(L.used);
+    L.used = NULL;
     if (!rc) {
         m->inv_freq_main = ds_rope_inv_freq(c, 0);
         m->inv_freq_compress = ds_rope_inv_freq(c, 1);

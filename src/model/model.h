@@ -72,7 +72,8 @@ typedef struct ds_model {
 
 /* Opens DIR (config.json + safetensors), validates every tensor the model
  * needs (missing, dtype, shape, scale grid) with the tensor's name in the
- * error. MTP tensors (mtp.*) are ignored. */
+ * error. MTP tensors (mtp.*) are ignored; any other tensor the model does not
+ * read is an error naming it (a config that does not match the checkpoint). */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
 

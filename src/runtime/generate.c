@@ -1,6 +1,7 @@
 /* generate.c — see generate.h. */
 #include "runtime/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -33,10 +34,32 @@ static int push_text(ds_detok_stream *ds, const ds_tokenizer *tok, int32_t id, c
     return ds_detok_stream_push(ds, id, text, n, err);
 }
 
+int ds_gen_unsampled_ids(const ds_tokenizer *tok, int vocab, int32_t **ids, int *n, ds_err *err) {
+    *ids = NULL;
+    *n = 0;
+    if (!tok) return 0;
+    int count = 0;
+    size_t len;
+    for (int32_t id = 0; id < vocab; id++) count += !ds_tokenizer_token_bytes(tok, id, &len);
+    if (!count) return 0;
+    int32_t *v = malloc((size_t)count * sizeof *v);
+    if (!v) return ds_fail(err, "generate: out of memory");
+    int k = 0;
+    for (int32_t id = 0; id < vocab; id++)
+        if (!ds_tokenizer_token_bytes(tok, id, &len)) v[k++] = id;
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+void ds_gen_mask_logits(float *logits, const int32_t *ids, int n) {
+    for (int i = 0; i < n; i++) logits[ids[i]] = -INFINITY;
+}
+
 int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok, ds_seq *seq, const int32_t *prompt,
                 int n_prompt, int n_cached, const ds_gen_params *p, ds_gen_token_fn cb, void *cb_ctx,
                 ds_gen_result *res, ds_err *err) {
-    ds_gen_result r = {0, 0, 0, 0, -1};
+    ds_gen_result r = {0, 0, 0, 0, -1, 0};
     if (res) *res = r;
     const int V = m->cfg.vocab_size;
     if (p->max_new < 0) return ds_fail(err, "generate: max_new is %d (must be >= 0)", p->max_new);
@@ -47,6 +70,9 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     if (seq && seq->pos != n_cached)
         return ds_fail(err, "generate: the sequence holds %lld tokens, not the %d cached prompt tokens",
                        (long long)seq->pos, n_cached);
+    if (n_prompt > m->cfg.max_pos)
+        return ds_fail(err, "generate: a prompt of %d tokens is beyond the model's max_position_embeddings (%lld)",
+                       n_prompt, (long long)m->cfg.max_pos);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return ds_fail(err, "generate: prompt token %d (id %d) is out of the model's vocabulary [0, %d)", i,
@@ -69,6 +95,9 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     int32_t *hist = NULL;
     ds_sample_scratch *scr = NULL;
     ds_detok_stream *ds = NULL;
+    int32_t *masked = NULL; /* ids without a token: never sampled */
+    int n_masked = 0;
+    if (ds_gen_unsampled_ids(tok, V, &masked, &n_masked, err)) goto done;
     if (!seq) {
         int64_t cap = p->max_len > 0 ? p->max_len : (int64_t)n_prompt + p->max_new + 1;
         if (ds_seq_new(m, cap, &own, err)) goto done;
@@ -105,6 +134,11 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     int n_hist = n_prompt, stopped = 0;
     for (int g = 0; g < p->max_new && !stopped; g++) {
         int32_t t;
+        if (seq->pos >= m->cfg.max_pos) { /* the next token's position is beyond the model's */
+            r.at_max_pos = 1;
+            break;
+        }
+        ds_gen_mask_logits(logits, masked, n_masked);
         if (ds_sample(&p->sampling, logits, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
         hist[n_hist++] = t;
         r.n_gen++;
@@ -132,6 +166,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     if (res) *res = r;
     rc = 0;
 done:
+    free(masked);
     ds_detok_stream_free(ds);
     ds_sample_scratch_free(scr);
     free(hist);

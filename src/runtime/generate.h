@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 
@@ -52,7 +52,17 @@ typedef struct ds_gen_result {
     int n_gen;          /* tokens sampled, the stop token included */
     double gen_s;       /* seconds from the end of prefill to the end of generation */
     int32_t stop_token; /* the stop token that ended generation, or -1 */
+    int at_max_pos;     /* 1: generation stopped because the sequence reached max_position_embeddings */
 } ds_gen_result;
+
+/* The ids in [0, vocab) that have no token in tok (a model vocabulary larger
+ * than the tokenizer's, as in the released V4): *ids malloc'ed (NULL when
+ * none, or when tok is NULL). */
+int ds_gen_unsampled_ids(const ds_tokenizer *tok, int vocab, int32_t **ids, int *n, ds_err *err);
+/* Sets logits[ids[i]] = -inf: those ids are never sampled. The other logits
+ * are untouched, and ds_sample drops -inf tokens before any sum, so a
+ * request's tokens are the same bits whether or not other requests mask. */
+void ds_gen_mask_logits(float *logits, const int32_t *ids, int n);
 
 /* Generates a continuation of prompt[0..n_prompt).
  * seq: NULL to use a fresh sequence of capacity p->max_len (created and freed
@@ -64,8 +74,10 @@ typedef struct ds_gen_result {
  * tok: for the text (may be NULL: the callback then gets empty text).
  * cb: may be NULL. res: may be NULL.
  * Errors name the prompt token or parameter at fault; a capacity too small
- * for the prompt is an error, while generation simply stops when the
- * sequence is full. */
+ * for the prompt, or a prompt longer than max_position_embeddings, is an
+ * error, while generation simply stops when the sequence is full or reaches
+ * max_position_embeddings (res->at_max_pos). With tok, ids without a token
+ * are masked (ds_gen_mask_logits) and never sampled. */
 int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok, ds_seq *seq, const int32_t *prompt,
                 int n_prompt, int n_cached, const ds_gen_params *p, ds_gen_token_fn cb, void *cb_ctx,
                 ds_gen_result *res, ds_err *err);

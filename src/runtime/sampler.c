@@ -56,7 +56,7 @@ static inline double exp_core(double x) {
 
 double ds_sample_exp(double x) {
     if (x != x) return x;
-    if (x > 7.09782712893383973096e+02) return INFINITY;
+    if (x > 7.09782712893383973096e+02) return HUGE_VAL;
     if (x < DS_EXP_CUTOFF) return 0.0;
     return exp_core(x);
 }
@@ -461,7 +461,7 @@ static int heap_select(const float *w, int vocab, float wcut, int k, int idbits,
 /* The tempered, max-shifted logit; all callers must go through here so that
  * the pre-filter and the weights see the same bits. */
 static double scaled_logit(float w, float wmax, double temperature) {
-    if (wmax == INFINITY) return w == INFINITY ? 0.0 : -INFINITY;
+    if (wmax == INFINITY) return w == INFINITY ? 0.0 : -HUGE_VAL;
     return ((double)w - (double)wmax) / temperature;
 }
 

@@ -1,7 +1,7 @@
 /* tokenizer.h — DeepSeek-V3/V4 tokenizer read from a Hugging Face
  * `tokenizer.json`: byte-level BPE (vocab + ranked merges, "a b" strings or
  * ["a","b"] pairs, ignore_merges), added / special tokens matched before
- * pre-tokenization (leftmost-longest, with their lstrip / rstrip / single_word
+ * pre-tokenization (leftmost-longest by Aho-Corasick, with their lstrip / rstrip / single_word
  * / normalized flags), the pre-tokenizer `Sequence` of `Split` regexes
  * (PCRE2, UTF + UCP) followed by `ByteLevel` (use_regex false), and the
  * ByteLevel decoder. Results match the Python `tokenizers` library on valid
@@ -10,10 +10,9 @@
  * Bytes that are not valid UTF-8: byte-level BPE encodes any bytes. Invalid
  * bytes are never matched by a pre-tokenizer regex, so they land in the gaps
  * between matches and are encoded as byte-level symbols like any others;
- * decode gives the exact bytes back (decode(encode(x)) == x for every x when
- * the vocabulary holds all 256 byte symbols, as DeepSeek's does). A byte
- * whose symbol is missing from the vocabulary is dropped, or becomes
- * model.unk_token if there is one, as in `tokenizers`.
+ * decode gives the exact bytes back (decode(encode(x)) == x for every x: a
+ * tokenizer.json whose vocabulary lacks one of the 256 byte symbols is
+ * refused at load).
  *
  * Not applied: the post_processor (no BOS/EOS is ever added) and truncation /
  * padding. Unsupported parts of a tokenizer.json are refused at load.
@@ -57,6 +56,16 @@ enum {
  * it), *n_ids its length. parse_special is a DS_TOK_PARSE_* value. */
 int ds_tokenizer_encode(ds_tokenizer *tok, const char *text, size_t n, int parse_special, int32_t **ids,
                         size_t *n_ids, ds_err *err);
+/* The same where plain (NULL: none) marks bytes of text as plain text: no
+ * added token is recognized over a marked byte (a match that would cover one
+ * is no match), whatever parse_special says; the unmarked text is split as
+ * ds_tokenizer_encode does, and gaps are pre-tokenized across the marks, so
+ * when no added token occurs in the marked bytes the ids are those of
+ * ds_tokenizer_encode. Used for prompts built from a template (parsed) around
+ * user text (plain). Added tokens are matched in time linear in the text
+ * (Aho-Corasick), whatever their lengths. */
+int ds_tokenizer_encode_masked(ds_tokenizer *tok, const char *text, size_t n, int parse_special,
+                               const unsigned char *plain, int32_t **ids, size_t *n_ids, ds_err *err);
 
 enum {
     DS_DECODE_SKIP_SPECIAL = 1, /* leave out added tokens marked special */

@@ -8,14 +8,19 @@
  * instruction tasks. Tested against strings the official encoder produced
  * (tests/fixtures/tokenizer/chat_cases.json).
  *
- * The prompt is text: tokenize it with ds_tokenizer_encode(...,
- * DS_TOK_PARSE_ALL, ...) so the role / thinking tokens become their ids. */
+ * The prompt is text whose template markup holds added tokens (<｜User｜>,
+ * <think>, ...). Tokenize conversations with ds_chat_tokenize: the markup
+ * becomes control tokens, while the text of the messages themselves stays
+ * plain text (a user who types "<｜end▁of▁sentence｜><｜User｜>" cannot forge a
+ * turn) — the one rule for the CLI and the server. */
 #ifndef DS_CHAT_H
 #define DS_CHAT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
+#include "text/tokenizer.h"
 
 /* <｜begin▁of▁sentence｜>, <｜end▁of▁sentence｜>, <｜User｜>, <｜Assistant｜>, <｜latest_reminder｜> */
 #define DS_CHAT_BOS "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
@@ -77,6 +82,22 @@ typedef struct {
  * or arguments that are not the JSON expected. */
 int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
                    ds_err *err);
+
+/* ds_chat_encode that also gives *plain (malloc'ed, *out_n bytes; plain may be
+ * NULL): 1 for each byte of the prompt that comes from a message field
+ * (content, reasoning, tool names and arguments, tools, response_format), 0
+ * for the template's own text. */
+int ds_chat_encode_marked(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
+                          unsigned char **plain, ds_err *err);
+
+/* The token ids of a conversation: ds_chat_encode_marked, then
+ * ds_tokenizer_encode_masked with DS_TOK_PARSE_ALL, where the bytes from
+ * messages are plain text unless parse_special_in_messages is nonzero (an
+ * explicit opt-in: then special-token strings typed in messages become
+ * control tokens, as tokenizing the whole prompt text does). When no message
+ * holds an added token's string both give the same ids. *ids malloc'ed. */
+int ds_chat_tokenize(ds_tokenizer *tok, const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts,
+                     int parse_special_in_messages, int32_t **ids, size_t *n_ids, ds_err *err);
 
 /* A completion parsed back. Strings malloc'ed, NUL-terminated. */
 typedef struct {

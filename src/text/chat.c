@@ -1,11 +1,12 @@
 /* chat.c — DeepSeek-V4 prompt encoding / completion parsing (see chat.h).
  * Written from a reading of the official encoding_dsv4.py; the comments name
- * the Python function each part follows. JSON is re-printed the way Python's
- * json.dumps(ensure_ascii=False) prints json.loads' result: ", " / ": "
- * separators, integers kept digit for digit, floats as repr(), duplicate keys
- * collapsed (first position, last value), NaN / Infinity accepted. */
+ * the Python function each part follows. JSON (tool schemas, arguments) is
+ * re-printed as Python's json.dumps prints json.loads' result: pyjson.c. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "format/chat.h"
+#include "text/chat.h"
+
+#include "text/pyjson.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,584 +16,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------ string builder */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb;
-
-static void sb_add(sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *np = realloc(b->p, c);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+/* Text that comes from a message (content, reasoning, tool names, arguments,
+ * schemas): marked plain, so it never becomes control tokens. */
+static void sb_user(ds_sb *b, const char *s, size_t n) {
+    int was = b->user;
+    b->user = 1;
+    ds_sb_add(b, s, n);
+    b->user = was;
 }
 
-static void sb_adds(sb *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-/* ------------------------------------------------------------------- JSON */
-
-typedef enum { J_NULL, J_FALSE, J_TRUE, J_INT, J_FLOAT, J_STR, J_ARR, J_OBJ } jtype;
-
-typedef struct jnode jnode;
-struct jnode {
-    jtype t;
-    char *s; /* J_STR: decoded bytes; J_INT: the digits */
-    size_t len;
-    double d;
-    jnode *kids;
-    char **key; /* J_OBJ */
-    size_t *klen;
-    size_t n, cap;
-};
-
-static void jfree(jnode *j) {
-    free(j->s);
-    for (size_t i = 0; i < j->n; i++) {
-        jfree(&j->kids[i]);
-        if (j->key) free(j->key[i]);
-    }
-    free(j->kids);
-    free(j->key);
-    free(j->klen);
-    memset(j, 0, sizeof *j);
-}
-
-typedef struct {
-    const char *p, *end;
-    int depth;
-    const char *why;
-} jp;
-
-static void jws(jp *P) {
-    while (P->p < P->end && (*P->p == ' ' || *P->p == '\t' || *P->p == '\n' || *P->p == '\r')) P->p++;
-}
-
-static int put_cp(sb *b, unsigned cp) {
-    char o[4];
-    int k;
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        k = 1;
-    } else if (cp < 0x800) {
-        o[0] = (char)(0xc0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        k = 2;
-    } else if (cp < 0x10000) { /* lone surrogates too (WTF-8), re-escaped on output */
-        o[0] = (char)(0xe0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        k = 3;
-    } else {
-        o[0] = (char)(0xf0 | (cp >> 18));
-        o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[3] = (char)(0x80 | (cp & 0x3f));
-        k = 4;
-    }
-    sb_add(b, o, (size_t)k);
-    return 0;
-}
-
-static int hex4(const char *p, const char *end, unsigned *v) {
-    if (end - p < 4) return -1;
-    unsigned x = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        x <<= 4;
-        if (c >= '0' && c <= '9') x |= (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') x |= (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') x |= (unsigned)(c - 'A' + 10);
-        else return -1;
-    }
-    *v = x;
-    return 0;
-}
-
-static int jstring(jp *P, char **out, size_t *out_n) {
-    sb b = {0};
-    P->p++; /* opening quote */
-    for (;;) {
-        if (P->p >= P->end) {
-            P->why = "unterminated string";
-            goto fail;
-        }
-        unsigned char c = (unsigned char)*P->p;
-        if (c == '"') {
-            P->p++;
-            break;
-        }
-        if (c < 0x20) {
-            P->why = "control character in a string";
-            goto fail;
-        }
-        if (c != '\\') {
-            const char *q = P->p;
-            while (q < P->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
-            sb_add(&b, P->p, (size_t)(q - P->p));
-            P->p = q;
-            continue;
-        }
-        if (P->p + 1 >= P->end) {
-            P->why = "unterminated escape";
-            goto fail;
-        }
-        char e = P->p[1];
-        P->p += 2;
-        switch (e) {
-        case '"': sb_add(&b, "\"", 1); break;
-        case '\\': sb_add(&b, "\\", 1); break;
-        case '/': sb_add(&b, "/", 1); break;
-        case 'b': sb_add(&b, "\b", 1); break;
-        case 'f': sb_add(&b, "\f", 1); break;
-        case 'n': sb_add(&b, "\n", 1); break;
-        case 'r': sb_add(&b, "\r", 1); break;
-        case 't': sb_add(&b, "\t", 1); break;
-        case 'u': {
-            unsigned v, w;
-            if (hex4(P->p, P->end, &v)) {
-                P->why = "bad \\u escape";
-                goto fail;
-            }
-            P->p += 4;
-            if (v >= 0xd800 && v <= 0xdbff && P->end - P->p >= 6 && P->p[0] == '\\' && P->p[1] == 'u' &&
-                !hex4(P->p + 2, P->end, &w) && w >= 0xdc00 && w <= 0xdfff) {
-                v = 0x10000 + ((v - 0xd800) << 10) + (w - 0xdc00);
-                P->p += 6;
-            }
-            put_cp(&b, v);
-            break;
-        }
-        default: P->why = "bad escape"; goto fail;
-        }
-    }
-    if (b.oom) {
-        P->why = "out of memory";
-        goto fail;
-    }
-    if (!b.p) {
-        b.p = calloc(1, 1);
-        if (!b.p) {
-            P->why = "out of memory";
-            return -1;
-        }
-    }
-    *out = b.p;
-    *out_n = b.n;
-    return 0;
-fail:
-    free(b.p);
-    return -1;
-}
-
-static int is_digit(char c) { return c >= '0' && c <= '9'; }
-
-static int jnumber(jp *P, jnode *out) {
-    /* Python's NUMBER_RE: (-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)? */
-    const char *s = P->p, *q = s;
-    if (q < P->end && *q == '-') q++;
-    if (q >= P->end || !is_digit(*q)) {
-        P->why = "bad value";
-        return -1;
-    }
-    if (*q == '0') q++;
-    else
-        while (q < P->end && is_digit(*q)) q++;
-    const char *int_end = q;
-    int is_float = 0;
-    if (q + 1 < P->end && *q == '.' && is_digit(q[1])) {
-        q++;
-        while (q < P->end && is_digit(*q)) q++;
-        is_float = 1;
-    }
-    if (q < P->end && (*q == 'e' || *q == 'E')) {
-        const char *r = q + 1;
-        if (r < P->end && (*r == '+' || *r == '-')) r++;
-        if (r < P->end && is_digit(*r)) {
-            while (r < P->end && is_digit(*r)) r++;
-            q = r;
-            is_float = 1;
-        }
-    }
-    P->p = q;
-    if (is_float) {
-        char tmp[512];
-        size_t len = (size_t)(q - s);
-        char *buf = len < sizeof tmp ? tmp : malloc(len + 1);
-        if (!buf) {
-            P->why = "out of memory";
-            return -1;
-        }
-        memcpy(buf, s, len);
-        buf[len] = 0;
-        out->t = J_FLOAT;
-        out->d = strtod(buf, NULL);
-        if (buf != tmp) free(buf);
-        return 0;
-    }
-    /* an int: Python keeps every digit; -0 is 0 */
-    int neg = *s == '-';
-    const char *digits = s + neg;
-    size_t nd = (size_t)(int_end - digits);
-    if (nd == 1 && digits[0] == '0') neg = 0;
-    out->t = J_INT;
-    out->len = nd + (size_t)neg;
-    out->s = malloc(out->len + 1);
-    if (!out->s) {
-        P->why = "out of memory";
-        return -1;
-    }
-    if (neg) out->s[0] = '-';
-    memcpy(out->s + neg, digits, nd);
-    out->s[out->len] = 0;
-    return 0;
-}
-
-static int jvalue(jp *P, jnode *out);
-
-static int jgrow(jnode *j, int obj) {
-    if (j->n < j->cap) return 0;
-    size_t c = j->cap ? j->cap * 2 : 4;
-    jnode *nk = realloc(j->kids, c * sizeof *nk);
-    if (!nk) return -1;
-    j->kids = nk;
-    if (obj) {
-        char **nkey = realloc(j->key, c * sizeof *nkey);
-        if (!nkey) return -1;
-        j->key = nkey;
-        size_t *nl = realloc(j->klen, c * sizeof *nl);
-        if (!nl) return -1;
-        j->klen = nl;
-    }
-    j->cap = c;
-    return 0;
-}
-
-static int jvalue(jp *P, jnode *out) {
-    memset(out, 0, sizeof *out);
-    jws(P);
-    if (P->p >= P->end) {
-        P->why = "unexpected end";
-        return -1;
-    }
-    char c = *P->p;
-    size_t left = (size_t)(P->end - P->p);
-    if (c == '"') {
-        out->t = J_STR;
-        return jstring(P, &out->s, &out->len);
-    }
-    if (c == '{' || c == '[') {
-        int obj = c == '{';
-        if (++P->depth > 512) {
-            P->why = "nested too deep";
-            return -1;
-        }
-        out->t = obj ? J_OBJ : J_ARR;
-        P->p++;
-        jws(P);
-        if (P->p < P->end && *P->p == (obj ? '}' : ']')) {
-            P->p++;
-            P->depth--;
-            return 0;
-        }
-        for (;;) {
-            if (jgrow(out, obj)) {
-                P->why = "out of memory";
-                return -1;
-            }
-            if (obj) {
-                jws(P);
-                if (P->p >= P->end || *P->p != '"') {
-                    P->why = "expected a property name";
-                    return -1;
-                }
-                char *k;
-                size_t kl;
-                if (jstring(P, &k, &kl)) return -1;
-                jws(P);
-                if (P->p >= P->end || *P->p != ':') {
-                    free(k);
-                    P->why = "expected ':'";
-                    return -1;
-                }
-                P->p++;
-                out->key[out->n] = k;
-                out->klen[out->n] = kl;
-            }
-            if (jvalue(P, &out->kids[out->n])) {
-                if (obj) free(out->key[out->n]);
-                jfree(&out->kids[out->n]);
-                return -1;
-            }
-            out->n++;
-            jws(P);
-            if (P->p < P->end && *P->p == ',') {
-                P->p++;
-                continue;
-            }
-            if (P->p < P->end && *P->p == (obj ? '}' : ']')) {
-                P->p++;
-                break;
-            }
-            P->why = obj ? "expected ',' or '}'" : "expected ',' or ']'";
-            return -1;
-        }
-        P->depth--;
-        return 0;
-    }
-    if (left >= 4 && !memcmp(P->p, "null", 4)) {
-        P->p += 4;
-        out->t = J_NULL;
-        return 0;
-    }
-    if (left >= 4 && !memcmp(P->p, "true", 4)) {
-        P->p += 4;
-        out->t = J_TRUE;
-        return 0;
-    }
-    if (left >= 5 && !memcmp(P->p, "false", 5)) {
-        P->p += 5;
-        out->t = J_FALSE;
-        return 0;
-    }
-    if (left >= 3 && !memcmp(P->p, "NaN", 3)) {
-        P->p += 3;
-        out->t = J_FLOAT;
-        out->d = NAN;
-        return 0;
-    }
-    if (left >= 8 && !memcmp(P->p, "Infinity", 8)) {
-        P->p += 8;
-        out->t = J_FLOAT;
-        out->d = INFINITY;
-        return 0;
-    }
-    if (c == '-' && !(left >= 2 && is_digit(P->p[1])) && left >= 9 && !memcmp(P->p, "-Infinity", 9)) {
-        P->p += 9;
-        out->t = J_FLOAT;
-        out->d = -INFINITY;
-        return 0;
-    }
-    return jnumber(P, out);
-}
-
-/* json.loads: one value, whitespace around it, nothing else. */
-static int jparse(const char *s, size_t n, jnode *out, const char **why) {
-    jp P = {s, s + n, 0, NULL};
-    if (jvalue(&P, out)) {
-        jfree(out);
-        *why = P.why ? P.why : "bad JSON";
-        return -1;
-    }
-    jws(&P);
-    if (P.p != P.end) {
-        jfree(out);
-        *why = "extra data after the value";
-        return -1;
-    }
-    return 0;
-}
-
-/* repr(float) */
-static void py_float(sb *b, double d) {
-    if (isnan(d)) {
-        sb_adds(b, "NaN");
-        return;
-    }
-    if (isinf(d)) {
-        sb_adds(b, d < 0 ? "-Infinity" : "Infinity");
-        return;
-    }
-    if (d == 0) {
-        sb_adds(b, signbit(d) ? "-0.0" : "0.0");
-        return;
-    }
-    char buf[64];
-    int p;
-    for (p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*e", p - 1, d);
-        if (strtod(buf, NULL) == d) break;
-    }
-    /* buf: [-]D[.DDD]e[+-]XX */
-    char digits[32];
-    int nd = 0, neg = 0;
-    const char *q = buf;
-    if (*q == '-') {
-        neg = 1;
-        q++;
-    }
-    for (; *q && *q != 'e'; q++)
-        if (*q != '.') digits[nd++] = *q;
-    int exp10 = atoi(q + 1);
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
-    digits[nd] = 0;
-    int decpt = exp10 + 1;
-    char out[64];
-    int o = 0;
-    if (neg) out[o++] = '-';
-    if (decpt <= -4 || decpt > 16) {
-        out[o++] = digits[0];
-        if (nd > 1) {
-            out[o++] = '.';
-            memcpy(out + o, digits + 1, (size_t)(nd - 1));
-            o += nd - 1;
-        }
-        o += snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
-    } else if (decpt <= 0) {
-        out[o++] = '0';
-        out[o++] = '.';
-        for (int i = 0; i < -decpt; i++) out[o++] = '0';
-        memcpy(out + o, digits, (size_t)nd);
-        o += nd;
-    } else if (decpt >= nd) {
-        memcpy(out + o, digits, (size_t)nd);
-        o += nd;
-        for (int i = nd; i < decpt; i++) out[o++] = '0';
-        out[o++] = '.';
-        out[o++] = '0';
-    } else {
-        memcpy(out + o, digits, (size_t)decpt);
-        o += decpt;
-        out[o++] = '.';
-        memcpy(out + o, digits + decpt, (size_t)(nd - decpt));
-        o += nd - decpt;
-    }
-    sb_add(b, out, (size_t)o);
-}
-
-/* json.dumps of a str, ensure_ascii=False */
-static void py_str(sb *b, const char *s, size_t n) {
-    sb_add(b, "\"", 1);
-    size_t i = 0;
-    while (i < n) {
-        size_t j = i;
-        while (j < n) {
-            unsigned char c = (unsigned char)s[j];
-            if (c < 0x20 || c == '"' || c == '\\') break;
-            /* a lone surrogate (ED A0..BF xx) is written as \udxxx */
-            if (c == 0xed && j + 2 < n && ((unsigned char)s[j + 1] & 0xe0) == 0xa0) break;
-            j++;
-        }
-        sb_add(b, s + i, j - i);
-        if (j >= n) break;
-        unsigned char c = (unsigned char)s[j];
-        char esc[8];
-        switch (c) {
-        case '"': sb_adds(b, "\\\""); break;
-        case '\\': sb_adds(b, "\\\\"); break;
-        case '\n': sb_adds(b, "\\n"); break;
-        case '\r': sb_adds(b, "\\r"); break;
-        case '\t': sb_adds(b, "\\t"); break;
-        case '\b': sb_adds(b, "\\b"); break;
-        case '\f': sb_adds(b, "\\f"); break;
-        case 0xed: {
-            unsigned cp = ((c & 0x0fu) << 12) | (((unsigned char)s[j + 1] & 0x3fu) << 6) |
-                          ((unsigned char)s[j + 2] & 0x3fu);
-            snprintf(esc, sizeof esc, "\\u%04x", cp);
-            sb_adds(b, esc);
-            j += 2;
-            break;
-        }
-        default:
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_adds(b, esc);
-        }
-        i = j + 1;
-    }
-    sb_add(b, "\"", 1);
-}
-
-/* index of the last property with the same key as property i */
-static size_t last_dup(const jnode *j, size_t i) {
-    size_t last = i;
-    for (size_t k = i + 1; k < j->n; k++)
-        if (j->klen[k] == j->klen[i] && !memcmp(j->key[k], j->key[i], j->klen[i])) last = k;
-    return last;
-}
-
-static int first_dup(const jnode *j, size_t i) {
-    for (size_t k = 0; k < i; k++)
-        if (j->klen[k] == j->klen[i] && !memcmp(j->key[k], j->key[i], j->klen[i])) return 1;
-    return 0;
-}
-
-static void py_dump(sb *b, const jnode *j) {
-    switch (j->t) {
-    case J_NULL: sb_adds(b, "null"); break;
-    case J_TRUE: sb_adds(b, "true"); break;
-    case J_FALSE: sb_adds(b, "false"); break;
-    case J_INT: sb_add(b, j->s, j->len); break;
-    case J_FLOAT: py_float(b, j->d); break;
-    case J_STR: py_str(b, j->s, j->len); break;
-    case J_ARR:
-        sb_add(b, "[", 1);
-        for (size_t i = 0; i < j->n; i++) {
-            if (i) sb_add(b, ", ", 2);
-            py_dump(b, &j->kids[i]);
-        }
-        sb_add(b, "]", 1);
-        break;
-    case J_OBJ: {
-        sb_add(b, "{", 1);
-        int first = 1;
-        for (size_t i = 0; i < j->n; i++) {
-            if (first_dup(j, i)) continue;
-            if (!first) sb_add(b, ", ", 2);
-            first = 0;
-            py_str(b, j->key[i], j->klen[i]);
-            sb_add(b, ": ", 2);
-            py_dump(b, &j->kids[last_dup(j, i)]);
-        }
-        sb_add(b, "}", 1);
-        break;
-    }
-    }
-}
-
-/* Python truthiness of a JSON value */
-static int py_truthy(const jnode *j) {
-    switch (j->t) {
-    case J_NULL:
-    case J_FALSE: return 0;
-    case J_TRUE: return 1;
-    case J_INT: return !(j->len == 1 && j->s[0] == '0');
-    case J_FLOAT: return j->d != 0;
-    case J_STR: return j->len > 0;
-    case J_ARR:
-    case J_OBJ: return j->n > 0;
-    }
-    return 1;
-}
-
-static const jnode *jget(const jnode *obj, const char *key) {
-    if (obj->t != J_OBJ) return NULL;
-    const jnode *found = NULL;
-    size_t kl = strlen(key);
-    for (size_t i = 0; i < obj->n; i++)
-        if (obj->klen[i] == kl && !memcmp(obj->key[i], key, kl)) found = &obj->kids[i]; /* last wins */
-    return found;
-}
+static void sb_users(ds_sb *b, const char *s) { sb_user(b, s, strlen(s)); }
 
 int ds_chat_json_normalize(const char *json, size_t n, char **out, size_t *out_n, ds_err *err) {
-    jnode j;
+    ds_jnode j;
     const char *why;
-    if (jparse(json, n, &j, &why)) return ds_fail(err, "chat: bad JSON: %s", why);
-    sb b = {0};
-    py_dump(&b, &j);
-    jfree(&j);
+    if (ds_json_parse(json, n, &j, &why)) return ds_fail(err, "chat: bad JSON: %s", why);
+    ds_sb b = {0};
+    ds_py_dump(&b, &j);
+    ds_json_free(&j);
     if (b.oom || !b.p) {
         free(b.p);
         return ds_fail(err, "chat: out of memory");
@@ -833,21 +274,21 @@ static int task_token(const char *task, const char **tok) {
 }
 
 /* parses a message's tools (OpenAI format) into j; *has = Python truthiness */
-static int parse_tools(const imsg *m, size_t index, jnode *j, int *has, ds_err *err) {
+static int parse_tools(const imsg *m, size_t index, ds_jnode *j, int *has, ds_err *err) {
     *has = 0;
     memset(j, 0, sizeof *j);
     if (m->role == DS_CHAT_ROLE_USER || !m->m->tools) return 0;
     const char *why;
-    if (jparse(m->m->tools, strlen(m->m->tools), j, &why))
+    if (ds_json_parse(m->m->tools, strlen(m->m->tools), j, &why))
         return ds_fail(err, "chat: message %zu: tools: bad JSON: %s", index, why);
-    if (!py_truthy(j)) return 0;
-    if (j->t != J_ARR) {
-        jfree(j);
+    if (!ds_py_truthy(j)) return 0;
+    if (j->t != DS_J_ARR) {
+        ds_json_free(j);
         return ds_fail(err, "chat: message %zu: tools must be a JSON array", index);
     }
     for (size_t i = 0; i < j->n; i++)
-        if (!jget(&j->kids[i], "function")) {
-            jfree(j);
+        if (!ds_json_get(&j->kids[i], "function")) {
+            ds_json_free(j);
             return ds_fail(err, "chat: message %zu: tools[%zu] has no \"function\"", index, i);
         }
     *has = 1;
@@ -855,141 +296,147 @@ static int parse_tools(const imsg *m, size_t index, jnode *j, int *has, ds_err *
 }
 
 /* render_tools */
-static void render_tools(sb *b, const jnode *tools) {
-    sb_adds(b, TOOLS_TEMPLATE_A);
+static void render_tools(ds_sb *b, const ds_jnode *tools) {
+    ds_sb_adds(b, TOOLS_TEMPLATE_A);
     for (size_t i = 0; i < tools->n; i++) {
-        if (i) sb_add(b, "\n", 1);
-        py_dump(b, jget(&tools->kids[i], "function"));
+        if (i) ds_sb_add(b, "\n", 1);
+        b->user = 1;
+        ds_py_dump(b, ds_json_get(&tools->kids[i], "function"));
+        b->user = 0;
     }
-    sb_adds(b, TOOLS_TEMPLATE_B);
+    ds_sb_adds(b, TOOLS_TEMPLATE_B);
 }
 
 /* the tools / response_format suffix of system and developer messages */
-static int render_extras(sb *b, const imsg *m, size_t index, ds_err *err) {
-    jnode tools;
+static int render_extras(ds_sb *b, const imsg *m, size_t index, ds_err *err) {
+    ds_jnode tools;
     int has;
     if (parse_tools(m, index, &tools, &has, err)) return -1;
     if (has) {
-        sb_add(b, "\n\n", 2);
+        ds_sb_add(b, "\n\n", 2);
         render_tools(b, &tools);
     }
-    jfree(&tools);
+    ds_json_free(&tools);
     if (m->m->response_format) {
-        jnode rf;
+        ds_jnode rf;
         const char *why;
-        if (jparse(m->m->response_format, strlen(m->m->response_format), &rf, &why))
+        if (ds_json_parse(m->m->response_format, strlen(m->m->response_format), &rf, &why))
             return ds_fail(err, "chat: message %zu: response_format: bad JSON: %s", index, why);
-        if (py_truthy(&rf)) {
-            sb_add(b, "\n\n", 2);
-            sb_adds(b, RESPONSE_FORMAT_PREFIX);
-            py_dump(b, &rf);
+        if (ds_py_truthy(&rf)) {
+            ds_sb_add(b, "\n\n", 2);
+            ds_sb_adds(b, RESPONSE_FORMAT_PREFIX);
+            b->user = 1;
+            ds_py_dump(b, &rf);
+            b->user = 0;
         }
-        jfree(&rf);
+        ds_json_free(&rf);
     }
     return 0;
 }
 
 /* encode_arguments_to_dsml */
-static int render_arguments(sb *b, const ds_chat_tool_call *tc, size_t index, ds_err *err) {
+static int render_arguments(ds_sb *b, const ds_chat_tool_call *tc, size_t index, ds_err *err) {
     static const char P_OPEN[] = "<" DS_CHAT_DSML "parameter name=\"";
     static const char P_CLOSE[] = "</" DS_CHAT_DSML "parameter>";
-    jnode j;
+    ds_jnode j;
     const char *why;
     if (!tc->arguments) { /* json.loads(None) fails: {"arguments": None} */
-        sb_adds(b, P_OPEN);
-        sb_adds(b, "arguments\" string=\"false\">null");
-        sb_adds(b, P_CLOSE);
+        ds_sb_adds(b, P_OPEN);
+        ds_sb_adds(b, "arguments\" string=\"false\">null");
+        ds_sb_adds(b, P_CLOSE);
         return 0;
     }
-    if (jparse(tc->arguments, strlen(tc->arguments), &j, &why)) {
+    if (ds_json_parse(tc->arguments, strlen(tc->arguments), &j, &why)) {
         /* not JSON: one string parameter holding the text */
-        sb_adds(b, P_OPEN);
-        sb_adds(b, "arguments\" string=\"true\">");
-        sb_adds(b, tc->arguments);
-        sb_adds(b, P_CLOSE);
+        ds_sb_adds(b, P_OPEN);
+        ds_sb_adds(b, "arguments\" string=\"true\">");
+        sb_users(b, tc->arguments);
+        ds_sb_adds(b, P_CLOSE);
         return 0;
     }
-    if (j.t != J_OBJ) {
-        jfree(&j);
+    if (j.t != DS_J_OBJ) {
+        ds_json_free(&j);
         return ds_fail(err, "chat: message %zu: tool call \"%s\": arguments must be a JSON object", index,
                        tc->name ? tc->name : "None");
     }
     int first = 1;
     for (size_t i = 0; i < j.n; i++) {
-        if (first_dup(&j, i)) continue;
-        const jnode *v = &j.kids[last_dup(&j, i)];
-        if (!first) sb_add(b, "\n", 1);
+        if (ds_json_first_dup(&j, i)) continue;
+        const ds_jnode *v = &j.kids[ds_json_last_dup(&j, i)];
+        if (!first) ds_sb_add(b, "\n", 1);
         first = 0;
-        sb_adds(b, P_OPEN);
-        sb_add(b, j.key[i], j.klen[i]);
-        sb_adds(b, v->t == J_STR ? "\" string=\"true\">" : "\" string=\"false\">");
-        if (v->t == J_STR) sb_add(b, v->s, v->len);
-        else py_dump(b, v);
-        sb_adds(b, P_CLOSE);
+        ds_sb_adds(b, P_OPEN);
+        sb_user(b, j.key[i], j.klen[i]);
+        ds_sb_adds(b, v->t == DS_J_STR ? "\" string=\"true\">" : "\" string=\"false\">");
+        b->user = 1;
+        if (v->t == DS_J_STR) ds_sb_add(b, v->s, v->len);
+        else ds_py_dump(b, v);
+        b->user = 0;
+        ds_sb_adds(b, P_CLOSE);
     }
-    jfree(&j);
+    ds_json_free(&j);
     return 0;
 }
 
 /* render_message */
-static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinking, int drop, const char *effort,
+static int render_message(ds_sb *b, size_t index, imsg **list, size_t n, int thinking, int drop, const char *effort,
                           ds_err *err) {
     const imsg *m = list[index];
     long lu = last_user_index(list, n);
     if (effort && strcmp(effort, "max") && strcmp(effort, "high"))
         return ds_fail(err, "chat: invalid reasoning effort \"%s\" (high, max or none)", effort);
-    if (index == 0 && thinking && effort && !strcmp(effort, "max")) sb_adds(b, REASONING_EFFORT_MAX);
+    if (index == 0 && thinking && effort && !strcmp(effort, "max")) ds_sb_adds(b, REASONING_EFFORT_MAX);
 
     switch (m->role) {
     case DS_CHAT_ROLE_SYSTEM:
-        if (m->m->content) sb_adds(b, m->m->content);
+        if (m->m->content) sb_users(b, m->m->content);
         if (render_extras(b, m, index, err)) return -1;
         break;
     case DS_CHAT_ROLE_DEVELOPER:
         if (!m->m->content || !m->m->content[0])
             return ds_fail(err, "chat: message %zu: a developer message needs content", index);
-        sb_adds(b, DS_CHAT_USER);
-        sb_adds(b, m->m->content);
+        ds_sb_adds(b, DS_CHAT_USER);
+        sb_users(b, m->m->content);
         if (render_extras(b, m, index, err)) return -1;
         break;
     case DS_CHAT_ROLE_USER:
-        sb_adds(b, DS_CHAT_USER);
+        ds_sb_adds(b, DS_CHAT_USER);
         for (size_t k = 0; k < m->n_blocks; k++) {
-            if (k) sb_add(b, "\n\n", 2);
+            if (k) ds_sb_add(b, "\n\n", 2);
             if (m->blocks[k].tool_result) {
-                sb_adds(b, "<tool_result>");
-                sb_adds(b, m->blocks[k].text);
-                sb_adds(b, "</tool_result>");
+                ds_sb_adds(b, "<tool_result>");
+                sb_users(b, m->blocks[k].text);
+                ds_sb_adds(b, "</tool_result>");
             } else {
-                sb_adds(b, m->blocks[k].text);
+                sb_users(b, m->blocks[k].text);
             }
         }
         break;
     case DS_CHAT_ROLE_LATEST_REMINDER:
-        sb_adds(b, DS_CHAT_LATEST_REMINDER);
-        sb_adds(b, m->m->content ? m->m->content : "None");
+        ds_sb_adds(b, DS_CHAT_LATEST_REMINDER);
+        sb_users(b, m->m->content ? m->m->content : "None");
         break;
     case DS_CHAT_ROLE_ASSISTANT: {
         int prev_has_task = index > 0 && list[index - 1]->task;
         if (thinking && !prev_has_task && (!drop || (long)index > lu)) {
-            if (m->m->reasoning_content && !m->drop_reasoning) sb_adds(b, m->m->reasoning_content);
-            sb_adds(b, DS_CHAT_THINK_END);
+            if (m->m->reasoning_content && !m->drop_reasoning) sb_users(b, m->m->reasoning_content);
+            ds_sb_adds(b, DS_CHAT_THINK_END);
         }
-        if (m->m->content) sb_adds(b, m->m->content);
+        if (m->m->content) sb_users(b, m->m->content);
         if (m->m->n_tool_calls) {
-            sb_adds(b, "\n\n<" DS_CHAT_DSML "tool_calls>\n");
+            ds_sb_adds(b, "\n\n<" DS_CHAT_DSML "tool_calls>\n");
             for (size_t k = 0; k < m->m->n_tool_calls; k++) {
                 const ds_chat_tool_call *tc = &m->m->tool_calls[k];
-                if (k) sb_add(b, "\n", 1);
-                sb_adds(b, "<" DS_CHAT_DSML "invoke name=\"");
-                sb_adds(b, tc->name ? tc->name : "None");
-                sb_adds(b, "\">\n");
+                if (k) ds_sb_add(b, "\n", 1);
+                ds_sb_adds(b, "<" DS_CHAT_DSML "invoke name=\"");
+                sb_users(b, tc->name ? tc->name : "None");
+                ds_sb_adds(b, "\">\n");
                 if (render_arguments(b, tc, index, err)) return -1;
-                sb_adds(b, "\n</" DS_CHAT_DSML "invoke>");
+                ds_sb_adds(b, "\n</" DS_CHAT_DSML "invoke>");
             }
-            sb_adds(b, "\n</" DS_CHAT_DSML "tool_calls>");
+            ds_sb_adds(b, "\n</" DS_CHAT_DSML "tool_calls>");
         }
-        if (!m->m->wo_eos) sb_adds(b, DS_CHAT_EOS);
+        if (!m->m->wo_eos) ds_sb_adds(b, DS_CHAT_EOS);
         break;
     }
     default: return ds_fail(err, "chat: message %zu: unknown role %d", index, (int)m->role);
@@ -1004,16 +451,16 @@ static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinki
             return ds_fail(err, "chat: message %zu: invalid task \"%s\" (action, query, authority, domain, title, "
                                 "read_url)", index, m->task);
         if (strcmp(m->task, "action")) {
-            sb_adds(b, tt);
+            ds_sb_adds(b, tt);
         } else {
-            sb_adds(b, DS_CHAT_ASSISTANT);
-            sb_adds(b, thinking ? DS_CHAT_THINK_START : DS_CHAT_THINK_END);
-            sb_adds(b, tt);
+            ds_sb_adds(b, DS_CHAT_ASSISTANT);
+            ds_sb_adds(b, thinking ? DS_CHAT_THINK_START : DS_CHAT_THINK_END);
+            ds_sb_adds(b, tt);
         }
     } else if (is_user_like(m)) {
-        sb_adds(b, DS_CHAT_ASSISTANT);
-        if ((!drop && thinking) || (drop && thinking && (long)index >= lu)) sb_adds(b, DS_CHAT_THINK_START);
-        else sb_adds(b, DS_CHAT_THINK_END);
+        ds_sb_adds(b, DS_CHAT_ASSISTANT);
+        if ((!drop && thinking) || (drop && thinking && (long)index >= lu)) ds_sb_adds(b, DS_CHAT_THINK_START);
+        else ds_sb_adds(b, DS_CHAT_THINK_END);
     }
     return 0;
 }
@@ -1021,14 +468,21 @@ static int render_message(sb *b, size_t index, imsg **list, size_t n, int thinki
 /* encode_messages */
 int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
                    ds_err *err) {
+    return ds_chat_encode_marked(msgs, n, opts, out, out_n, NULL, err);
+}
+
+int ds_chat_encode_marked(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, char **out, size_t *out_n,
+                          unsigned char **plain, ds_err *err) {
     *out = NULL;
     *out_n = 0;
+    if (plain) *plain = NULL;
     static const ds_chat_opts zero_opts;
     if (!opts) opts = &zero_opts;
     if (opts->n_context > n) return ds_fail(err, "chat: n_context %zu > %zu messages", opts->n_context, n);
     imsg_list ctx = {0}, rest = {0};
     imsg **full = NULL;
-    sb b = {0};
+    ds_sb b = {0};
+    b.track = plain != NULL;
     int rc = -1;
     if (merge_tool_messages(msgs, opts->n_context, &ctx, err) ||
         merge_tool_messages(msgs + opts->n_context, n - opts->n_context, &rest, err))
@@ -1043,13 +497,13 @@ int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, 
     for (size_t i = 0; i < rest.n; i++) full[ctx.n + i] = &rest.v[i];
     sort_tool_results(full, nf);
 
-    if (!opts->no_bos && opts->n_context == 0) sb_adds(&b, DS_CHAT_BOS);
+    if (!opts->no_bos && opts->n_context == 0) ds_sb_adds(&b, DS_CHAT_BOS);
     int drop = !opts->keep_reasoning;
     for (size_t i = 0; i < nf; i++) {
-        jnode t;
+        ds_jnode t;
         int has;
         if (parse_tools(full[i], i, &t, &has, err)) goto done;
-        jfree(&t);
+        ds_json_free(&t);
         if (has) drop = 0;
     }
     size_t num_to_render, context_len;
@@ -1082,15 +536,36 @@ int ds_chat_encode(const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts, 
             goto done;
         }
     }
+    if (plain && !b.mk && !(b.mk = calloc(1, 1))) {
+        ds_fail(err, "chat: out of memory");
+        goto done;
+    }
     *out = b.p;
     *out_n = b.n;
+    if (plain) *plain = b.mk;
     b.p = NULL;
+    b.mk = NULL;
     rc = 0;
 done:
     free(b.p);
+    free(b.mk);
     free(full);
     imsg_list_free(&ctx);
     imsg_list_free(&rest);
+    return rc;
+}
+
+int ds_chat_tokenize(ds_tokenizer *tok, const ds_chat_msg *msgs, size_t n, const ds_chat_opts *opts,
+                     int parse_special_in_messages, int32_t **ids, size_t *n_ids, ds_err *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    char *text = NULL;
+    unsigned char *plain = NULL;
+    size_t len = 0;
+    int rc = ds_chat_encode_marked(msgs, n, opts, &text, &len, parse_special_in_messages ? NULL : &plain, err);
+    if (!rc) rc = ds_tokenizer_encode_masked(tok, text, len, DS_TOK_PARSE_ALL, plain, ids, n_ids, err);
+    free(text);
+    free(plain);
     return rc;
 }
 
@@ -1233,16 +708,16 @@ static int parse_tool_calls(const char *t, size_t n, size_t *idx, int *stop_whic
         }
         *stop_which = 0;
         /* decode_dsml_to_arguments */
-        sb a = {0};
-        sb_add(&a, "{", 1);
+        ds_sb a = {0};
+        ds_sb_add(&a, "{", 1);
         for (size_t k = 0; k < np; k++) {
-            if (k) sb_add(&a, ", ", 2);
-            py_str(&a, ps[k].name.text, ps[k].name.n);
-            sb_add(&a, ": ", 2);
-            if (ps[k].is_str) py_str(&a, ps[k].value.text, ps[k].value.n);
-            else sb_add(&a, ps[k].value.text, ps[k].value.n);
+            if (k) ds_sb_add(&a, ", ", 2);
+            ds_py_str(&a, ps[k].name.text, ps[k].name.n);
+            ds_sb_add(&a, ": ", 2);
+            if (ps[k].is_str) ds_py_str(&a, ps[k].value.text, ps[k].value.n);
+            else ds_sb_add(&a, ps[k].value.text, ps[k].value.n);
         }
-        sb_add(&a, "}", 1);
+        ds_sb_add(&a, "}", 1);
         ds_chat_call *nc = realloc(r->calls, (r->n_calls + 1) * sizeof *nc);
         char *nm = dup_span(tool_name.text, tool_name.n);
         if (!nc || !nm || a.oom) {

@@ -1,7 +1,7 @@
 /* tokenizer.c — byte-level BPE from a Hugging Face tokenizer.json, matching
  * the `tokenizers` library (see tokenizer.h for the contract).
  *
- * Encoding: added tokens are cut out first (leftmost-longest over a byte trie:
+ * Encoding: added tokens are cut out first (leftmost-longest, Aho-Corasick over a byte trie:
  * the tokens with normalized=false on the text, then those with
  * normalized=true on the gaps, as tokenizers' AddedVocabulary does; the
  * normalizer must be empty). Each gap is cut by the Split regexes in turn
@@ -16,7 +16,7 @@
  * rewritten to include it. PCRE2_MATCH_INVALID_UTF lets invalid bytes through:
  * nothing matches them, so they fall in the gaps between matches. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "format/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -130,11 +130,17 @@ typedef struct {
     unsigned char special, lstrip, rstrip, single_word, normalized;
 } added_tok;
 
-/* byte trie over added-token contents; node 0 is the root */
+/* Aho-Corasick automaton over added-token contents: a byte trie (node 0 is
+ * the root) with failure links (the longest proper suffix of a node's string
+ * that is also a trie node) and output links (the nearest node on the failure
+ * chain where a token ends). */
 typedef struct {
     int32_t child;   /* first child node, -1 none */
     int32_t sibling; /* next sibling, -1 none */
     int32_t tok;     /* index into added[] ending here, -1 none */
+    int32_t fail;    /* failure link (0: the root) */
+    int32_t out;     /* output link: nearest token node on the failure chain, -1 none */
+    uint32_t depth;  /* length of the node's string */
     unsigned char byte;
 } trie_node;
 
@@ -311,7 +317,7 @@ static int trie_add(trie *t, const char *s, size_t len, int32_t tok_index) {
         t->cap = 256;
         t->nodes = malloc(t->cap * sizeof *t->nodes);
         if (!t->nodes) return -1;
-        t->nodes[0] = (trie_node){-1, -1, -1, 0};
+        t->nodes[0] = (trie_node){-1, -1, -1, 0, -1, 0, 0};
         t->n = 1;
         for (int i = 0; i < 256; i++) t->root_child[i] = -1;
     }
@@ -329,7 +335,7 @@ static int trie_add(trie *t, const char *s, size_t len, int32_t tok_index) {
                 t->cap *= 2;
             }
             c = (int32_t)t->n++;
-            t->nodes[c] = (trie_node){-1, -1, -1, b};
+            t->nodes[c] = (trie_node){-1, -1, -1, 0, -1, t->nodes[node].depth + 1, b};
             if (node == 0) {
                 t->root_child[b] = c;
             } else {
@@ -345,23 +351,71 @@ static int trie_add(trie *t, const char *s, size_t len, int32_t tok_index) {
     return 0;
 }
 
-/* Longest added token starting at s[0]; returns its index or -1, *mlen its length. */
-static int32_t trie_longest(const trie *t, const unsigned char *s, size_t n, size_t *mlen) {
-    int32_t node = t->root_child[s[0]], best = -1;
-    size_t i = 1;
+static int32_t trie_child(const trie *t, int32_t node, unsigned char b) {
+    if (node == 0) return t->root_child[b];
+    int32_t c = t->nodes[node].child;
+    while (c >= 0 && t->nodes[c].byte != b) c = t->nodes[c].sibling;
+    return c;
+}
+
+/* The automaton's transition from `node` on byte b. */
+static int32_t ac_step(const trie *t, int32_t node, unsigned char b) {
     for (;;) {
-        if (node < 0) break;
-        if (t->nodes[node].tok >= 0) {
-            best = t->nodes[node].tok;
-            *mlen = i;
-        }
-        if (i >= n) break;
-        int32_t c = t->nodes[node].child;
-        while (c >= 0 && t->nodes[c].byte != s[i]) c = t->nodes[c].sibling;
-        node = c;
-        i++;
+        int32_t c = trie_child(t, node, b);
+        if (c >= 0) return c;
+        if (node == 0) return 0;
+        node = t->nodes[node].fail;
     }
-    return best;
+}
+
+/* Failure and output links, breadth first (after the last trie_add). */
+static int ac_build(trie *t) {
+    if (!t->any) return 0;
+    int32_t *queue = malloc(t->n * sizeof *queue);
+    if (!queue) return -1;
+    size_t head = 0, tail = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t c = t->root_child[b];
+        if (c < 0) continue;
+        t->nodes[c].fail = 0;
+        t->nodes[c].out = -1;
+        queue[tail++] = c;
+    }
+    while (head < tail) {
+        int32_t u = queue[head++];
+        for (int32_t v = t->nodes[u].child; v >= 0; v = t->nodes[v].sibling) {
+            int32_t f = ac_step(t, t->nodes[u].fail, t->nodes[v].byte);
+            t->nodes[v].fail = f;
+            t->nodes[v].out = t->nodes[f].tok >= 0 ? f : t->nodes[f].out;
+            queue[tail++] = v;
+        }
+    }
+    free(queue);
+    return 0;
+}
+
+/* For each start position i of s[0..n): best[i] = the added token (index into
+ * added[]) of the longest match starting at i, or -1 — in one pass, O(n +
+ * matches) whatever the tokens' lengths. A match that covers a byte marked in
+ * plain (NULL: none) is not a match: those bytes are plain text. */
+static void ac_longest_at(const trie *t, const unsigned char *s, size_t n, const unsigned char *plain,
+                          int32_t *best, uint32_t *best_len) {
+    for (size_t i = 0; i < n; i++) best[i] = -1;
+    int32_t node = 0;
+    size_t last_plain = SIZE_MAX; /* last position <= j marked plain; SIZE_MAX: none */
+    for (size_t j = 0; j < n; j++) {
+        node = ac_step(t, node, s[j]);
+        if (plain && plain[j]) last_plain = j;
+        for (int32_t v = t->nodes[node].tok >= 0 ? node : t->nodes[node].out; v > 0; v = t->nodes[v].out) {
+            uint32_t len = t->nodes[v].depth;
+            size_t start = j + 1 - len;
+            if (last_plain != SIZE_MAX && last_plain >= start) continue;
+            if (best[start] < 0 || len > best_len[start]) {
+                best[start] = t->nodes[v].tok;
+                best_len[start] = len;
+            }
+        }
+    }
 }
 
 /* ----------------------------------------------------------------- regex */
@@ -805,6 +859,13 @@ static int load_model(ds_tokenizer *tok, const cJSON *root, const char *what, ds
             merge_put(tok, ia, ib, rank, im);
         }
     free(tmp);
+    /* every byte must have its byte-level symbol, or some texts cannot be encoded */
+    for (unsigned b = 0; b < 256; b++)
+        if (tok->byte_id[b] < 0)
+            return ds_fail(err,
+                           "%s: model.vocab lacks the byte-level symbol \"%.*s\" of byte 0x%02X (a byte-level BPE "
+                           "needs all 256)",
+                           what, (int)tok->byte_sym_len[b], tok->byte_sym[b], b);
     return 0;
 }
 
@@ -827,6 +888,11 @@ static int load_added(ds_tokenizer *tok, const cJSON *root, const char *what, ds
             get_bool(it, "normalized", !special, &normalized, what, err))
             return ds_fail_prefix(err, "added_tokens[%d]", i);
         if (!content[0]) continue; /* tokenizers ignores empty added tokens */
+        /* an added token may take a model token's id only with the same text:
+         * otherwise that model token's bytes would decode as the added token's */
+        if ((tok->kind[id] & 1) && strcmp(tok->str[id], content) != 0)
+            return ds_fail(err, "%s: added_tokens[%d]: id %ld is the model token \"%s\", not \"%s\"", what, i,
+                           (long)id, tok->str[id], content);
         a->len = strlen(content);
         a->content = malloc(a->len + 1);
         if (!a->content) return ds_fail(err, "%s: out of memory", what);
@@ -873,6 +939,10 @@ int ds_tokenizer_load_json(const char *json, size_t n, const char *what, ds_toke
     if (load_normalizer(root, what, err) || load_pretok(tok, root, what, err) || load_decoder(root, what, err) ||
         load_model(tok, root, what, err) || load_added(tok, root, what, err))
         goto done;
+    if (ac_build(&tok->trie_raw) || ac_build(&tok->trie_norm)) {
+        ds_fail(err, "%s: out of memory", what);
+        goto done;
+    }
     tok->re_ws = compile_re("[\\s\\x{85}]", "whitespace class", err);
     tok->re_word = compile_re("\\w", "word class", err);
     if (!tok->re_ws || !tok->re_word) goto done;
@@ -907,7 +977,7 @@ int ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_err *err) {
     }
     size_t n;
     char *json;
-    if (ds_read_file(file, 0, &json, &n, err)) return -1;
+    if (ds_read_regular_file(file, 0, &json, &n, err)) return -1;
     int rc = ds_tokenizer_load_json(json, n, file, out, err);
     free(json);
     return rc;
@@ -960,6 +1030,8 @@ typedef struct {
     char *bl; /* byte-level string scratch (ignore_merges) */
     size_t bl_cap;
     int oom;
+    const char *text0;          /* the whole text being encoded */
+    const unsigned char *plain; /* per byte of text0: 1 = plain text (no added token may cover it); NULL: none */
 } enc_state;
 
 static int out_push(enc_state *st, int32_t id) {
@@ -1244,19 +1316,35 @@ static size_t char_len_at(const char *s, size_t n) {
 
 /* Cuts the added tokens of trie t out of text[0..n); gaps go to `gap`. */
 typedef int (*gap_fn)(ds_tokenizer *tok, enc_state *st, const char *p, size_t n, int mode, ds_err *err);
+static int split_at_matches(ds_tokenizer *tok, enc_state *st, const int32_t *best, const uint32_t *best_len,
+                            const char *text, size_t n, int mode, gap_fn gap, ds_err *err);
 
 static int split_added(ds_tokenizer *tok, enc_state *st, const trie *t, const char *text, size_t n, int mode,
                        gap_fn gap, ds_err *err) {
-    if (!t->any) return gap(tok, st, text, n, mode, err);
+    if (!t->any || n == 0) return gap(tok, st, text, n, mode, err);
     const unsigned char *u = (const unsigned char *)text;
+    int32_t *best = malloc(n * sizeof *best);
+    uint32_t *best_len = malloc(n * sizeof *best_len);
+    if (!best || !best_len) {
+        free(best);
+        free(best_len);
+        return ds_fail(err, "tokenizer: out of memory");
+    }
+    ac_longest_at(t, u, n, st->plain ? st->plain + (text - st->text0) : NULL, best, best_len);
+    int rc = split_at_matches(tok, st, best, best_len, text, n, mode, gap, err);
+    free(best);
+    free(best_len);
+    return rc;
+}
+
+/* The scan of split_added over the longest match at each position: leftmost
+ * first, resuming after each match (used or not), as tokenizers does. */
+static int split_at_matches(ds_tokenizer *tok, enc_state *st, const int32_t *best, const uint32_t *best_len,
+                            const char *text, size_t n, int mode, gap_fn gap, ds_err *err) {
     size_t start_offset = 0, pos = 0;
     while (pos < n) {
-        if (t->root_child[u[pos]] < 0) {
-            pos++;
-            continue;
-        }
-        size_t mlen = 0;
-        int32_t ti = trie_longest(t, u + pos, n - pos, &mlen);
+        int32_t ti = best[pos];
+        size_t mlen = best_len[pos];
         if (ti < 0) {
             pos++;
             continue;
@@ -1310,11 +1398,18 @@ static int gap_normalized(ds_tokenizer *tok, enc_state *st, const char *p, size_
 
 int ds_tokenizer_encode(ds_tokenizer *tok, const char *text, size_t n, int parse_special, int32_t **ids,
                         size_t *n_ids, ds_err *err) {
+    return ds_tokenizer_encode_masked(tok, text, n, parse_special, NULL, ids, n_ids, err);
+}
+
+int ds_tokenizer_encode_masked(ds_tokenizer *tok, const char *text, size_t n, int parse_special,
+                               const unsigned char *plain, int32_t **ids, size_t *n_ids, ds_err *err) {
     *ids = NULL;
     *n_ids = 0;
     if (parse_special < DS_TOK_PARSE_NONE || parse_special > DS_TOK_PARSE_NONSPECIAL)
         return ds_fail(err, "tokenizer: bad parse_special value %d", parse_special);
     enc_state st = {0};
+    st.text0 = text;
+    st.plain = plain;
     st.md = pcre2_match_data_create(4, NULL);
     st.mctx = pcre2_match_context_create(NULL);
     st.jit_stack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""make_seeds.py — writes the seed corpora fuzz/corpus/<target>/ from the test
+fixtures (run from the repository root; the seeds are checked in, so this is
+only needed to regenerate them)."""
+import base64, hashlib, json, os, struct
+
+R = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+C = os.path.join(R, "fuzz", "corpus")
+
+
+def put(target, data):
+    d = os.path.join(C, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, hashlib.sha1(data).hexdigest()[:16]), "wb") as f:
+        f.write(data)
+
+
+def fx(*p):
+    return os.path.join(R, "tests", "fixtures", *p)
+
+
+# config.json: both forms, and a few edge values
+for p in ("tiny/config.json", "tiny/config.hf.json", "q128/config.json", "q128/config.hf.json"):
+    put("fuzz_config", open(fx(p), "rb").read())
+j = json.load(open(fx("q128/config.json")))
+j["hc_sinkhorn_iters"] = 2147483647
+put("fuzz_config", json.dumps(j))
+put("fuzz_config", "{}")
+
+
+# safetensors: small files in the official layout
+def st(tensors, meta=True):
+    h, data = {}, b""
+    if meta:
+        h["__metadata__"] = {"format": "pt"}
+    for name, dt, shape, size in tensors:
+        h[name] = {"dtype": dt, "shape": shape, "data_offsets": [len(data), len(data) + size]}
+        data += bytes((i * 37) & 255 for i in range(size))
+    hdr = json.dumps(h).encode()
+    hdr += b" " * ((8 - len(hdr) % 8) % 8)
+    return struct.pack("<Q", len(hdr)) + hdr + data
+
+
+put("fuzz_safetensors", st([("embed.weight", "BF16", [4, 8], 64), ("norm.weight", "F32", [8], 32)]))
+put("fuzz_safetensors", st([("w.weight", "F8_E4M3", [128, 128], 16384), ("w.scale", "F8_E8M0", [1, 1], 1),
+                            ("e.weight", "I8", [2, 16], 32), ("e.scale", "F8_E8M0", [2, 1], 2),
+                            ("t", "I64", [3, 2], 48), ("empty", "F16", [0, 5], 0)], meta=False))
+put("fuzz_safetensors", open(fx("tiny/greedy.safetensors"), "rb").read())
+
+# tokenizer.json: small ones (all 256 byte symbols, a few merges, the added-token flags)
+tok = json.load(open(fx("tokenizer/tok_flags.json"), encoding="utf-8"))
+vocab = tok["model"]["vocab"]
+keep = {t: i for t, i in vocab.items() if i < 400}
+merges = [m for m in tok["model"]["merges"]
+          if all((x in keep) for x in (m if isinstance(m, list) else m.split(" ")))
+          and ("".join(m) if isinstance(m, list) else m.replace(" ", "")) in keep][:100]
+small = dict(tok)
+small["model"] = dict(tok["model"], vocab=keep, merges=merges)
+small["added_tokens"] = [dict(a, id=400 + k) for k, a in enumerate(tok["added_tokens"][:12])]
+put("fuzz_tokenizer_load", json.dumps(small, ensure_ascii=False))
+small["model"] = dict(small["model"], ignore_merges=True)
+put("fuzz_tokenizer_load", json.dumps(small, ensure_ascii=False))
+
+# texts for the fixture tokenizer
+cases = json.load(open(fx("tokenizer/cases_small.json")))["cases"]
+for c in cases[::60][:25]:
+    put("fuzz_tokenize", base64.b64decode(c["b64"]))
+put("fuzz_tokenize", "<\uff5cUser\uff5c>hi<\uff5cAssistant\uff5c></think>ok<\uff5cend\u2581of\u2581sentence\uff5c>")
+put("fuzz_tokenize", b"\xff\xfe\xc3 \xe4\xb8 abc  \n\n\t 12345 ")
+
+# chat: "0" + a JSON request (even first byte), "1" + a completion (odd)
+chat = json.load(open(fx("tokenizer/chat_cases.json"), encoding="utf-8"))
+for c in chat["cases"][::6]:
+    msgs = []
+    for m in c.get("context", []) + c["messages"]:
+        m = dict(m)
+        for tc in m.get("tool_calls", []) or []:
+            if "function" in tc:
+                tc.update(tc.pop("function"))
+        msgs.append(m)
+    o = c.get("opts", {})
+    req = {"messages": msgs, "thinking": o.get("thinking_mode") == "thinking",
+           "keep_reasoning": o.get("drop_thinking") is False, "no_bos": o.get("add_default_bos_token") is False,
+           "effort": o.get("reasoning_effort"), "n_context": len(c.get("context", []))}
+    put("fuzz_chat", "0" + json.dumps(req, ensure_ascii=False))
+for p in chat["parse"]:
+    put("fuzz_chat", "1" + p["text"])
+for p in chat["json"][:5]:
+    put("fuzz_chat", "1" + p["in"])

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# format-check.sh — the files below must be formatted as .clang-format says
+# (clang-format --dry-run --Werror). The check is scoped: files are added here
+# as they are (re)written, rather than reformatting the whole tree at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+files=(
+  src/common/io.c src/common/io.h
+  src/cli/main.c
+  src/runtime/generate.c
+  src/text/pyjson.h
+  fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c
+)
+clang-format --dry-run --Werror "${files[@]}"
+echo "format-check: ${#files[@]} files formatted as .clang-format says"
