@@ -10,6 +10,9 @@ packages=(
   libcjson-dev     # JSON: config.json, safetensors headers, tokenizer.json
   libpcre2-dev     # tokenizer pre-tokenization regexes
   python3          # tools/ and test helpers
+  libmicrohttpd-dev # HTTP server of dsv4 serve
+  curl             # serve tests: raw SSE, bad input
+  nodejs           # serve tests: the openai npm client (installed by the test from the npm registry)
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -28,3 +31,5 @@ fi
 
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}"
+# npm: Debian's package, unless the installed nodejs brings its own
+command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm
