@@ -13,6 +13,7 @@ packages=(
   libmicrohttpd-dev # HTTP server of dsv4 serve
   curl             # serve tests: raw SSE, bad input
   nodejs           # serve tests: the openai npm client (installed by the test from the npm registry)
+  chromium         # serve tests: the chat page in a headless browser (driven by puppeteer-core from npm)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

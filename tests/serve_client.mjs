@@ -2,10 +2,11 @@
 // (run by tests/test_serve.sh). Usage: node serve_client.mjs MODE BASE_URL KEY [BASE_URL2]
 //   api     chat / completions, streaming and not, tools, thinking, logprobs, stop, errors
 //   repro   one seeded request (T 0.8) alone and under 32 concurrent streams: same text; prints it
-//   load    64 concurrent streams, each equal to its solo run
+//   load    64 concurrent streams, each equal to its solo run, twice; memory flat (BASE_URL2: the pid)
 //   prefix  a second turn reusing the first turn's sequence equals it on a server without reuse (BASE_URL2)
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
+import {readFileSync} from 'node:fs';
 
 const [mode, base, key, base2] = process.argv.slice(2);
 const client = new OpenAI({baseURL: base + '/v1', apiKey: key, maxRetries: 0, timeout: 120000});
@@ -158,17 +159,24 @@ async function repro() {
 }
 
 async function load() {
+  // base2 here: the server's pid, for its resident memory after each round
+  const rss = () => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${base2}/status`, 'utf8'))[1]);
   const n = 64, r = rnd(7), reqs = [];
   for (let i = 0; i < n; i++)
     reqs.push({prompt: ['In the beginning', 'And Jesus said', 'Blessed is the man', 'The LORD'][i % 4] + ' ' + 'and'.repeat(i % 5),
                max_tokens: 8 + Math.floor(r() * 24), seed: 100 + i, temperature: 0.8});
   const solo = [];
   for (const q of reqs) solo.push((await complStream(q)).text);
-  const t0 = Date.now();
-  const all = await Promise.all(reqs.map((q) => complStream(q)));
-  const dt = (Date.now() - t0) / 1000;
-  for (let i = 0; i < n; i++) assert.equal(all[i].text, solo[i], 'stream ' + i + ' under load = solo');
-  log(`load ok: ${n} concurrent streams in ${dt.toFixed(2)} s`);
+  const mem = [];
+  for (let round = 0; round < 2; round++) {
+    const t0 = Date.now();
+    const all = await Promise.all(reqs.map((q) => complStream(q)));
+    const dt = (Date.now() - t0) / 1000;
+    for (let i = 0; i < n; i++) assert.equal(all[i].text, solo[i], 'stream ' + i + ' under load = solo');
+    mem.push(rss());
+    log(`load round ${round}: ${n} concurrent streams in ${dt.toFixed(2)} s, server RSS ${mem[round]} kB`);
+  }
+  assert.ok(mem[1] <= mem[0] * 1.1 + 4096, `memory grew from ${mem[0]} kB to ${mem[1]} kB over a second round`);
 }
 
 async function prefix() {
