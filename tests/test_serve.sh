@@ -163,15 +163,24 @@ grep -q '^dsv4_running_requests 0$' "$work/metrics" && grep -q '^dsv4_queue_dept
 live=$(sed -n 's/^dsv4_live_sequences //p' "$work/metrics")
 [ "$live" -le 4 ] || fail "$live sequences left in memory (cache holds 4)"
 
-# ---- a full queue answers 429
+# ---- a full queue answers 429; a queued stream waits longer than the idle
+# timeout (--timeout 1) and still completes
 stop_server "$A_pid"
-start_server c --max-seqs 1 --max-queue 1
-for i in 1 2 3 4; do
-  curl -s -o /dev/null "${auth[@]}" "$url/v1/completions" -d '{"prompt":"And","max_tokens":300}' &
-done
-sleep 0.5
+start_server c --max-seqs 1 --max-queue 2 --timeout 1
+sse() { curl -sN "${auth[@]}" "$url/v1/completions" -d "{\"prompt\":\"And\",\"max_tokens\":$1,\"stream\":true}"; }
+sse 600 >"$work/c1" &
+c1=$!
+sleep 0.3
+sse 10 >"$work/c2" &
+c2=$!
+sse 10 >"$work/c3" &
+c3=$!
+sleep 0.3
 st=$(post /v1/completions '{"prompt":"And","max_tokens":2}')
 [ "$st" = 429 ] && grep -q rate_limit_error "$work/resp" || fail "full queue: status $st"
+wait "$c1" "$c2" "$c3"
+for f in c1 c2 c3; do
+  [ "$(grep -v '^$' "$work/$f" | tail -1)" = "data: [DONE]" ] || fail "queued stream $f did not complete"
+done
 stop_server "$pid"
-wait
 echo "test_serve: ok"

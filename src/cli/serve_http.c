@@ -455,6 +455,10 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
         free(g);
         return send_error(s, c, &e);
     }
+    /* the request is in: from here the connection may wait for the queue and
+     * the generation as long as it takes (a client that leaves is noticed by
+     * peer_gone); the idle timeout guards only the reading of requests */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
     ds_err err = {{0}};
     if (ds_detok_stream_new(s->tok, DS_DECODE_SKIP_SPECIAL, &g->ds, &err)) {
         gen_free(g);
