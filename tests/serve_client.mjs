@@ -164,7 +164,7 @@ async function load() {
   const n = 64, r = rnd(7), reqs = [];
   for (let i = 0; i < n; i++)
     reqs.push({prompt: ['In the beginning', 'And Jesus said', 'Blessed is the man', 'The LORD'][i % 4] + ' ' + 'and'.repeat(i % 5),
-               max_tokens: 8 + Math.floor(r() * 24), seed: 100 + i, temperature: 0.8});
+               max_tokens: 6 + Math.floor(r() * 12), seed: 100 + i, temperature: 0.8});
   const solo = [];
   for (const q of reqs) solo.push((await complStream(q)).text);
   const mem = [];

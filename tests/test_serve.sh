@@ -28,7 +28,7 @@ fi
 export NODE_PATH="$PWD/node/node_modules"
 client() { # MODE BASE [BASE2]
   cp "$src/tests/serve_client.mjs" "$PWD/node/serve_client.mjs"
-  timeout 300 node "$PWD/node/serve_client.mjs" "$1" "$2" "$key" "${3:-}"
+  timeout 900 node "$PWD/node/serve_client.mjs" "$1" "$2" "$key" "${3:-}"
 }
 
 pids=()
