@@ -13,6 +13,10 @@ packages=(
   clang            # libFuzzer targets (fuzz/) and the clang build tree
   libomp-dev       # OpenMP for the clang builds
   clang-format     # scripts/format-check.sh
+  libmicrohttpd-dev # HTTP server of dsv4 serve
+  curl             # serve tests: raw SSE, bad input
+  nodejs           # serve tests: the openai npm client (installed by the test from the npm registry)
+  chromium         # serve tests: the chat page in a headless browser (driven by puppeteer-core from npm)
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -31,3 +35,5 @@ fi
 
 apt-get update
 DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}"
+# npm: Debian's package, unless the installed nodejs brings its own
+command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm

@@ -1,0 +1,734 @@
+/* serve_http.c — see serve_http.h. */
+#include "cli/serve_http.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "runtime/openai_chat.h"
+
+extern const unsigned char ds_chat_page[];
+extern const unsigned long ds_chat_page_len;
+
+struct serve {
+    serve_cfg cfg;
+    const ds_model *m;
+    ds_tokenizer *tok;
+    pthread_mutex_t tok_mu; /* ds_tokenizer_encode: one thread at a time */
+    ds_sched *sched;
+    struct MHD_Daemon *d;
+    pthread_mutex_t mu; /* the fields below */
+    uint64_t next_id;
+    uint64_t http[6]; /* responses by status class: 2xx, 4xx other, 401, 404, 429, 5xx */
+    double ttft_sum;
+    uint64_t ttft_n;
+};
+
+/* per connection */
+typedef struct conn {
+    serve *s;
+    char *body;
+    size_t n, cap;
+    int too_big;
+} conn;
+
+/* ---------------------------------------------------------------- helpers */
+
+static void count_status(serve *s, unsigned st) {
+    int k = st < 300 ? 0 : st == 401 ? 2 : st == 404 ? 3 : st == 429 ? 4 : st >= 500 ? 5 : 1;
+    pthread_mutex_lock(&s->mu);
+    s->http[k]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result send_buf(serve *s, struct MHD_Connection *c, unsigned status, const char *type, const void *buf,
+                                size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)buf, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    count_status(s, status);
+    return rc;
+}
+
+static enum MHD_Result send_json(serve *s, struct MHD_Connection *c, unsigned status, cJSON *j) {
+    char *t = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!t) return MHD_NO;
+    enum MHD_Result rc = send_buf(s, c, status, "application/json", t, strlen(t));
+    cJSON_free(t);
+    return rc;
+}
+
+static cJSON *error_json(const ds_oai_error *e) {
+    cJSON *j = cJSON_CreateObject(), *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    cJSON_AddItemToObject(j, "error", o);
+    return j;
+}
+
+static enum MHD_Result send_error(serve *s, struct MHD_Connection *c, const ds_oai_error *e) {
+    return send_json(s, c, (unsigned)e->status, error_json(e));
+}
+
+/* 1 if the peer has closed (or reset) the connection */
+static int peer_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd p = {ci->connect_fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ------------------------------------------------------------ generation */
+
+typedef struct gen {
+    serve *s;
+    struct MHD_Connection *c;
+    ds_oai_req q;
+    ds_req *r;
+    ds_oai_text text;
+    ds_detok_stream *ds;
+    int n_seen, eos, ended;
+    ds_req_info info;
+    cJSON *lp; /* logprobs entries not yet sent (chat: content list; completions: parallel arrays) */
+    char id[48], hex[20];
+    long long created;
+    /* streaming */
+    char *pend;
+    size_t n_pend, cap_pend, off_pend;
+    int phase; /* 0 first chunk, 1 tokens, 2 done */
+} gen;
+
+static void gen_free(gen *g) {
+    if (!g) return;
+    ds_req_release(g->r);
+    ds_detok_stream_free(g->ds);
+    ds_oai_text_free(&g->text);
+    ds_oai_req_free(&g->q);
+    cJSON_Delete(g->lp);
+    free(g->pend);
+    free(g);
+}
+
+static cJSON *token_str(const ds_tokenizer *tok, int32_t id, cJSON **bytes) {
+    size_t n = 0;
+    const char *b = ds_tokenizer_token_bytes(tok, id, &n);
+    char *lossy = NULL;
+    size_t ln = 0, cap = 0;
+    if (b) ds_utf8_lossy_append(&lossy, &ln, &cap, b, n);
+    cJSON *s = cJSON_CreateString(lossy ? lossy : "");
+    free(lossy);
+    if (bytes) {
+        *bytes = cJSON_CreateArray();
+        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    }
+    return s;
+}
+
+static void add_logprob(gen *g, const ds_req_token *t) {
+    const ds_tokenizer *tok = g->s->tok;
+    if (g->q.chat) {
+        if (!g->lp) g->lp = cJSON_CreateArray();
+        cJSON *e = cJSON_CreateObject(), *by;
+        cJSON_AddItemToObject(e, "token", token_str(tok, t->id, &by));
+        cJSON_AddNumberToObject(e, "logprob", t->logprob);
+        cJSON_AddItemToObject(e, "bytes", by);
+        cJSON *tops = cJSON_CreateArray();
+        for (int k = 0; k < t->n_top; k++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddItemToObject(x, "token", token_str(tok, t->top_id[k], &by));
+            cJSON_AddNumberToObject(x, "logprob", t->top_logprob[k]);
+            cJSON_AddItemToObject(x, "bytes", by);
+            cJSON_AddItemToArray(tops, x);
+        }
+        cJSON_AddItemToObject(e, "top_logprobs", tops);
+        cJSON_AddItemToArray(g->lp, e);
+    } else {
+        if (!g->lp) {
+            g->lp = cJSON_CreateObject();
+            cJSON_AddItemToObject(g->lp, "tokens", cJSON_CreateArray());
+            cJSON_AddItemToObject(g->lp, "token_logprobs", cJSON_CreateArray());
+            cJSON_AddItemToObject(g->lp, "top_logprobs", cJSON_CreateArray());
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "tokens"), token_str(tok, t->id, NULL));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "token_logprobs"), cJSON_CreateNumber(t->logprob));
+        cJSON *tops = cJSON_CreateObject();
+        for (int k = 0; k < t->n_top; k++) {
+            cJSON *ts = token_str(tok, t->top_id[k], NULL);
+            if (!cJSON_GetObjectItemCaseSensitive(tops, ts->valuestring))
+                cJSON_AddNumberToObject(tops, ts->valuestring, t->top_logprob[k]);
+            cJSON_Delete(ts);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "top_logprobs"), tops);
+    }
+}
+
+/* Waits up to timeout_s for tokens and feeds them to the text. Returns 1 when
+ * the generation has ended (g->ended), 0 otherwise, -1 when the client left. */
+static int gen_advance(gen *g, double timeout_s) {
+    if (g->ended) return 1;
+    int n = ds_req_wait(g->r, g->n_seen, timeout_s, &g->info);
+    if (n == g->n_seen && g->info.state < DS_REQ_DONE_STOP && peer_gone(g->c)) {
+        ds_req_cancel(g->r);
+        return -1;
+    }
+    ds_req_token t;
+    for (; g->n_seen < n && !g->text.stop_hit; g->n_seen++) {
+        ds_req_tokens(g->r, g->n_seen, 1, &t);
+        if (g->q.rp.top_logprobs >= 0) add_logprob(g, &t);
+        if (ds_stop_check(g->q.rp.stop_ids, g->q.rp.n_stop, t.id)) {
+            g->eos = 1;
+            continue;
+        }
+        const char *txt = "";
+        size_t tn = 0;
+        ds_err err;
+        size_t bl;
+        if (t.id < ds_tokenizer_vocab_size(g->s->tok) && ds_tokenizer_token_bytes(g->s->tok, t.id, &bl) &&
+            ds_detok_stream_push(g->ds, t.id, &txt, &tn, &err))
+            tn = 0;
+        if (ds_oai_text_push(&g->text, txt, tn) == 1) ds_req_cancel(g->r); /* a stop string */
+    }
+    if (g->text.stop_hit || g->info.state >= DS_REQ_DONE_STOP) {
+        if (!g->text.stop_hit) {
+            const char *txt;
+            size_t tn;
+            ds_detok_stream_flush(g->ds, &txt, &tn);
+            ds_oai_text_push(&g->text, txt, tn);
+        }
+        if (!g->text.stop_hit && (g->info.state == DS_REQ_CANCELLED || g->info.state == DS_REQ_FAILED)) return -1;
+        ds_oai_text_end(&g->text);
+        g->ended = 1;
+        if (g->info.t_first > 0) {
+            pthread_mutex_lock(&g->s->mu);
+            g->s->ttft_sum += g->info.t_first - g->info.t_submit;
+            g->s->ttft_n++;
+            pthread_mutex_unlock(&g->s->mu);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static const char *finish_reason(const gen *g, int n_calls) {
+    if (n_calls) return "tool_calls";
+    if (g->text.stop_hit || g->eos) return "stop";
+    return "length";
+}
+
+static cJSON *usage_json(const gen *g) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->q.n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", g->n_seen);
+    cJSON_AddNumberToObject(u, "total_tokens", g->q.n_prompt + g->n_seen);
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, "cached_tokens", g->info.n_cached);
+    cJSON_AddItemToObject(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static cJSON *envelope(const gen *g, const char *object) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", g->id);
+    cJSON_AddStringToObject(j, "object", object);
+    cJSON_AddNumberToObject(j, "created", (double)g->created);
+    cJSON_AddStringToObject(j, "model", g->s->cfg.model_id);
+    cJSON_AddStringToObject(j, "system_fingerprint", "dsv4");
+    return j;
+}
+
+static cJSON *take_logprobs(gen *g) {
+    cJSON *l = NULL;
+    if (g->q.rp.top_logprobs < 0) return cJSON_CreateNull();
+    if (g->q.chat) {
+        l = cJSON_CreateObject();
+        cJSON_AddItemToObject(l, "content", g->lp ? g->lp : cJSON_CreateArray());
+    } else {
+        l = g->lp ? g->lp : cJSON_CreateNull();
+    }
+    g->lp = NULL;
+    return l;
+}
+
+/* the whole (non-streaming) response */
+static cJSON *final_json(gen *g) {
+    cJSON *j = envelope(g, g->q.chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    int n_calls = 0;
+    if (g->q.chat) {
+        cJSON *msg = cJSON_CreateObject();
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        n_calls = ds_oai_text_message(&g->text, g->eos, g->hex, msg);
+        cJSON_AddItemToObject(c, "message", msg);
+    } else {
+        cJSON_AddStringToObject(c, "text", g->text.raw ? g->text.raw : "");
+    }
+    cJSON_AddItemToObject(c, "logprobs", take_logprobs(g));
+    cJSON_AddStringToObject(c, "finish_reason", finish_reason(g, n_calls));
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddItemToObject(j, "usage", usage_json(g));
+    return j;
+}
+
+/* ----------------------------------------------------------------- SSE */
+
+static int pend_add(gen *g, const char *s, size_t n) {
+    if (g->n_pend + n > g->cap_pend) {
+        size_t c = (g->n_pend + n) * 2 + 1024;
+        char *nb = realloc(g->pend, c);
+        if (!nb) return -1;
+        g->pend = nb;
+        g->cap_pend = c;
+    }
+    memcpy(g->pend + g->n_pend, s, n);
+    g->n_pend += n;
+    return 0;
+}
+
+static void pend_event(gen *g, cJSON *j) {
+    char *t = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!t) return;
+    pend_add(g, "data: ", 6);
+    pend_add(g, t, strlen(t));
+    pend_add(g, "\n\n", 2);
+    cJSON_free(t);
+}
+
+static cJSON *chunk(gen *g, cJSON **delta_or_choice) {
+    cJSON *j = envelope(g, g->q.chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddItemToArray(choices, c);
+    if (g->q.chat) {
+        *delta_or_choice = cJSON_CreateObject();
+        cJSON_AddItemToObject(c, "delta", *delta_or_choice);
+    } else {
+        *delta_or_choice = c;
+    }
+    return j;
+}
+
+static cJSON *choice_of(cJSON *j) { return cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0); }
+
+static cJSON *str_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (!d) return cJSON_CreateString("");
+    memcpy(d, s, n);
+    d[n] = 0;
+    cJSON *j = cJSON_CreateString(d);
+    free(d);
+    return j;
+}
+
+/* the chunks for what the text released since the last call */
+static void pend_deltas(gen *g) {
+    const char *r, *c;
+    size_t rn, cn;
+    ds_oai_text_deltas(&g->text, &r, &rn, &c, &cn);
+    int has_lp = g->lp != NULL;
+    if (!rn && !cn && !has_lp) return;
+    cJSON *d, *j = chunk(g, &d);
+    if (g->q.chat) {
+        if (rn) cJSON_AddItemToObject(d, "reasoning_content", str_n(r, rn));
+        if (cn || !rn) cJSON_AddItemToObject(d, "content", str_n(c, cn));
+    } else {
+        cJSON_AddItemToObject(d, "text", str_n(c, cn));
+    }
+    cJSON_AddItemToObject(choice_of(j), "logprobs", take_logprobs(g));
+    cJSON_AddNullToObject(choice_of(j), "finish_reason");
+    pend_event(g, j);
+}
+
+static void pend_final(gen *g) {
+    pend_deltas(g);
+    int n_calls = 0;
+    cJSON *d, *j = chunk(g, &d);
+    if (g->q.chat) {
+        cJSON *msg = cJSON_CreateObject();
+        n_calls = ds_oai_text_message(&g->text, g->eos, g->hex, msg);
+        cJSON *calls = cJSON_DetachItemFromObject(msg, "tool_calls");
+        if (calls) {
+            int i = 0;
+            cJSON *x;
+            cJSON_ArrayForEach(x, calls) cJSON_AddNumberToObject(x, "index", i++);
+            cJSON_AddItemToObject(d, "tool_calls", calls);
+        }
+        cJSON_Delete(msg);
+    } else {
+        cJSON_AddStringToObject(d, "text", "");
+    }
+    cJSON_AddNullToObject(choice_of(j), "logprobs");
+    cJSON_AddStringToObject(choice_of(j), "finish_reason", finish_reason(g, n_calls));
+    if (g->q.include_usage) cJSON_AddNullToObject(j, "usage");
+    pend_event(g, j);
+    if (g->q.include_usage) {
+        cJSON *u = envelope(g, g->q.chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(u, "choices");
+        cJSON_AddItemToObject(u, "usage", usage_json(g));
+        pend_event(g, u);
+    }
+    pend_add(g, "data: [DONE]\n\n", 14);
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    gen *g = cls;
+    (void)pos;
+    for (;;) {
+        if (g->off_pend < g->n_pend) {
+            size_t k = g->n_pend - g->off_pend < max ? g->n_pend - g->off_pend : max;
+            memcpy(buf, g->pend + g->off_pend, k);
+            g->off_pend += k;
+            if (g->off_pend == g->n_pend) g->off_pend = g->n_pend = 0;
+            return (ssize_t)k;
+        }
+        if (g->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->phase == 0) {
+            g->phase = 1;
+            if (g->q.chat) {
+                cJSON *d, *j = chunk(g, &d);
+                cJSON_AddStringToObject(d, "role", "assistant");
+                cJSON_AddStringToObject(d, "content", "");
+                cJSON_AddNullToObject(choice_of(j), "logprobs");
+                cJSON_AddNullToObject(choice_of(j), "finish_reason");
+                pend_event(g, j);
+                continue;
+            }
+        }
+        int r = gen_advance(g, 0.25);
+        if (r < 0) {
+            if (g->info.state == DS_REQ_FAILED) { /* tell the client, then end */
+                ds_oai_error e;
+                ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g->info.error);
+                pend_event(g, error_json(&e));
+                g->phase = 2;
+                continue;
+            }
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (r == 1) {
+            pend_final(g);
+            g->phase = 2;
+        } else {
+            pend_deltas(g);
+        }
+    }
+}
+
+static void sse_free(void *cls) { gen_free(cls); }
+
+/* --------------------------------------------------------------- routes */
+
+static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn *k, int chat) {
+    ds_oai_error e;
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return MHD_NO;
+    g->s = s;
+    g->c = c;
+    g->created = (long long)time(NULL);
+    pthread_mutex_lock(&s->mu);
+    uint64_t id = ++s->next_id;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(g->hex, sizeof g->hex, "%016llx", (unsigned long long)id);
+    snprintf(g->id, sizeof g->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", g->hex);
+    /* default seed: distinct per request */
+    uint64_t seed = id * 0x9E3779B97F4A7C15ull ^ (uint64_t)g->created;
+    pthread_mutex_lock(&s->tok_mu);
+    int prc = ds_oai_parse(s->tok, s->cfg.model_id, s->cfg.ctx, seed, chat, k->body ? k->body : "", k->n, &g->q, &e);
+    pthread_mutex_unlock(&s->tok_mu);
+    if (prc) {
+        free(g);
+        return send_error(s, c, &e);
+    }
+    /* the request is in: from here the connection may wait for the queue and
+     * the generation as long as it takes (a client that leaves is noticed by
+     * peer_gone); the idle timeout guards only the reading of requests */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
+    ds_err err = {{0}};
+    if (ds_detok_stream_new(s->tok, DS_DECODE_SKIP_SPECIAL, &g->ds, &err)) {
+        gen_free(g);
+        ds_oai_fail(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
+        return send_error(s, c, &e);
+    }
+    ds_oai_text_init(&g->text, chat, g->q.thinking, (const char *const *)g->q.stop, g->q.n_stop);
+    int rc = ds_sched_submit(s->sched, g->q.prompt, g->q.n_prompt, &g->q.rp, &g->r, &err);
+    if (rc) {
+        gen_free(g);
+        if (rc == 1)
+            ds_oai_fail(&e, 429, "rate_limit_error", NULL, "queue_full",
+                        "The server's request queue is full; retry later");
+        else
+            ds_oai_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+        return send_error(s, c, &e);
+    }
+    if (g->q.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, g, sse_free);
+        if (!r) {
+            gen_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result qr = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        count_status(s, 200);
+        return qr;
+    }
+    int a;
+    while ((a = gen_advance(g, 0.25)) == 0) {
+    }
+    if (a < 0) {
+        enum MHD_Result res = MHD_NO; /* the client is gone: close */
+        if (g->info.state == DS_REQ_FAILED) {
+            ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g->info.error);
+            res = send_error(s, c, &e);
+        }
+        gen_free(g);
+        return res;
+    }
+    enum MHD_Result res = send_json(s, c, 200, final_json(g));
+    gen_free(g);
+    return res;
+}
+
+static enum MHD_Result handle_models(serve *s, struct MHD_Connection *c) {
+    cJSON *j = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(j, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON_AddStringToObject(m, "id", s->cfg.model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "dsv4");
+    cJSON_AddNumberToObject(m, "context_length", (double)s->cfg.ctx);
+    cJSON_AddItemToArray(a, m);
+    return send_json(s, c, 200, j);
+}
+
+typedef struct {
+    char *b;
+    size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->b ? b->b + b->n : NULL, b->b ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (b->b && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t c = (b->cap + (size_t)k + 1) * 2;
+        char *nb = realloc(b->b, c);
+        if (!nb) return;
+        b->b = nb;
+        b->cap = c;
+    }
+}
+
+static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
+    ds_sched_stats st;
+    ds_sched_get_stats(s->sched, &st, NULL, 0);
+    size_t ne = (size_t)st.n_moe_layers * (size_t)st.n_experts;
+    uint64_t *ex = calloc(ne ? ne : 1, sizeof *ex);
+    if (ex) ds_sched_get_stats(s->sched, &st, ex, (int)ne);
+    pthread_mutex_lock(&s->mu);
+    uint64_t http[6];
+    memcpy(http, s->http, sizeof http);
+    double ttft = s->ttft_n ? s->ttft_sum / (double)s->ttft_n : 0;
+    uint64_t ttft_n = s->ttft_n;
+    pthread_mutex_unlock(&s->mu);
+    sbuf b = {0};
+#define COUNTER(name, help, v) \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n", (unsigned long long)(v))
+#define GAUGE(name, help, fmt, v) sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
+    COUNTER("dsv4_requests_total", "Generation requests accepted.", st.requests);
+    COUNTER("dsv4_requests_rejected_total", "Requests refused because the queue was full (429).",
+            st.requests_rejected);
+    COUNTER("dsv4_requests_cancelled_total", "Requests cancelled (client gone or stop string).",
+            st.requests_cancelled);
+    COUNTER("dsv4_requests_failed_total", "Requests that failed in the engine.", st.requests_failed);
+    static const char *const cls[6] = {"2xx", "4xx", "401", "404", "429", "5xx"};
+    sb_printf(&b, "# HELP dsv4_http_responses_total HTTP responses by status.\n# TYPE dsv4_http_responses_total counter\n");
+    for (int i = 0; i < 6; i++)
+        sb_printf(&b, "dsv4_http_responses_total{status=\"%s\"} %llu\n", cls[i], (unsigned long long)http[i]);
+    GAUGE("dsv4_queue_depth", "Requests waiting to join the batch.", "%d", st.queued);
+    GAUGE("dsv4_running_requests", "Requests in the running batch.", "%d", st.running);
+    GAUGE("dsv4_live_sequences", "Sequence states in memory (running + cached for prefix reuse).", "%d",
+          st.live_seqs);
+    GAUGE("dsv4_sequence_bytes", "Bytes of sequence state in memory.", "%llu",
+          (unsigned long long)((uint64_t)st.live_seqs * ds_sched_seq_bytes(s->sched)));
+    COUNTER("dsv4_prompt_tokens_total", "Prompt tokens prefilled.", st.prompt_tokens);
+    COUNTER("dsv4_prompt_cached_tokens_total", "Prompt tokens taken from cached sequences (not prefilled).",
+            st.cached_tokens);
+    COUNTER("dsv4_generated_tokens_total", "Tokens generated.", st.gen_tokens);
+    GAUGE("dsv4_generation_tokens_per_second", "Generated tokens per second over the last 10 s.", "%.3f",
+          st.tokens_per_s);
+    sb_printf(&b, "# HELP dsv4_prefill_seconds_total Step time spent on prompt tokens (a mixed step is split by "
+                  "token count).\n# TYPE dsv4_prefill_seconds_total counter\ndsv4_prefill_seconds_total %.6f\n",
+              st.prefill_s);
+    sb_printf(&b, "# HELP dsv4_decode_seconds_total Step time spent on decode tokens.\n# TYPE "
+                  "dsv4_decode_seconds_total counter\ndsv4_decode_seconds_total %.6f\n",
+              st.decode_s);
+    COUNTER("dsv4_steps_total", "Forward steps.", st.steps);
+    GAUGE("dsv4_batch_size_mean", "Mean requests per step.", "%.3f", st.batch_mean);
+    sb_printf(&b, "# HELP dsv4_batch_size Requests per step.\n# TYPE dsv4_batch_size histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < 8; i++) {
+        cum += st.batch_hist[i];
+        if (i < 7) sb_printf(&b, "dsv4_batch_size_bucket{le=\"%d\"} %llu\n", (2 << i) - 1, (unsigned long long)cum);
+    }
+    sb_printf(&b, "dsv4_batch_size_bucket{le=\"+Inf\"} %llu\ndsv4_batch_size_count %llu\n", (unsigned long long)cum,
+              (unsigned long long)st.steps);
+    GAUGE("dsv4_time_to_first_token_seconds_mean", "Mean time from submit to the first token.", "%.6f", ttft);
+    COUNTER("dsv4_time_to_first_token_count", "Requests in that mean.", ttft_n);
+    sb_printf(&b, "# HELP dsv4_expert_tokens_total Tokens routed to each expert.\n# TYPE dsv4_expert_tokens_total "
+                  "counter\n");
+    for (int l = 0; ex && l < st.n_moe_layers; l++)
+        for (int x = 0; x < st.n_experts; x++)
+            sb_printf(&b, "dsv4_expert_tokens_total{layer=\"%d\",expert=\"%d\"} %llu\n", l, x,
+                      (unsigned long long)ex[(size_t)l * st.n_experts + x]);
+    free(ex);
+    enum MHD_Result rc = send_buf(s, c, 200, "text/plain; version=0.0.4", b.b ? b.b : "", b.n);
+    free(b.b);
+    return rc;
+#undef COUNTER
+#undef GAUGE
+}
+
+static int authorized(serve *s, struct MHD_Connection *c) {
+    if (!s->cfg.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->cfg.api_key);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_n, void **con_cls) {
+    serve *s = cls;
+    (void)version;
+    conn *k = *con_cls;
+    if (!k) {
+        if (!(k = calloc(1, sizeof *k))) return MHD_NO;
+        k->s = s;
+        *con_cls = k;
+        return MHD_YES;
+    }
+    if (*upload_n) { /* body bytes: keep up to max_body, then discard */
+        if (!k->too_big && k->n + *upload_n <= s->cfg.max_body) {
+            if (k->n + *upload_n + 1 > k->cap) {
+                size_t nc = (k->n + *upload_n + 1) * 2;
+                if (nc > s->cfg.max_body + 1) nc = s->cfg.max_body + 1;
+                char *nb = realloc(k->body, nc);
+                if (!nb) return MHD_NO;
+                k->body = nb;
+                k->cap = nc;
+            }
+            memcpy(k->body + k->n, upload, *upload_n);
+            k->n += *upload_n;
+        } else {
+            k->too_big = 1;
+        }
+        *upload_n = 0;
+        return MHD_YES;
+    }
+    ds_oai_error e;
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strncmp(url, "/v1/", 4) && !authorized(s, c)) {
+        ds_oai_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "Incorrect API key provided.");
+        return send_error(s, c, &e);
+    }
+    if (k->too_big) {
+        ds_oai_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                    "The request body is over %zu bytes (--max-body)", s->cfg.max_body);
+        return send_error(s, c, &e);
+    }
+    if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
+        return send_buf(s, c, 200, "text/html; charset=utf-8", ds_chat_page, ds_chat_page_len);
+    if (get && !strcmp(url, "/health")) return send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    if (get && !strcmp(url, "/metrics")) return handle_metrics(s, c);
+    if (get && !strcmp(url, "/v1/models")) return handle_models(s, c);
+    if (post && !strcmp(url, "/v1/chat/completions")) return handle_generate(s, c, k, 1);
+    if (post && !strcmp(url, "/v1/completions")) return handle_generate(s, c, k, 0);
+    int known = !strcmp(url, "/") || !strcmp(url, "/health") || !strcmp(url, "/metrics") ||
+                !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") ||
+                !strcmp(url, "/v1/completions");
+    if (known) {
+        ds_oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %s", method,
+                    url);
+        return send_error(s, c, &e);
+    }
+    ds_oai_fail(&e, 404, "invalid_request_error", NULL, "not_found", "No route %s %.200s", method, url);
+    return send_error(s, c, &e);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
+    (void)cls;
+    (void)c;
+    (void)t;
+    conn *k = *con_cls;
+    if (!k) return;
+    free(k->body);
+    free(k);
+    *con_cls = NULL;
+}
+
+int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_sched *sched, serve **out) {
+    *out = NULL;
+    serve *s = calloc(1, sizeof *s);
+    if (!s) return -1;
+    s->cfg = *cfg;
+    s->m = m;
+    s->tok = tok;
+    s->sched = sched;
+    pthread_mutex_init(&s->tok_mu, NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)cfg->port);
+    if (inet_pton(AF_INET, cfg->host, &a.sin_addr) != 1) {
+        fprintf(stderr, "dsv4 serve: --host '%s' is not an IPv4 address\n", cfg->host);
+        serve_stop(s);
+        return -1;
+    }
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                            (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &a,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)cfg->max_conns, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        fprintf(stderr, "dsv4 serve: cannot listen on %s:%d (in use or not permitted)\n", cfg->host, cfg->port);
+        serve_stop(s);
+        return -1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    printf("listening on http://%s:%u\n", cfg->host, di ? di->port : (unsigned)cfg->port);
+    fflush(stdout);
+    *out = s;
+    return 0;
+}
+
+void serve_stop(serve *s) {
+    if (!s) return;
+    if (s->d) MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->tok_mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,30 @@
+/* serve_http.h — the HTTP side of `dsv4 serve` (libmicrohttpd, one thread per
+ * connection): routes, API-key check, OpenAI JSON and SSE responses, metrics. */
+#ifndef DS_SERVE_HTTP_H
+#define DS_SERVE_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "text/tokenizer.h"
+#include "model/model.h"
+#include "runtime/scheduler.h"
+
+typedef struct serve_cfg {
+    const char *host;    /* numeric IPv4 address to bind */
+    int port;            /* 0: any free port (printed) */
+    const char *api_key; /* NULL: no key */
+    const char *model_id;
+    int64_t ctx;
+    size_t max_body;     /* bytes of a request body at most */
+    int timeout_s;       /* idle connection timeout */
+    int max_conns;
+} serve_cfg;
+
+typedef struct serve serve;
+
+/* Starts listening; prints "listening on http://HOST:PORT" on stdout. */
+int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_sched *sched, serve **out);
+void serve_stop(serve *s);
+
+#endif

@@ -1,0 +1,595 @@
+/* scheduler.c — see scheduler.h. */
+#include "runtime/scheduler.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "model/forward.h"
+#include "model/state.h"
+
+struct ds_req {
+    /* immutable after submit */
+    int32_t *hist; /* prompt + generated tokens: [n_prompt + max_new] */
+    int n_prompt;
+    ds_req_params p;
+    ds_sched *s;
+    /* under s->mu */
+    int refs;
+    int cancel;
+    ds_req_info info;
+    ds_req_token *out; /* [max_new] */
+    pthread_cond_t cv;
+    struct ds_req *next; /* queue link */
+    /* scheduler thread only */
+    ds_seq *seq;
+    int n_fed; /* prompt tokens already in seq */
+};
+
+typedef struct {
+    ds_seq *seq;
+    int32_t *toks; /* the tokens in seq */
+    int n;
+    uint64_t used;
+} cache_entry;
+
+struct ds_sched {
+    const ds_model *m;
+    const ds_backend *be;
+    ds_sched_opts o;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t work;
+    int stop, joined;
+    ds_req *q_head, *q_tail;
+    int n_queued;
+    ds_req **run; /* [max_seqs], scheduler thread (count read under mu) */
+    int n_run;
+    cache_entry *cache;
+    int n_cache;
+    uint64_t clock;
+    /* step buffers */
+    ds_batch_item *items;
+    ds_req **item_req;
+    float *logits; /* [max_seqs][vocab] */
+    double *lse_tmp;
+    ds_sample_scratch *scr;
+    /* statistics (under mu) */
+    ds_sched_stats st;
+    uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
+    uint64_t *expert_step;   /* the step's counts, merged under mu */
+    double rate_t[64];
+    uint64_t rate_n[64];
+    int rate_i;
+};
+
+void ds_sched_opts_init(ds_sched_opts *o) {
+    o->max_seqs = 16;
+    o->max_queue = 64;
+    o->ctx = 4096;
+    o->step_tokens = 256;
+    o->prefill_chunk = 128;
+    o->cache_seqs = 4;
+}
+
+uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
+
+/* ------------------------------------------------------------ request side */
+
+static void req_free(ds_req *r) {
+    if (!r) return;
+    pthread_cond_destroy(&r->cv);
+    free(r->hist);
+    free(r->out);
+    free(r);
+}
+
+/* Drops one reference (under s->mu); frees at zero. */
+static void req_unref_locked(ds_req *r) {
+    if (--r->refs == 0) req_free(r);
+}
+
+int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
+                    ds_err *err) {
+    *out = NULL;
+    const int V = s->m->cfg.vocab_size;
+    if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return ds_fail(err, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i, (int)prompt[i], V);
+    if (p->max_new < 1) return ds_fail(err, "max_tokens is %d (must be >= 1)", p->max_new);
+    if ((int64_t)n_prompt + p->max_new > s->o.ctx)
+        return ds_fail(err,
+                       "this model's context is %lld tokens; the request needs %lld (%d in the prompt, %d to "
+                       "generate)",
+                       (long long)s->o.ctx, (long long)n_prompt + p->max_new, n_prompt, p->max_new);
+    if (p->top_logprobs < -1 || p->top_logprobs > DS_SCHED_MAX_TOP)
+        return ds_fail(err, "top_logprobs is %d (must be in [0, %d])", p->top_logprobs, DS_SCHED_MAX_TOP);
+    if (p->n_stop < 0 || p->n_stop > 8) return ds_fail(err, "%d stop tokens (at most 8)", p->n_stop);
+    if (ds_sampling_validate(&p->sampling, err)) return -1;
+
+    ds_req *r = calloc(1, sizeof *r);
+    if (!r) return ds_fail(err, "out of memory");
+    r->hist = malloc(((size_t)n_prompt + (size_t)p->max_new) * sizeof *r->hist);
+    r->out = malloc((size_t)p->max_new * sizeof *r->out);
+    if (!r->hist || !r->out) {
+        free(r->hist);
+        free(r->out);
+        free(r);
+        return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p->max_new);
+    }
+    pthread_cond_init(&r->cv, NULL);
+    memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
+    r->n_prompt = n_prompt;
+    r->p = *p;
+    r->s = s;
+    r->refs = 2;
+    r->info.state = DS_REQ_QUEUED;
+    r->info.n_prompt = n_prompt;
+    r->info.t_submit = ds_now();
+
+    pthread_mutex_lock(&s->mu);
+    if (s->n_queued >= s->o.max_queue || s->stop) {
+        s->st.requests_rejected++;
+        pthread_mutex_unlock(&s->mu);
+        req_free(r);
+        return 1;
+    }
+    if (s->q_tail) s->q_tail->next = r;
+    else s->q_head = r;
+    s->q_tail = r;
+    s->n_queued++;
+    s->st.requests++;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    *out = r;
+    return 0;
+}
+
+static int req_ended(const ds_req *r) { return r->info.state >= DS_REQ_DONE_STOP; }
+
+int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
+    ds_sched *s = r->s;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + timeout_s;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    pthread_mutex_lock(&s->mu);
+    while (r->info.n_out <= have && !req_ended(r))
+        if (pthread_cond_timedwait(&r->cv, &s->mu, &ts)) break;
+    int n = r->info.n_out;
+    if (info) *info = r->info;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out) {
+    pthread_mutex_lock(&r->s->mu);
+    memcpy(out, r->out + from, (size_t)n * sizeof *out);
+    pthread_mutex_unlock(&r->s->mu);
+}
+
+void ds_req_cancel(ds_req *r) {
+    pthread_mutex_lock(&r->s->mu);
+    r->cancel = 1;
+    pthread_cond_signal(&r->s->work);
+    pthread_mutex_unlock(&r->s->mu);
+}
+
+void ds_req_release(ds_req *r) {
+    if (!r) return;
+    ds_sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    r->cancel = 1;
+    pthread_cond_signal(&s->work);
+    req_unref_locked(r);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* -------------------------------------------------------- scheduler thread */
+
+static void route_hook(void *ctx, int layer, int item, int tok, const int *experts, int k) {
+    ds_sched *s = ctx;
+    (void)item;
+    (void)tok;
+    int E = s->m->cfg.n_routed_experts;
+    for (int i = 0; i < k; i++)
+        if (experts[i] >= 0 && experts[i] < E) s->expert_step[(size_t)layer * E + experts[i]]++;
+}
+
+/* A sequence for r: the cached one holding the longest proper prefix of its
+ * prompt, else a fresh one. */
+static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
+    int best = -1, best_n = 0;
+    for (int i = 0; i < s->n_cache; i++) {
+        cache_entry *c = &s->cache[i];
+        if (c->n > best_n && c->n < r->n_prompt && !memcmp(c->toks, r->hist, (size_t)c->n * sizeof *c->toks)) {
+            best = i;
+            best_n = c->n;
+        }
+    }
+    if (best >= 0) {
+        r->seq = s->cache[best].seq;
+        r->n_fed = best_n;
+        free(s->cache[best].toks);
+        s->cache[best] = s->cache[--s->n_cache];
+        return 0;
+    }
+    r->n_fed = 0;
+    if (s->n_cache && s->n_cache + s->n_run >= s->o.max_seqs + s->o.cache_seqs) {
+        /* keep the live count bounded: reuse the least recently used cached sequence */
+        int lru = 0;
+        for (int i = 1; i < s->n_cache; i++)
+            if (s->cache[i].used < s->cache[lru].used) lru = i;
+        r->seq = s->cache[lru].seq;
+        ds_seq_reset(r->seq);
+        free(s->cache[lru].toks);
+        s->cache[lru] = s->cache[--s->n_cache];
+        return 0;
+    }
+    return ds_seq_new(s->m, s->o.ctx, &r->seq, err);
+}
+
+/* Keeps r's sequence for prefix reuse (or frees it). */
+static void park_seq(ds_sched *s, ds_req *r, int keep) {
+    ds_seq *q = r->seq;
+    r->seq = NULL;
+    if (!q) return;
+    int n = r->n_prompt + r->info.n_out - 1;
+    if (!keep || s->o.cache_seqs <= 0 || r->info.n_out < 1 || q->pos != n) {
+        ds_seq_free(q);
+        return;
+    }
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    if (!toks) {
+        ds_seq_free(q);
+        return;
+    }
+    memcpy(toks, r->hist, (size_t)n * sizeof *toks);
+    if (s->n_cache == s->o.cache_seqs) {
+        int lru = 0;
+        for (int i = 1; i < s->n_cache; i++)
+            if (s->cache[i].used < s->cache[lru].used) lru = i;
+        ds_seq_free(s->cache[lru].seq);
+        free(s->cache[lru].toks);
+        s->cache[lru] = s->cache[--s->n_cache];
+    }
+    s->cache[s->n_cache++] = (cache_entry){q, toks, n, ++s->clock};
+}
+
+/* Ends r (under mu): state, wake its waiter, drop the scheduler's reference. */
+static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *msg) {
+    r->info.state = st;
+    r->info.t_done = ds_now();
+    if (msg) snprintf(r->info.error, sizeof r->info.error, "%s", msg);
+    if (st == DS_REQ_CANCELLED) s->st.requests_cancelled++;
+    if (st == DS_REQ_FAILED) s->st.requests_failed++;
+    pthread_cond_broadcast(&r->cv);
+    req_unref_locked(r);
+}
+
+/* log-softmax of the logits into the token record (double sums in id order). */
+static void fill_logprobs(ds_sched *s, const float *lg, int V, ds_req_token *t, int top) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if ((double)lg[i] > mx) mx = (double)lg[i];
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)lg[i] - mx);
+    double lse = mx + log(z);
+    t->logprob = (float)((double)lg[t->id] - lse);
+    t->n_top = 0;
+    for (int k = 0; k < top; k++) { /* selection of the k-th largest, ties to the lower id */
+        int best = -1;
+        for (int i = 0; i < V; i++) {
+            int taken = 0;
+            for (int j = 0; j < t->n_top; j++) taken |= t->top_id[j] == i;
+            if (taken) continue;
+            if (best < 0 || lg[i] > lg[best]) best = i;
+        }
+        if (best < 0) break;
+        t->top_id[t->n_top] = best;
+        t->top_logprob[t->n_top++] = (float)((double)lg[best] - lse);
+    }
+    (void)s;
+}
+
+static void rate_add(ds_sched *s, double t, uint64_t n) {
+    s->rate_i = (s->rate_i + 1) % 64;
+    s->rate_t[s->rate_i] = t;
+    s->rate_n[s->rate_i] = n;
+}
+
+static void *sched_main(void *arg) {
+    ds_sched *s = arg;
+    const ds_model *m = s->m;
+    const int V = m->cfg.vocab_size;
+    const size_t n_exp = (size_t)m->cfg.n_layers * (size_t)m->cfg.n_routed_experts;
+    ds_observer obs = {route_hook, NULL, s};
+    for (;;) {
+        /* ---- step boundary: drop cancelled requests, admit queued ones */
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->n_run && !s->q_head) pthread_cond_wait(&s->work, &s->mu);
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        int k = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            ds_req *r = s->run[i];
+            if (r->cancel) {
+                ds_seq_free(r->seq);
+                r->seq = NULL;
+                finish_locked(s, r, DS_REQ_CANCELLED, NULL);
+            } else {
+                s->run[k++] = r;
+            }
+        }
+        s->n_run = k;
+        for (ds_req **pp = &s->q_head; *pp;) { /* cancelled while queued */
+            ds_req *r = *pp;
+            if (r->cancel) {
+                *pp = r->next;
+                s->n_queued--;
+                finish_locked(s, r, DS_REQ_CANCELLED, NULL);
+            } else {
+                pp = &r->next;
+            }
+        }
+        s->q_tail = NULL;
+        for (ds_req *r = s->q_head; r; r = r->next) s->q_tail = r;
+        ds_req *admit[256];
+        int n_admit = 0;
+        while (s->q_head && s->n_run + n_admit < s->o.max_seqs && n_admit < 256) {
+            ds_req *r = s->q_head;
+            s->q_head = r->next;
+            if (!s->q_head) s->q_tail = NULL;
+            r->next = NULL;
+            s->n_queued--;
+            admit[n_admit++] = r;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n_admit; i++) {
+            ds_req *r = admit[i];
+            ds_err err = {{0}};
+            int rc = acquire_seq(s, r, &err);
+            pthread_mutex_lock(&s->mu);
+            if (rc) {
+                finish_locked(s, r, DS_REQ_FAILED, err.msg);
+            } else {
+                r->info.state = DS_REQ_RUNNING;
+                r->info.n_cached = r->n_fed;
+                s->st.cached_tokens += (uint64_t)r->n_fed;
+                s->run[s->n_run++] = r;
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (!s->n_run) continue;
+
+        /* ---- one step: every decoding request one token, then prompt chunks under the budget */
+        int n_items = 0, n_decode = 0, n_prefill = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            ds_req *r = s->run[i];
+            if (r->n_fed < r->n_prompt) continue;
+            int n_hist = r->n_prompt + r->info.n_out;
+            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[n_hist - 1], 1, s->logits + (size_t)n_items * V, 0};
+            s->item_req[n_items++] = r;
+            n_decode++;
+        }
+        int budget = s->o.step_tokens - n_decode;
+        for (int i = 0; i < s->n_run && budget > 0; i++) {
+            ds_req *r = s->run[i];
+            int left = r->n_prompt - r->n_fed;
+            if (left <= 0) continue;
+            int take = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
+            if (take > budget) take = budget;
+            int last = take == left;
+            s->items[n_items] = (ds_batch_item){r->seq, r->hist + r->n_fed, take,
+                                                last ? s->logits + (size_t)n_items * V : NULL, 0};
+            s->item_req[n_items++] = r;
+            r->n_fed += take;
+            budget -= take;
+            n_prefill += take;
+        }
+        memset(s->expert_step, 0, n_exp * sizeof *s->expert_step);
+        double t0 = ds_now();
+        ds_err err = {{0}};
+        int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
+        double t1 = ds_now();
+
+        /* ---- sample, publish, retire */
+        int n_gen = 0;
+        for (int i = 0; i < n_items; i++) {
+            ds_req *r = s->item_req[i];
+            if (frc || !s->items[i].logits) continue;
+            const float *lg = s->items[i].logits;
+            int n_hist = r->n_prompt + r->info.n_out;
+            ds_req_token t;
+            memset(&t, 0, sizeof t);
+            ds_err serr = {{0}};
+            int src = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr, &t.id, &serr);
+            if (src) {
+                pthread_mutex_lock(&s->mu);
+                r->cancel = 1; /* removed below */
+                snprintf(r->info.error, sizeof r->info.error, "%s", serr.msg);
+                pthread_mutex_unlock(&s->mu);
+                continue;
+            }
+            if (r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, &t, r->p.top_logprobs);
+            r->hist[n_hist] = t.id;
+            n_gen++;
+            pthread_mutex_lock(&s->mu);
+            r->out[r->info.n_out++] = t;
+            if (r->info.n_out == 1) r->info.t_first = ds_now();
+            pthread_cond_broadcast(&r->cv);
+            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_mutex_lock(&s->mu);
+        s->st.steps++;
+        s->st.prompt_tokens += (uint64_t)n_prefill;
+        s->st.gen_tokens += (uint64_t)n_gen;
+        int tot = n_prefill + n_decode;
+        if (tot > 0) {
+            s->st.prefill_s += (t1 - t0) * n_prefill / tot;
+            s->st.decode_s += (t1 - t0) * n_decode / tot;
+        }
+        s->st.batch_mean += ((double)n_items - s->st.batch_mean) / (double)s->st.steps;
+        int b = 0;
+        while (b < 7 && (n_items >> (b + 1)) > 0) b++;
+        s->st.batch_hist[b]++;
+        for (size_t i = 0; i < n_exp; i++) s->expert_tokens[i] += s->expert_step[i];
+        rate_add(s, t1, (uint64_t)n_gen);
+        k = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            ds_req *r = s->run[i];
+            if (frc) {
+                ds_seq_free(r->seq);
+                r->seq = NULL;
+                finish_locked(s, r, DS_REQ_FAILED, err.msg);
+                continue;
+            }
+            if (r->info.error[0]) { /* sampling failed */
+                ds_seq_free(r->seq);
+                r->seq = NULL;
+                finish_locked(s, r, DS_REQ_FAILED, NULL);
+                continue;
+            }
+            int n_out = r->info.n_out;
+            int stop = n_out > 0 && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
+            int full = n_out >= r->p.max_new || (n_out > 0 && r->seq->pos + 1 > r->seq->max_len);
+            if (stop || full) {
+                park_seq(s, r, 1);
+                finish_locked(s, r, stop ? DS_REQ_DONE_STOP : DS_REQ_DONE_LENGTH, NULL);
+            } else {
+                s->run[k++] = r;
+            }
+        }
+        s->n_run = k;
+        s->st.cached_seqs = s->n_cache;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* --------------------------------------------------------------- lifecycle */
+
+int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts *o, ds_sched **out, ds_err *err) {
+    *out = NULL;
+    if (o->max_seqs < 1 || o->max_seqs > 256) return ds_fail(err, "max-seqs is %d (must be in [1, 256])", o->max_seqs);
+    if (o->max_queue < 0) return ds_fail(err, "the queue limit is %d (must be >= 0)", o->max_queue);
+    if (o->ctx < 2) return ds_fail(err, "ctx is %lld (must be >= 2)", (long long)o->ctx);
+    if (o->step_tokens < o->max_seqs)
+        return ds_fail(err, "the step budget of %d tokens is below max-seqs %d (every running request needs one)",
+                       o->step_tokens, o->max_seqs);
+    if (o->prefill_chunk < 1) return ds_fail(err, "prefill chunk is %d (must be >= 1)", o->prefill_chunk);
+    if (o->cache_seqs < 0 || o->cache_seqs > 1024) return ds_fail(err, "cache-seqs is %d", o->cache_seqs);
+    ds_sched *s = calloc(1, sizeof *s);
+    if (!s) return ds_fail(err, "out of memory");
+    s->m = m;
+    s->be = be;
+    s->o = *o;
+    const int V = m->cfg.vocab_size;
+    const size_t n_exp = (size_t)m->cfg.n_layers * (size_t)m->cfg.n_routed_experts;
+    int max_items = o->max_seqs;
+    s->run = calloc((size_t)o->max_seqs, sizeof *s->run);
+    s->cache = calloc((size_t)(o->cache_seqs ? o->cache_seqs : 1), sizeof *s->cache);
+    s->items = calloc((size_t)max_items, sizeof *s->items);
+    s->item_req = calloc((size_t)max_items, sizeof *s->item_req);
+    s->logits = malloc((size_t)max_items * (size_t)V * sizeof *s->logits);
+    s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
+    s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
+    if (!s->run || !s->cache || !s->items || !s->item_req || !s->logits || !s->expert_tokens || !s->expert_step) {
+        ds_sched_stop(s);
+        return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
+    }
+    if (!(s->scr = ds_sample_scratch_create(V, err))) {
+        free(s->run), s->run = NULL;
+        ds_sched_stop(s);
+        return -1;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    if (pthread_create(&s->th, NULL, sched_main, s)) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work);
+        free(s->run), s->run = NULL;
+        ds_sched_stop(s);
+        return ds_fail(err, "cannot start the scheduler thread");
+    }
+    *out = s;
+    return 0;
+}
+
+void ds_sched_shutdown(ds_sched *s) {
+    if (s->run && !s->joined) { /* started: stop the thread, end every request */
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->n_run; i++) {
+            ds_seq_free(s->run[i]->seq);
+            s->run[i]->seq = NULL;
+            finish_locked(s, s->run[i], DS_REQ_CANCELLED, "the server is shutting down");
+        }
+        while (s->q_head) {
+            ds_req *r = s->q_head;
+            s->q_head = r->next;
+            finish_locked(s, r, DS_REQ_CANCELLED, "the server is shutting down");
+        }
+        s->q_tail = NULL;
+        s->n_queued = 0;
+        s->n_run = 0;
+        pthread_mutex_unlock(&s->mu);
+        s->joined = 1;
+    }
+}
+
+void ds_sched_stop(ds_sched *s) {
+    if (!s) return;
+    if (s->run) {
+        ds_sched_shutdown(s);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->work);
+    }
+    for (int i = 0; i < s->n_cache; i++) {
+        ds_seq_free(s->cache[i].seq);
+        free(s->cache[i].toks);
+    }
+    ds_sample_scratch_free(s->scr);
+    free(s->run);
+    free(s->cache);
+    free(s->items);
+    free(s->item_req);
+    free(s->logits);
+    free(s->expert_tokens);
+    free(s->expert_step);
+    free(s);
+}
+
+void ds_sched_get_stats(ds_sched *s, ds_sched_stats *out, uint64_t *expert_tokens_out, int copy_cap) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->queued = s->n_queued;
+    out->running = s->n_run;
+    out->live_seqs = s->n_run + s->st.cached_seqs;
+    out->n_moe_layers = s->m->cfg.n_layers;
+    out->n_experts = s->m->cfg.n_routed_experts;
+    size_t n_exp = (size_t)out->n_moe_layers * (size_t)out->n_experts;
+    if (expert_tokens_out && (size_t)copy_cap >= n_exp)
+        memcpy(expert_tokens_out, s->expert_tokens, n_exp * sizeof *expert_tokens_out);
+    double now = ds_now(), t_old = now;
+    uint64_t n = 0;
+    for (int i = 0; i < 64; i++)
+        if (s->rate_t[i] > now - 10.0) {
+            n += s->rate_n[i];
+            if (s->rate_t[i] < t_old) t_old = s->rate_t[i];
+        }
+    out->tokens_per_s = now - t_old > 0.5 ? (double)n / (now - t_old) : 0;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,125 @@
+/* scheduler.h — continuous batching for a server: requests join and leave a
+ * running batch at step boundaries. Each step advances every decoding request
+ * by one token and spends what is left of a per-step token budget on prompt
+ * chunks of the requests still prefilling, all in one ds_forward call.
+ *
+ * Exactness: ds_forward gives every token the same bits whatever the batch
+ * and however its prompt was chunked, and ds_sample draws from an RNG keyed by
+ * (seed, position), so a request's tokens do not depend on the other
+ * requests, on when it joined or on a reused prefix.
+ *
+ * Prefix reuse: a finished request leaves its sequence (prompt + generated
+ * tokens but the last) in a small cache; a new request whose prompt extends
+ * one of those token lists continues from that state and prefills only the
+ * rest.
+ *
+ * Threads: one scheduler thread owns the model calls, the sequences and the
+ * cache. Any thread may submit, wait for, cancel and release requests. Every
+ * call into the model is in scheduler.c. */
+#ifndef DS_SCHEDULER_H
+#define DS_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+#define DS_SCHED_MAX_TOP 20 /* top_logprobs at most */
+
+typedef struct ds_sched_opts {
+    int max_seqs;      /* requests in the running batch at most (default 16) */
+    int max_queue;     /* requests waiting to join at most; more: ds_sched_submit says full (default 64) */
+    int64_t ctx;       /* tokens per sequence: prompt + generated (default 4096) */
+    int step_tokens;   /* tokens per forward step at most (default 256; >= max_seqs) */
+    int prefill_chunk; /* prompt tokens of one request per step at most (default 128) */
+    int cache_seqs;    /* finished sequences kept for prefix reuse (default 4; 0 = off) */
+} ds_sched_opts;
+
+void ds_sched_opts_init(ds_sched_opts *o);
+
+typedef struct ds_req_params {
+    ds_sampling sampling;
+    int max_new;         /* tokens to generate at most (>= 1), the stop token included */
+    int32_t stop_ids[8]; /* tokens that end generation (reported, with finish STOP) */
+    int n_stop;
+    int top_logprobs;    /* -1: no log-probabilities; 0..DS_SCHED_MAX_TOP: the chosen token's and this many
+                            alternatives' */
+} ds_req_params;
+
+typedef enum {
+    DS_REQ_QUEUED,
+    DS_REQ_RUNNING,
+    DS_REQ_DONE_STOP,   /* a stop token was sampled */
+    DS_REQ_DONE_LENGTH, /* max_new tokens or the context is full */
+    DS_REQ_CANCELLED,
+    DS_REQ_FAILED,      /* see ds_req_info.error */
+} ds_req_state;
+
+/* One generated token. logprob / top_*: log-softmax of the model's logits
+ * (before penalties and temperature); set when top_logprobs >= 0. */
+typedef struct ds_req_token {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[DS_SCHED_MAX_TOP];
+    float top_logprob[DS_SCHED_MAX_TOP];
+} ds_req_token;
+
+typedef struct ds_req_info {
+    ds_req_state state;
+    int n_prompt, n_cached; /* prompt tokens, of which taken from a cached sequence */
+    int n_out;              /* tokens generated so far */
+    double t_submit, t_first, t_done; /* ds_now() times (0: not yet) */
+    char error[1024];
+} ds_req_info;
+
+typedef struct ds_sched ds_sched;
+typedef struct ds_req ds_req;
+
+/* Prometheus-style counters and gauges (copied under the lock). */
+typedef struct ds_sched_stats {
+    uint64_t requests, requests_rejected, requests_cancelled, requests_failed;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens, steps;
+    double prefill_s, decode_s; /* step time split in proportion to prefill / decode tokens */
+    int queued, running, cached_seqs, live_seqs;
+    double batch_mean;          /* mean items per step */
+    uint64_t batch_hist[8];     /* steps with 1, 2-3, 4-7, ..., >= 128 items */
+    int n_moe_layers, n_experts; /* the expert-load table's shape */
+    double tokens_per_s;        /* generated tokens per second over the last 10 s */
+} ds_sched_stats;
+
+/* Starts the scheduler thread; *out on success. Errors name the option at
+ * fault. */
+int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts *o, ds_sched **out, ds_err *err);
+/* Stops the thread and ends every request (CANCELLED); requests still held
+ * by callers stay valid (wait / release them) until ds_sched_stop. */
+void ds_sched_shutdown(ds_sched *s);
+/* ds_sched_shutdown, then frees everything. Release every request first. */
+void ds_sched_stop(ds_sched *s);
+
+/* Queues a request; the prompt is copied. Returns 0 (*out: release it with
+ * ds_req_release), 1 when the queue is full (nothing queued), -1 on bad
+ * input (err names the field: empty prompt, a token out of the vocabulary, a
+ * prompt + max_new over ctx, bad sampling). */
+int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
+                    ds_err *err);
+
+/* Waits until the request has more than `have` tokens or has ended, or until
+ * timeout_s passed. Returns the token count; *info gets the state. */
+int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info);
+/* Copies tokens [from, from + n) (they must exist). */
+void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out);
+/* Asks the scheduler to drop the request at the next step boundary (its
+ * sequence is freed); state becomes CANCELLED unless it had ended. */
+void ds_req_cancel(ds_req *r);
+/* The caller's reference; a request still running is cancelled. */
+void ds_req_release(ds_req *r);
+
+/* The counters; expert_tokens (may be NULL): routed tokens per [layer][expert]
+ * when copy_cap >= n_moe_layers * n_experts. */
+void ds_sched_get_stats(ds_sched *s, ds_sched_stats *out, uint64_t *expert_tokens, int copy_cap);
+/* Bytes of one sequence's state at ctx. */
+uint64_t ds_sched_seq_bytes(const ds_sched *s);
+
+#endif

@@ -1,0 +1,267 @@
+/* test_scheduler.c — the continuous-batching scheduler against ds_generate
+ * (one request at a time, no scheduler) on the bundled model: requests of
+ * different lengths and seeds, submitted together with a small step budget
+ * (so prompts are chunked and mixed with decodes), give exactly the tokens
+ * ds_generate gives each alone; a request that extends a finished one
+ * reuses its sequence and still gets the same tokens and log-probabilities
+ * bit for bit as with reuse off; a full queue refuses; cancel ends a request.
+ * Also the OpenAI text layer: plain-text rule, stop strings, thinking split,
+ * DSML tool calls parsed back. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "runtime/openai_chat.h"
+#include "runtime/scheduler.h"
+#include "testutil.h"
+
+#define NREQ 6
+
+typedef struct {
+    int32_t ids[256];
+    int n;
+} gen_out;
+
+static int collect(void *ctx, int32_t token, int is_stop, const char *text, size_t n) {
+    gen_out *o = ctx;
+    (void)is_stop, (void)text, (void)n;
+    if (token >= 0 && o->n < 256) o->ids[o->n++] = token;
+    return 0;
+}
+
+static void run_all(ds_sched *s, int32_t *const *prompts, const int *np, const ds_req_params *rp, int n,
+                    ds_req_token (*out)[64], int *n_out, ds_req_info *info) {
+    ds_req *r[NREQ];
+    for (int i = 0; i < n; i++) {
+        ds_err err;
+        int rc = ds_sched_submit(s, prompts[i], np[i], &rp[i], &r[i], &err);
+        CHECK(rc == 0, "submit %d: %d %s", i, rc, rc < 0 ? err.msg : "");
+    }
+    for (int i = 0; i < n; i++) {
+        for (;;) {
+            ds_req_wait(r[i], 1 << 30, 5.0, &info[i]);
+            if (info[i].state >= DS_REQ_DONE_STOP) break;
+        }
+        n_out[i] = info[i].n_out;
+        ds_req_tokens(r[i], 0, info[i].n_out, out[i]);
+        ds_req_release(r[i]);
+    }
+}
+
+static void test_openai_text(ds_tokenizer *tok) {
+    /* plain-text rule: normal messages tokenize exactly as the template with
+     * every added token parsed; a user's "<｜User｜>" stays text */
+    ds_chat_msg msgs[3] = {{0}};
+    msgs[0].role = DS_CHAT_ROLE_SYSTEM;
+    msgs[0].content = "You are a scribe.";
+    msgs[1].role = DS_CHAT_ROLE_USER;
+    msgs[1].content = "In the beginning";
+    ds_chat_opts co = {0};
+    char *p;
+    size_t pn, na, nb;
+    int32_t *a, *b;
+    ds_err err;
+    CHECK(!ds_chat_encode(msgs, 2, &co, &p, &pn, &err), "%s", err.msg);
+    CHECK(!ds_tokenizer_encode(tok, p, pn, DS_TOK_PARSE_ALL, &a, &na, &err), "%s", err.msg);
+    CHECK(!ds_oai_encode_chat(tok, msgs, 2, &co, &b, &nb, &err), "%s", err.msg);
+    CHECK(na == nb && !memcmp(a, b, na * sizeof *a), "plain chat: %zu vs %zu tokens", na, nb);
+    free(p), free(a), free(b);
+    msgs[1].content = "say " DS_CHAT_USER " and " DS_CHAT_EOS;
+    int32_t user = ds_tokenizer_token_id(tok, DS_CHAT_USER), eos = ds_tokenizer_eos_id(tok);
+    CHECK(!ds_oai_encode_chat(tok, msgs, 2, &co, &b, &nb, &err), "%s", err.msg);
+    int n_user = 0, n_eos = 0;
+    for (size_t i = 0; i < nb; i++) n_user += b[i] == user, n_eos += b[i] == eos;
+    CHECK(n_user == 1 && n_eos == 0, "control tokens from user text: %d User, %d EOS", n_user, n_eos);
+    free(b);
+
+    /* stop strings across pushes; the text before the stop is kept */
+    const char *stops[] = {"LORD"};
+    ds_oai_text t;
+    ds_oai_text_init(&t, 0, 0, stops, 1);
+    CHECK(ds_oai_text_push(&t, "and the LO", 10) == 0, "no stop yet");
+    const char *r, *c;
+    size_t rn, cn;
+    ds_oai_text_deltas(&t, &r, &rn, &c, &cn);
+    CHECK(cn == 7 && !memcmp(c, "and the", 7), "held back a possible stop prefix: %zu", cn);
+    CHECK(ds_oai_text_push(&t, "RD said", 7) == 1, "stop found across pushes");
+    ds_oai_text_end(&t);
+    ds_oai_text_deltas(&t, &r, &rn, &c, &cn);
+    CHECK(cn == 1 && c[0] == ' ' && t.n_raw == 8, "text ends before the stop: %zu", t.n_raw);
+    ds_oai_text_free(&t);
+
+    /* thinking split and DSML tool calls (format of the V4 encoder) */
+    const char *gen = "let me look</think>Checking.\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML
+                      "invoke name=\"get_verse\">\n<" DS_CHAT_DSML "parameter name=\"book\" string=\"true\">John</"
+                      DS_CHAT_DSML "parameter>\n</" DS_CHAT_DSML "invoke>\n</" DS_CHAT_DSML "tool_calls>";
+    ds_oai_text_init(&t, 1, 1, NULL, 0);
+    size_t gl = strlen(gen), half = 14; /* splits "</think>" */
+    ds_oai_text_push(&t, gen, half);
+    ds_oai_text_deltas(&t, &r, &rn, &c, &cn);
+    CHECK(rn == 11 && !memcmp(r, "let me look", 11) && cn == 0, "reasoning before </think>: %zu/%zu", rn, cn);
+    ds_oai_text_push(&t, gen + half, gl - half);
+    ds_oai_text_end(&t);
+    ds_oai_text_deltas(&t, &r, &rn, &c, &cn);
+    CHECK(rn == 0 && cn == 9 && !memcmp(c, "Checking.", 9), "content up to the tool calls: %zu", cn);
+    cJSON *msg = cJSON_CreateObject();
+    int nc = ds_oai_text_message(&t, 1, "abc", msg);
+    CHECK(nc == 1, "one tool call, got %d", nc);
+    cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0);
+    cJSON *fn = cJSON_GetObjectItem(call, "function");
+    CHECK(call && !strcmp(cJSON_GetObjectItem(call, "id")->valuestring, "call_abc_0") &&
+              !strcmp(cJSON_GetObjectItem(fn, "name")->valuestring, "get_verse") &&
+              !strcmp(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"book\": \"John\"}"),
+          "tool call fields");
+    CHECK(!strcmp(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, "let me look") &&
+              !strcmp(cJSON_GetObjectItem(msg, "content")->valuestring, "Checking."),
+          "message fields");
+    cJSON_Delete(msg);
+    ds_oai_text_free(&t);
+}
+
+int main(void) {
+    char dir[4096];
+    test_path(dir, sizeof dir, "models/kjv");
+    ds_model *m = NULL;
+    ds_tokenizer *tok = NULL;
+    ds_err err;
+    ds_backend be;
+    if (test_load(dir, 0, &m, &be, &err) || ds_tokenizer_load(dir, &tok, &err)) {
+        fprintf(stderr, "load: %s\n", err.msg);
+        return 1;
+    }
+    test_openai_text(tok);
+
+    /* requests: prompts of 1..~90 tokens, different seeds / temperatures / lengths */
+    static const char *texts[NREQ] = {
+        "And God said",
+        "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+        "darkness was upon the face of the deep.",
+        "The LORD is my shepherd; I shall not want. He maketh me to lie down in green pastures: he leadeth me "
+        "beside the still waters. He restoreth my soul: he leadeth me in the paths of righteousness for his "
+        "name's sake.",
+        "Blessed are",
+        "And it came to pass",
+        "For God so loved the world, that he gave his only begotten Son",
+    };
+    int32_t *prompts[NREQ];
+    int np[NREQ];
+    ds_req_params rp[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        int32_t *ids;
+        size_t n;
+        CHECK(!ds_tokenizer_encode(tok, texts[i], strlen(texts[i]), DS_TOK_PARSE_NONE, &ids, &n, &err), "%s",
+              err.msg);
+        prompts[i] = malloc((n + 1) * sizeof *ids);
+        prompts[i][0] = ds_tokenizer_bos_id(tok);
+        memcpy(prompts[i] + 1, ids, n * sizeof *ids);
+        np[i] = (int)n + 1;
+        free(ids);
+        memset(&rp[i], 0, sizeof rp[i]);
+        ds_sampling_init(&rp[i].sampling);
+        rp[i].sampling.temperature = i % 3 == 0 ? 0 : 0.8;
+        rp[i].sampling.top_p = i == 2 ? 0.9 : 1;
+        rp[i].sampling.seed = 1000 + (uint64_t)i;
+        rp[i].max_new = 8 + 5 * i;
+        rp[i].stop_ids[0] = ds_tokenizer_eos_id(tok);
+        rp[i].n_stop = 1;
+        rp[i].top_logprobs = i == 1 ? 3 : -1;
+    }
+
+    /* reference: ds_generate, one request at a time */
+    gen_out ref[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        ds_gen_params gp;
+        ds_gen_params_init(&gp);
+        gp.sampling = rp[i].sampling;
+        gp.max_new = rp[i].max_new;
+        ref[i].n = 0;
+        CHECK(!ds_generate(m, &be, NULL, NULL, prompts[i], np[i], 0, &gp, collect, &ref[i], NULL, &err), "%s",
+              err.msg);
+    }
+
+    /* all together: 4 running at most, 12 tokens per step, chunks of 5 */
+    ds_sched_opts o;
+    ds_sched_opts_init(&o);
+    o.max_seqs = 4;
+    o.step_tokens = 12;
+    o.prefill_chunk = 5;
+    o.ctx = 256;
+    o.cache_seqs = 2;
+    ds_sched *s;
+    CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
+    static ds_req_token out[NREQ][64];
+    int n_out[NREQ];
+    ds_req_info info[NREQ];
+    run_all(s, prompts, np, rp, NREQ, out, n_out, info);
+    for (int i = 0; i < NREQ; i++) {
+        int same = n_out[i] == ref[i].n;
+        for (int k = 0; same && k < n_out[i]; k++) same = out[i][k].id == ref[i].ids[k];
+        CHECK(same, "request %d: scheduler tokens differ from ds_generate (%d vs %d tokens)", i, n_out[i], ref[i].n);
+        CHECK(info[i].state == (n_out[i] < rp[i].max_new ? DS_REQ_DONE_STOP : DS_REQ_DONE_LENGTH), "request %d state %d",
+              i, info[i].state);
+    }
+    CHECK(out[1][0].n_top == 3 && out[1][0].top_logprob[0] >= out[1][0].top_logprob[1] &&
+              out[1][0].logprob <= 0,
+          "logprobs filled");
+
+    /* prefix reuse: request 5's prompt + its output + more text extends the sequence it left */
+    int32_t ext[512];
+    int ne = 0;
+    memcpy(ext, prompts[5], (size_t)np[5] * sizeof *ext);
+    ne = np[5];
+    for (int k = 0; k < n_out[5]; k++) ext[ne++] = out[5][k].id;
+    for (int k = 0; k < np[3] - 1; k++) ext[ne++] = prompts[3][k + 1];
+    int32_t *ep[1] = {ext};
+    ds_req_params erp = rp[5];
+    erp.top_logprobs = 2;
+    erp.sampling.temperature = 0.8;
+    erp.max_new = 10;
+    ds_req_token eout[2][64];
+    int en[2];
+    ds_req_info einfo[2];
+    run_all(s, ep, &ne, &erp, 1, &eout[0], &en[0], &einfo[0]);
+    CHECK(einfo[0].n_cached == np[5] + n_out[5] - 1, "cached prefix: %d tokens (expected %d)", einfo[0].n_cached,
+          np[5] + n_out[5] - 1);
+    ds_sched_stop(s);
+    o.cache_seqs = 0;
+    CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
+    run_all(s, ep, &ne, &erp, 1, &eout[1], &en[1], &einfo[1]);
+    CHECK(einfo[1].n_cached == 0, "no reuse with cache-seqs 0");
+    CHECK(en[0] == en[1] && !memcmp(eout[0], eout[1], (size_t)en[0] * sizeof eout[0][0]),
+          "reused prefix: tokens and log-probabilities differ from a fresh prefill");
+
+    /* cancel: a long request ends CANCELLED; the queue limit refuses */
+    ds_req *r;
+    ds_req_params lp = rp[0];
+    lp.max_new = 200;
+    lp.n_stop = 0;
+    CHECK(!ds_sched_submit(s, prompts[0], np[0], &lp, &r, &err), "%s", err.msg);
+    ds_req_info ci;
+    ds_req_wait(r, 2, 5.0, &ci);
+    ds_req_cancel(r);
+    double t0 = ds_now();
+    do ds_req_wait(r, 1 << 30, 1.0, &ci);
+    while (ci.state < DS_REQ_DONE_STOP && ds_now() - t0 < 10);
+    CHECK(ci.state == DS_REQ_CANCELLED && ci.n_out < 200, "cancelled: state %d after %d tokens", ci.state, ci.n_out);
+    ds_req_release(r);
+    lp.max_new = 300;
+    ds_req *r2;
+    CHECK(ds_sched_submit(s, prompts[0], np[0], &lp, &r2, &err) == -1 && strstr(err.msg, "context"),
+          "over the context: %s", err.msg);
+    ds_sched_stop(s);
+    o.max_queue = 0;
+    CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
+    lp.max_new = 4;
+    CHECK(ds_sched_submit(s, prompts[0], np[0], &lp, &r2, &err) == 1 && !r2, "a full queue refuses");
+    ds_sched_stop(s);
+
+    for (int i = 0; i < NREQ; i++) free(prompts[i]);
+    ds_tokenizer_free(tok);
+    test_unload(m, &be);
+    return test_summary("test_scheduler");
+}
