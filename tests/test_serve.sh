@@ -125,8 +125,9 @@ for i in 1 2 3; do alive "a slow client ($i)"; done
 wait "$slow" || fail "slow client"
 # an abrupt disconnect mid-stream: the request is cancelled
 before=$(curl -s "$url/metrics" | sed -n 's/^dsv4_requests_cancelled_total //p')
-curl -sN --max-time 0.5 "${auth[@]}" "$url/v1/completions" \
-  -d '{"prompt":"And","max_tokens":400,"stream":true,"temperature":1}' >/dev/null || true
+# (1000 tokens take over a second on any machine this runs on; curl leaves after 0.3 s)
+curl -sN --max-time 0.3 "${auth[@]}" "$url/v1/completions" \
+  -d '{"prompt":"And","max_tokens":1000,"stream":true,"temperature":1}' >/dev/null || true
 for _ in $(seq 1 50); do
   after=$(curl -s "$url/metrics" | sed -n 's/^dsv4_requests_cancelled_total //p')
   [ "$after" -gt "$before" ] && break
