@@ -64,7 +64,7 @@ int cmd_serve(int argc, char **argv) {
         const char **v;
     } strs[] = {{"-m", &given}, {"--host", &host}, {"--api-key", &key}, {"--backend", &backend},
                 {"--model-name", &name}};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int done = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -82,7 +82,6 @@ int cmd_serve(int argc, char **argv) {
             fprintf(stderr, "dsv4 serve: unknown or incomplete option '%s'\n", a);
             goto usage_err;
         }
-        i++;
     }
     if (key && !key[0]) key = NULL;
     if (step < max_seqs) step = max_seqs;

@@ -22,7 +22,7 @@ double readbw_sum(const float *buf, size_t nf, int threads) {
         _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (int i = 0; i < 8; i++) s += (double)t[i];
 #else
-        for (int i = 0; i < 4096; i++) s += p[i];
+        for (int i = 0; i < 4096; i++) s += (double)p[i];
 #endif
     }
     return s;

@@ -145,13 +145,13 @@ static void add_logprob(gen *g, const ds_req_token *t) {
         if (!g->lp) g->lp = cJSON_CreateArray();
         cJSON *e = cJSON_CreateObject(), *by;
         cJSON_AddItemToObject(e, "token", token_str(tok, t->id, &by));
-        cJSON_AddNumberToObject(e, "logprob", t->logprob);
+        cJSON_AddNumberToObject(e, "logprob", (double)t->logprob);
         cJSON_AddItemToObject(e, "bytes", by);
         cJSON *tops = cJSON_CreateArray();
         for (int k = 0; k < t->n_top; k++) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddItemToObject(x, "token", token_str(tok, t->top_id[k], &by));
-            cJSON_AddNumberToObject(x, "logprob", t->top_logprob[k]);
+            cJSON_AddNumberToObject(x, "logprob", (double)t->top_logprob[k]);
             cJSON_AddItemToObject(x, "bytes", by);
             cJSON_AddItemToArray(tops, x);
         }
@@ -165,12 +165,12 @@ static void add_logprob(gen *g, const ds_req_token *t) {
             cJSON_AddItemToObject(g->lp, "top_logprobs", cJSON_CreateArray());
         }
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "tokens"), token_str(tok, t->id, NULL));
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "token_logprobs"), cJSON_CreateNumber(t->logprob));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "token_logprobs"), cJSON_CreateNumber((double)t->logprob));
         cJSON *tops = cJSON_CreateObject();
         for (int k = 0; k < t->n_top; k++) {
             cJSON *ts = token_str(tok, t->top_id[k], NULL);
             if (!cJSON_GetObjectItemCaseSensitive(tops, ts->valuestring))
-                cJSON_AddNumberToObject(tops, ts->valuestring, t->top_logprob[k]);
+                cJSON_AddNumberToObject(tops, ts->valuestring, (double)t->top_logprob[k]);
             cJSON_Delete(ts);
         }
         cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "top_logprobs"), tops);

@@ -275,7 +275,7 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
 
 /* log-softmax of the logits into the token record (double sums in id order). */
 static void fill_logprobs(ds_sched *s, const float *lg, int V, ds_req_token *t, int top) {
-    double mx = -INFINITY;
+    double mx = -HUGE_VAL;
     for (int i = 0; i < V; i++)
         if ((double)lg[i] > mx) mx = (double)lg[i];
     double z = 0;
