@@ -88,7 +88,7 @@ static int cmp_double(const void *a, const void *b) {
 
 /* One line per weight kind (batches under their main kind), attention and
  * the rest, per decoded token. */
-static void print_profile(const char *title, const ds_profile *p, double steps, double step_s) {
+void bench_print_profile(const char *title, const ds_profile *p, double steps, double step_s) {
     static const char *const name[5] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
     double rest = step_s;
     printf("%s", title);
@@ -123,6 +123,36 @@ static double prefault(const ds_checkpoint *ck, int *pin_err) {
     return bytes;
 }
 
+int bench_batch_decode(const ds_model *m, const ds_backend *be, int B, long long prompt, long long gen,
+                       const int32_t *toks, const ds_observer *obs, void (*after_step)(void *ctx), void *ctx,
+                       double *seconds, ds_err *err) {
+    int P = (int)(prompt / 4 > 0 ? prompt / 4 : 1), V = m->cfg.vocab_size;
+    ds_seq **ss = calloc((size_t)B, sizeof *ss);
+    ds_batch_item *its = calloc((size_t)B, sizeof *its);
+    float *lg = malloc(sizeof(float) * (size_t)B * V);
+    int ok = ss && its && lg;
+    if (!ok) ds_fail(err, "out of memory for a batch of %d", B);
+    for (int i = 0; ok && i < B; i++) {
+        ok = ds_seq_new(m, P + gen + 1, &ss[i], err) == 0;
+        if (ok) its[i] = (ds_batch_item){ss[i], toks + (i * 7) % (prompt + gen - P), P, NULL, 0};
+    }
+    if (ok) ok = ds_forward(m, be, its, B, err) == 0; /* prefill all */
+    *seconds = 0;
+    for (long long g = 0; ok && g < gen; g++) {
+        for (int i = 0; i < B; i++)
+            its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
+        double t1 = ds_now();
+        ok = ds_forward_observed(m, be, its, B, obs, err) == 0;
+        *seconds += ds_now() - t1;
+        if (ok && after_step) after_step(ctx);
+    }
+    for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
+    free(ss);
+    free(its);
+    free(lg);
+    return ok ? 0 : -1;
+}
+
 /* Counts the distinct experts each MoE layer reads in a step. */
 typedef struct {
     unsigned char *used; /* [layers][experts] */
@@ -149,6 +179,19 @@ static double step_bytes(const ds_model *m, const expert_use *u) {
         b += e1 * (n - c->n_active_experts);
     }
     return b;
+}
+
+/* After each batched step: the weight bytes it read, then a fresh count. */
+typedef struct {
+    const ds_model *m;
+    expert_use u;
+    double bytes;
+} batch_use;
+
+static void count_step(void *ctx) {
+    batch_use *b = ctx;
+    b->bytes += step_bytes(b->m, &b->u);
+    memset(b->u.used, 0, (size_t)b->m->cfg.n_layers * (size_t)b->u.E);
 }
 
 static void usage(FILE *f) {
@@ -315,45 +358,26 @@ int cmd_bench(int argc, char **argv) {
     printf("chunks     %d of up to %d tokens, each against the bandwidth measured next to it: min %.2f, median %.2f, "
            "max %.2f\n",
            nchunks, CHUNK, ratio[0], ratio[nchunks / 2], ratio[nchunks - 1]);
-    print_profile("where      per token:", &prof, (double)gen, td);
-    print_profile("prefill    per call: ", &prof_prefill, 1.0, tp);
+    bench_print_profile("where      per token:", &prof, (double)gen, td);
+    bench_print_profile("prefill    per call: ", &prof_prefill, 1.0, tp);
     free(bw_at);
     free(ratio);
     if (sink == -1) printf("\n"); /* keeps the reads */
     for (int bi = 0; bi < n_batches; bi++) {
-        int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
-        ds_seq **ss = calloc((size_t)B, sizeof *ss);
-        ds_batch_item *its = calloc((size_t)B, sizeof *its);
-        expert_use u = {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts};
-        float *lg = malloc(sizeof(float) * (size_t)B * V);
-        int ok = ss && its && u.used && lg;
-        for (int i = 0; ok && i < B; i++) {
-            ok = ds_seq_new(m, P + gen + 1, &ss[i], &err) == 0;
-            if (ok) its[i] = (ds_batch_item){ss[i], toks + (i * 7) % (prompt + gen - P), P, NULL, 0};
-        }
-        if (ok) ok = ds_forward(m, &be, its, B, &err) == 0; /* prefill all */
-        double t_b = 0, bytes_b = 0;
-        for (long long g = 0; ok && g < gen; g++) {
-            for (int i = 0; i < B; i++) its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
-            memset(u.used, 0, (size_t)c->n_layers * c->n_routed_experts);
-            ds_observer obs = {on_route, NULL, &u};
-            double t1 = ds_now();
-            ok = ds_forward_observed(m, &be, its, B, &obs, &err) == 0;
-            t_b += ds_now() - t1;
-            bytes_b += step_bytes(m, &u);
-        }
+        int B = batches[bi];
+        batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};
+        ds_observer obs = {on_route, NULL, &bu.u};
+        double t_b = 0;
+        int ok = bu.u.used && bench_batch_decode(m, &be, B, prompt, gen, toks, &obs, count_step, &bu, &t_b, &err) == 0;
+        double bytes_b = bu.bytes;
         if (ok)
             printf("batch %-4d decode %lld steps: %.1f ms/step, %.1f tokens/s, weights %.3f GB/step -> %.2f GB/s "
                    "(%.2f of the bandwidth)\n",
                    B, gen, t_b / gen * 1e3, B * gen / t_b, bytes_b / gen / 1e9, bytes_b / t_b / 1e9,
                    bytes_b / t_b / 1e9 / bw);
         else
-            fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg[0] ? err.msg : "out of memory");
-        for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
-        free(ss);
-        free(its);
-        free(u.used);
-        free(lg);
+            fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, bu.u.used ? err.msg : "out of memory");
+        free(bu.u.used);
         fflush(stdout);
         if (!ok) goto out;
     }

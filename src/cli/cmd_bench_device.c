@@ -135,40 +135,13 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         }
         tw = (ds_now() - tw) / (double)gen;
         be.profile = NULL;
-        static const char *const kn[5] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
-        double rest = tw;
-        printf("where      per token (profiled, %.3f ms):", tw * 1e3);
-        for (int k = 0; k < 5; k++) {
-            if (!prof.mm_calls[k]) continue;
-            double s = prof.mm_seconds[k] / (double)gen;
-            rest -= s;
-            printf(" %s %.3f ms (%.0f GB/s, %.0f calls);", kn[k], s * 1e3, prof.mm_bytes[k] / prof.mm_seconds[k] / 1e9,
-                   (double)prof.mm_calls[k] / (double)gen);
-        }
-        rest -= prof.attend_seconds / (double)gen;
-        printf(" attention %.3f ms; other (moe experts, norms, indexer, ...) %.3f ms\n",
-               prof.attend_seconds / (double)gen * 1e3, rest * 1e3);
+        bench_print_profile("where      per token (profiled, ops synchronized):", &prof, (double)gen, tw);
         fflush(stdout);
     }
     for (int bi = 0; bi < n_batches; bi++) {
-        int B = batches[bi], P = (int)(prompt / 4 > 0 ? prompt / 4 : 1);
-        ds_seq **ss = calloc((size_t)B, sizeof *ss);
-        ds_batch_item *its = calloc((size_t)B, sizeof *its);
-        float *lg = malloc(sizeof(float) * (size_t)B * V);
-        int ok = ss && its && lg;
-        for (int i = 0; ok && i < B; i++) {
-            ok = ds_seq_new(m, P + gen + 1, &ss[i], &err) == 0;
-            if (ok) its[i] = (ds_batch_item){ss[i], toks + (i * 7) % (prompt + gen - P), P, NULL, 0};
-        }
-        if (ok) ok = ds_forward(m, &be, its, B, &err) == 0; /* prefill all */
+        int B = batches[bi];
         double t_b = 0;
-        for (long long g = 0; ok && g < gen; g++) {
-            for (int i = 0; i < B; i++)
-                its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
-            double t1 = ds_now();
-            ok = ds_forward(m, &be, its, B, &err) == 0;
-            t_b += ds_now() - t1;
-        }
+        int ok = bench_batch_decode(m, &be, B, prompt, gen, toks, NULL, NULL, NULL, &t_b, &err) == 0;
         double bb = step_bytes(m, B);
         if (ok)
             printf("batch %-4d decode %lld steps: %.3f ms/step, %.0f tokens/s, ~%.3f GB/step -> %.0f GB/s (%.2f of the "
@@ -176,11 +149,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
                    B, gen, t_b / gen * 1e3, B * gen / t_b, bb / 1e9, bb * gen / t_b / 1e9, bb * gen / t_b / 1e9 / bw,
                    fl * B * gen / t_b / 1e12);
         else
-            fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg[0] ? err.msg : "out of memory");
-        for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
-        free(ss);
-        free(its);
-        free(lg);
+            fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg);
         fflush(stdout);
         if (!ok) goto out;
     }
