@@ -14,7 +14,7 @@ static int alloc_fails(const ds_backend *be) {
 }
 
 static void *cpu_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
-    void *p = alloc_fails(be) ? NULL : aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    void *p = alloc_fails(be) ? NULL : aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
     if (!p) ds_fail(err, "cpu backend: out of memory for a buffer of %zu bytes", bytes);
     return p;
 }
@@ -56,7 +56,7 @@ void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes) {
     if (alloc_fails(be)) return NULL;
     if (bytes <= c->scr[which].cap && c->scr[which].p) return c->scr[which].p;
     free(c->scr[which].p);
-    size_t cap = (bytes + 63) / 64 * 64 + 64;
+    size_t cap = bytes ? (bytes + 63) / 64 * 64 : 64;
     c->scr[which].p = aligned_alloc(64, cap);
     c->scr[which].cap = c->scr[which].p ? cap : 0;
     return c->scr[which].p;

@@ -814,10 +814,10 @@ static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double 
 static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path, ds_err *err) {
     double t_start = be->profile ? ds_now() : 0;
     if (n <= 0) return 0;
-    mm_prep *p = ds_cpu_scratch(be, DS_SCR_MM_JOBS, sizeof *p * 2 * (size_t)n);
+    mm_prep *p = ds_cpu_scratch(be, DS_SCR_MM_JOBS, (sizeof *p * 2 + sizeof(int)) * (size_t)n);
     if (!p) return ds_fail(err, "cpu matmul: out of memory for a batch of %d products", n);
-    mm_prep *q = p + n;
-    int *share = (int *)q; /* q is filled only after the shares are used */
+    mm_prep *q = p + n;          /* the products of one token block */
+    int *share = (int *)(q + n); /* the earlier product whose x copy a product shares, or -1 */
     size_t total = 0, off = 0;
     int T = 0;
     for (int i = 0; i < n; i++) {
