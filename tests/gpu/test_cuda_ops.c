@@ -411,8 +411,8 @@ static void test_norm_rope(ctx *C) {
 
 static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-static void test_mhc(ctx *C) {
-    int n = 4, D = 256, T = 3, rows = (2 + n) * n, iters = 20;
+static void test_mhc(ctx *C, int n, int D) {
+    int T = 3, rows = (2 + n) * n, iters = 20;
     tw fn = make_weight(C, DS_W_F32, rows, n * D, 0);
     tw fh = make_weight(C, DS_W_F32, n, n * D, 0);
     float *base = frandv(C, rows, 0.5f), sc[3] = {0.7f, 0.3f, 1.1f};
@@ -467,7 +467,26 @@ static void test_mhc(ctx *C) {
             if (fabs(xin[t * D + k] - s) > 1e-4 * (1 + fabs(s))) bad++;
         }
     }
-    check(C, !bad, "hc_pre: pre/post/Sinkhorn comb/x_in (abs 1e-4; %d bad)", bad);
+    check(C, !bad, "hc_pre n %d, D %d: pre/post/Sinkhorn comb/x_in (abs 1e-4; %d bad)", n, D, bad);
+    /* each token alone gives the bits it has in the batch of T */
+    int same = 1;
+    float *dx1 = dput(C, NULL, sizeof(float) * D), *dp1 = dput(C, NULL, sizeof(float) * n);
+    float *dc1 = dput(C, NULL, sizeof(float) * n * n);
+    for (int t = 0; t < T; t++) {
+        ds_hc_pre_params p1 = {hc, dX + (size_t)t * n * D, 1, dx1, dp1, dc1};
+        die_if(C, C->be.hc_pre(&C->be, &p1, &C->err), "hc_pre alone");
+        float *x1 = fget(C, dx1, (size_t)D), *p1h = fget(C, dp1, (size_t)n), *c1 = fget(C, dc1, (size_t)n * n);
+        if (memcmp(x1, xin + (size_t)t * D, sizeof(float) * D) || memcmp(p1h, post + (size_t)t * n, sizeof(float) * n) ||
+            memcmp(c1, comb + (size_t)t * n * n, sizeof(float) * n * n))
+            same = 0;
+        free(x1);
+        free(p1h);
+        free(c1);
+    }
+    check(C, same, "hc_pre n %d, D %d: a token alone = in a batch of %d, bitwise", n, D, T);
+    C->be.free(&C->be, dx1);
+    C->be.free(&C->be, dp1);
+    C->be.free(&C->be, dc1);
 
     /* post */
     float *y = frandv(C, (size_t)T * D, 1.0f), *dy = dput(C, y, sizeof(float) * T * D);
@@ -1021,7 +1040,7 @@ static void test_route(ctx *C) {
 
 /* ---- MoE -------------------------------------------------------------------- */
 
-enum { ME = 8, MK = 2, MD = 200, MI = 96, MIS = 64 };
+enum { ME = 8, MK = 2, MDMAX = 256, MIMAX = 128, MIS = 64 };
 
 typedef struct {
     tw w1[ME], w2[ME], w3[ME], s1, s2, s3;
@@ -1033,7 +1052,7 @@ static double swiglu_d(double a, double b, double L) {
     return g / (1 + exp(-g)) * u;
 }
 
-static float *moe_run(ctx *C, moe_w *M, int T, const float *x, const int32_t *idx, const float *wts) {
+static float *moe_run(ctx *C, moe_w *M, int MD, int T, const float *x, const int32_t *idx, const float *wts) {
     float *dx = dput(C, x, sizeof(float) * T * MD), *dout = dput(C, NULL, sizeof(float) * T * MD);
     int32_t *di = dput(C, idx, sizeof(int32_t) * T * MK);
     float *dw = dput(C, wts, sizeof(float) * T * MK);
@@ -1058,7 +1077,7 @@ static void moe_routing(ctx *C, int T, int32_t *idx, float *wts) {
     }
 }
 
-static void test_moe(ctx *C) {
+static void test_moe(ctx *C, int MD, int MI) {
     moe_w *M = calloc(1, sizeof *M);
     for (int e = 0; e < ME; e++) {
         M->w1[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
@@ -1075,11 +1094,11 @@ static void test_moe(ctx *C) {
     float *x = frandv(C, (size_t)T * MD, 0.5f), wts[64 * MK];
     int32_t idx[64 * MK];
     moe_routing(C, T, idx, wts);
-    float *out = moe_run(C, M, T, x, idx, wts);
+    float *out = moe_run(C, M, MD, T, x, idx, wts);
     int bad = 0;
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * MD;
-        double y[MD] = {0}, h[MI];
+        double y[MDMAX] = {0}, h[MIMAX];
         int ord[MK] = {0, 1};
         if (idx[t * MK] > idx[t * MK + 1]) ord[0] = 1, ord[1] = 0;
         for (int jj = 0; jj < MK; jj++) {
@@ -1114,7 +1133,7 @@ static void test_moe(ctx *C) {
             if (fabs(out[(size_t)t * MD + r] - y[r]) > 1e-4 * (1 + fabs(y[r]))) bad++;
         }
     }
-    check(C, !bad, "moe FP4 experts (D=%d, not a multiple of 32) + BF16 shared vs reference (rel 1e-4; %d bad)", MD, bad);
+    check(C, !bad, "moe FP4 experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4; %d bad)", MD, MI, bad);
     int sizes[3] = {1, 2, 7};
     for (int si = 0; si < 3; si++) {
         int n = sizes[si], ok = 1;
@@ -1126,12 +1145,12 @@ static void test_moe(ctx *C) {
             memcpy(xb + (size_t)p * MD, x + (size_t)j * MD, sizeof(float) * MD);
             memcpy(ib + p * MK, idx + j * MK, sizeof(int32_t) * MK);
             memcpy(wb + p * MK, wts + j * MK, sizeof(float) * MK);
-            float *ob = moe_run(C, M, n, xb, ib, wb);
+            float *ob = moe_run(C, M, MD, n, xb, ib, wb);
             if (memcmp(ob + (size_t)p * MD, out + (size_t)j * MD, sizeof(float) * MD)) ok = 0;
             free(xb);
             free(ob);
         }
-        check(C, ok, "moe: a token's output in a batch of 64 = in a batch of %d (bits)", n);
+        check(C, ok, "moe D=%d: a token's output in a batch of 64 = in a batch of %d (bits)", MD, n);
     }
     free(x);
     free(out);
@@ -1240,9 +1259,14 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 5; k++)
         for (int s = 0; s < 3; s++) test_matmul(C, (ds_wkind)k, shapes[s][0], shapes[s][1], 0);
     test_matmul(C, DS_W_FP8, 300, 1000, 1);
+    test_matmul(C, DS_W_FP8, 8200, 256, 0);  /* few tokens: 4 rows per warp, a ragged last warp */
+    test_matmul(C, DS_W_BF16, 2050, 512, 0); /* 2 rows per warp */
+    test_matmul(C, DS_W_FP4, 8196, 128, 1);
     test_matmul(C, DS_W_FP4, 300, 1000, 1);
     test_norm_rope(C);
-    test_mhc(C);
+    test_mhc(C, 4, 256);  /* one mix segment, the warp Sinkhorn */
+    test_mhc(C, 4, 1000); /* four segments, the last one short */
+    test_mhc(C, 6, 200);  /* n * n > 32: the one-thread Sinkhorn */
     test_embed_gather(C);
     test_attention(C);
     test_compressor(C, 4, 64, 1, 0);
@@ -1250,7 +1274,8 @@ int main(int argc, char **argv) {
     test_compressor(C, 4, 32, 1, 1);
     test_indexer(C);
     test_route(C);
-    test_moe(C);
+    test_moe(C, 200, 96);  /* D not a multiple of 32: the general path */
+    test_moe(C, 256, 128); /* regular: the gemv (1, 2 tokens) and tiled (7, 64) paths */
     if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
 
     C->be.close(&C->be);

@@ -291,7 +291,10 @@ static void c_close(ds_backend *be) {
     cudaSetDevice(I->gpu);
     cudaStreamSynchronize(I->stream);
     for (int i = 0; i < DSC_S_N; i++) cudaFree(I->scratch[i].p);
-    for (int i = 0; i < I->n_moe; i++) cudaFree(I->moe[i].dev);
+    for (int i = 0; i < I->n_moe; i++) {
+        cudaFree(I->moe[i].dev);
+        free(I->moe[i].host);
+    }
     free(I->moe);
     if (I->stage) cudaFreeHost(I->stage);
     if (I->ballast) cudaFree(I->ballast);

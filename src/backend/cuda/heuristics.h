@@ -15,6 +15,16 @@
 #define DSC_MM_RW 4             /* rows per warp from DSC_MM_TILED_MIN_T tokens on
                                  * (not ORDER: each x load feeds RW rows) */
 #define DSC_MM_TILED_MIN_T 4
+/* few tokens (T < DSC_MM_TILED_MIN_T): chunks of every row in flight per
+ * lane, and rows per warp (sharing each x load) by the matrix's height (not
+ * ORDER). Measured on the H200 (flash, 4 layers, decode at batch 1): U 4 with
+ * up to 4 rows per warp needs ~200 registers (one block per SM, 12% occupancy)
+ * and decoded in 2.25-2.48 ms/token; U 2 in 2.14. */
+#ifndef DSC_MM_GEMV_U
+#define DSC_MM_GEMV_U 2
+#endif
+static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
+#define DSC_MOE_GEMV_RW 2       /* w1 and w3 rows per warp in the experts' decode path */
 #define DSC_MOE_NT 8            /* tokens per weight load in the experts (not ORDER:
                                  * a token's fmaf chain is the same for any tile) */
 

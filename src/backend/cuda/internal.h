@@ -39,8 +39,7 @@ typedef struct dsc_expert_ptrs {
 } dsc_expert_ptrs;
 
 typedef struct dsc_moe_table {
-    const ds_weight *w1;        /* host key: the model's array */
-    const uint8_t *d0;          /* and its first expert's data (guards reuse) */
+    dsc_expert_ptrs *host;      /* the key: the same [3][E] table on the host */
     int E;
     dsc_expert_ptrs *dev;       /* device [3][E]: w1, w3, w2 */
 } dsc_moe_table;
@@ -260,72 +259,127 @@ __device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, con
     }
 }
 
+/* Whether one of the four e4m3 bytes of w is NaN (magnitude 0x7f). */
+__device__ __forceinline__ int dsc_fp8_nan4(uint32_t w) { return __vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu) != 0; }
+
 /* Element e (compile-time after unrolling) of a 16-byte chunk, times the
- * chunk's scale s for FP8/FP4: the same value dsc_chunk gives. */
+ * chunk's scale s for FP8/FP4: the same value dsc_chunk gives, in fewer
+ * instructions (every shift folds to one constant shift):
+ *   e4m3 byte p of a word: its 7 magnitude bits moved to bits 20..26 and its
+ *     sign to bit 31 in one mask-merge, times 2^120 (dsc_fp8's identity; a
+ *     word with a NaN byte takes dsc_fp8 itself: nan4 set);
+ *   e2m1 nibble p: magnitude bits at 22..24 are 2^(e-127)(1 + m/2), or
+ *     m 2^-127 when e == 0, so times 2^126 they are the e2m1 value exactly;
+ *     the sign to bit 31 (code 8 gives -0.0f, as dsc_e2m1). */
 template <int KIND>
-__device__ __forceinline__ float dsc_chunk_elem(const uint32_t *u, int e, float s) {
+__device__ __forceinline__ float dsc_chunk_elem(const uint32_t *u, int e, float s, int nan4 = 0) {
     if (KIND == DS_W_F32) return __uint_as_float(u[e]);
     if (KIND == DS_W_BF16) return dsc_bf16((uint16_t)(u[e / 2] >> (16 * (e & 1))));
     if (KIND == DS_W_F16) return dsc_f16((uint16_t)(u[e / 2] >> (16 * (e & 1))));
-    if (KIND == DS_W_FP8) return dsc_fp8((uint8_t)(u[e / 4] >> (8 * (e & 3)))) * s;
-    return dsc_e2m1((int)(u[e / 8] >> (4 * (e & 7))) & 15) * s;
+    if (KIND == DS_W_FP8) {
+        uint32_t w = u[e / 4];
+        int p = e & 3;
+        if (nan4) return dsc_fp8((uint8_t)(w >> (8 * p))) * s;
+        uint32_t mag = p <= 2 ? w << (20 - 8 * p) : w >> (8 * p - 20);
+        uint32_t sgn = w << (24 - 8 * p);
+        float v = __uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u));
+        return __fmul_rn(v, 1.329227995784915872903807060280344576e36f) * s; /* 2^120 */
+    }
+    uint32_t w = u[e / 8];
+    int p = e & 7;
+    uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
+    uint32_t sgn = w << (28 - 4 * p);
+    float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
+    return __fmul_rn(v, 8.5070591730234615865843651857942052864e37f) * s; /* 2^126 */
 }
 
-/* dsc_row_dot for RW consecutive rows r0.. at once (rows of a regular
- * shape only: 16-byte aligned rows, K % V == 0, x 16-byte aligned): each x
- * float4 is loaded once for the RW rows. acc[q*NT + j] for row r0+q; rows
- * past w.rows are not read. ORDER: per (row, token) exactly dsc_row_dot's —
- * lane l's chunks l, l+32, ... ascending, elements ascending, one fmaf each. */
-template <int KIND, int NT, int RW>
-__device__ __forceinline__ void dsc_rows_dot(const dsc_w &w, int r0, int lane, const float *const *xj, int nt,
-                                             float *acc) {
+/* The scale of chunk ch of a row whose scales start at sp (FP8: one per 128
+ * columns, FP4: one per chunk; E8M0 bytes or F32). 1 for unscaled kinds. */
+template <int KIND>
+__device__ __forceinline__ float dsc_chunk_scale(const uint8_t *sp, int scale_f32, int ch) {
+    if (KIND != DS_W_FP8 && KIND != DS_W_FP4) return 1.0f;
+    int i = KIND == DS_W_FP8 ? ch * dsc_kind<KIND>::V / DS_FP8_BLOCK : ch;
+    return scale_f32 ? ((const float *)sp)[i] : dsc_e8m0(sp[i]);
+}
+
+/* Where row r's scales start (element (r, 0) of the scale grid). */
+__device__ __forceinline__ const uint8_t *dsc_row_scales(const dsc_w &w, int kind, int r) {
+    size_t i = kind == DS_W_FP8   ? (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols
+               : kind == DS_W_FP4 ? (size_t)r * (size_t)w.scale_cols
+                                  : 0;
+    return w.scale ? w.scale + i * (w.scale_f32 ? 4 : 1) : NULL;
+}
+
+/* The row dot of RW rows given by their data and scale pointers (rows of a
+ * regular shape: 16-byte aligned, nch = K / V whole chunks, x 16-byte
+ * aligned), U chunks of every row in flight per lane: acc[q*NT + j] for row
+ * q and token j < nt. ORDER: per (row, token) exactly dsc_row_dot's — lane
+ * l's chunks l, l+32, ... ascending, elements ascending, one fmaf each — so
+ * RW, U and NT (how loads are shared and batched) never change a bit. */
+template <int KIND, int NT, int RW, int U>
+__device__ __forceinline__ void dsc_rows_dot_p(const uint8_t *const *rowp, const uint8_t *const *sclp, int scale_f32,
+                                               int nch, int lane, const float *const *xj, int nt, float *acc) {
     const int V = dsc_kind<KIND>::V;
-    const int K = w.cols;
-    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
-    const int nch = K / V;
-    const uint8_t *rows[RW];
-#pragma unroll
-    for (int q = 0; q < RW; q++) rows[q] = w.data + (size_t)(r0 + q < w.rows ? r0 + q : r0) * rowbytes;
 #pragma unroll 1
-    for (int ch = lane; ch < nch; ch += 32) {
-        uint4 qv[RW];
-        float s[RW];
+    for (int ch0 = lane; ch0 < nch; ch0 += 32 * U) {
+        uint4 qv[U][RW];
 #pragma unroll
-        for (int q = 0; q < RW; q++) qv[q] = __ldg((const uint4 *)(rows[q] + (size_t)ch * 16));
+        for (int u = 0; u < U; u++) {
+            int ch = ch0 + 32 * u;
 #pragma unroll
-        for (int q = 0; q < RW; q++) {
-            int r = r0 + q < w.rows ? r0 + q : r0;
-            s[q] = 1.0f;
-            if (KIND == DS_W_FP8)
-                s[q] = dsc_scale(w, (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols +
-                                        (size_t)(ch * V / DS_FP8_BLOCK));
-            if (KIND == DS_W_FP4) s[q] = dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)ch);
+            for (int q = 0; q < RW; q++)
+                qv[u][q] = ch < nch ? __ldg((const uint4 *)(rowp[q] + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int i = 0; i < V; i += 4) {
-            float wv[RW][4];
+        for (int u = 0; u < U; u++) {
+            int ch = ch0 + 32 * u;
+            if (ch >= nch) break;
+            float s[RW];
 #pragma unroll
-            for (int q = 0; q < RW; q++) {
-                uint32_t u[4] = {qv[q].x, qv[q].y, qv[q].z, qv[q].w};
+            for (int q = 0; q < RW; q++) s[q] = dsc_chunk_scale<KIND>(sclp[q], scale_f32, ch);
 #pragma unroll
-                for (int e = 0; e < 4; e++) wv[q][e] = dsc_chunk_elem<KIND>(u, i + e, s[q]);
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                if (j >= nt) break;
-                float4 x4 = *(const float4 *)(xj[j] + (size_t)ch * V + i);
+            for (int i = 0; i < V; i += 4) {
+                float wv[RW][4];
 #pragma unroll
                 for (int q = 0; q < RW; q++) {
-                    float a = acc[q * NT + j];
-                    a = fmaf(wv[q][0], x4.x, a);
-                    a = fmaf(wv[q][1], x4.y, a);
-                    a = fmaf(wv[q][2], x4.z, a);
-                    a = fmaf(wv[q][3], x4.w, a);
-                    acc[q * NT + j] = a;
+                    uint32_t uu[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
+                    int nan4 = KIND == DS_W_FP8 ? dsc_fp8_nan4(uu[i / 4]) : 0;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) wv[q][e] = dsc_chunk_elem<KIND>(uu, i + e, s[q], nan4);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    if (j >= nt) break;
+                    float4 x4 = *(const float4 *)(xj[j] + (size_t)ch * V + i);
+#pragma unroll
+                    for (int q = 0; q < RW; q++) {
+                        float a = acc[q * NT + j];
+                        a = fmaf(wv[q][0], x4.x, a);
+                        a = fmaf(wv[q][1], x4.y, a);
+                        a = fmaf(wv[q][2], x4.z, a);
+                        a = fmaf(wv[q][3], x4.w, a);
+                        acc[q * NT + j] = a;
+                    }
                 }
             }
         }
     }
+}
+
+/* dsc_rows_dot_p for RW consecutive rows r0.. of w (rows past w.rows repeat
+ * r0 and are not stored by the callers). */
+template <int KIND, int NT, int RW, int U = 1>
+__device__ __forceinline__ void dsc_rows_dot(const dsc_w &w, int r0, int lane, const float *const *xj, int nt,
+                                             float *acc) {
+    const size_t rowbytes = (size_t)w.cols * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const uint8_t *rows[RW], *scl[RW];
+#pragma unroll
+    for (int q = 0; q < RW; q++) {
+        int r = r0 + q < w.rows ? r0 + q : r0;
+        rows[q] = w.data + (size_t)r * rowbytes;
+        scl[q] = dsc_row_scales(w, KIND, r);
+    }
+    dsc_rows_dot_p<KIND, NT, RW, U>(rows, scl, w.scale_f32, w.cols / dsc_kind<KIND>::V, lane, xj, nt, acc);
 }
 
 /* The fixed xor tree: every lane ends with the same bits. */

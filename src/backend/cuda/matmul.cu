@@ -70,10 +70,36 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32)
     }
 }
 
-template <int KIND> static int regular(const dsc_w &w, int rpg, int xvec) {
+/* Few tokens (T < DSC_MM_TILED_MIN_T, regular shapes): one warp per RW rows
+ * with DSC_MM_GEMV_U chunks of every row in flight per lane (decode is a
+ * read of the weights: bytes in flight are what counts), tokens one after
+ * the other (the rows come from L1/L2 again). A (row, token)'s arithmetic
+ * is mm_kernel's (dsc_rows_dot_p), so which kernel runs never changes a bit. */
+template <int KIND, int RW>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32)
+    mm_gemv_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y,
+                   int ys) {
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
+    if (r0 >= w.rows) return;
+    const float *xb = x + (size_t)(r0 / rpg) * (size_t)xg;
+    for (int t = 0; t < T; t++) {
+        const float *xj[1] = {xb + (size_t)t * (size_t)xs};
+        float acc[RW];
+#pragma unroll
+        for (int q = 0; q < RW; q++) acc[q] = 0.0f;
+        dsc_rows_dot<KIND, 1, RW, DSC_MM_GEMV_U>(w, r0, lane, xj, 1, acc);
+#pragma unroll
+        for (int q = 0; q < RW; q++) {
+            float v = dsc_warp_sum(acc[q]);
+            if (lane == 0 && r0 + q < w.rows) y[(size_t)t * (size_t)ys + r0 + q] = v;
+        }
+    }
+}
+
+template <int KIND> static int regular(const dsc_w &w, int rpg, int xvec, int rw = DSC_MM_RW) {
     size_t rowbytes = (size_t)w.cols * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     return xvec && ((uintptr_t)w.data & 15) == 0 && rowbytes % 16 == 0 && w.cols % dsc_kind<KIND>::V == 0 &&
-           rpg % DSC_MM_RW == 0;
+           rpg % rw == 0;
 }
 
 template <int KIND>
@@ -85,6 +111,15 @@ static void launch(cudaStream_t st, dsc_w w, const float *x, int xs, int xg, int
         int rpb = DSC_MM_WARPS * DSC_MM_RW;
         dim3 grid((unsigned)((w.rows + rpb - 1) / rpb), (unsigned)(ty < 65535 ? ty : 65535));
         mm_tiled_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        return;
+    }
+    int rw = dsc_gemv_rows(w.rows);
+    while (rw > 1 && !regular<KIND>(w, rpg, xvec, rw)) rw /= 2;
+    if (T < DSC_MM_TILED_MIN_T && regular<KIND>(w, rpg, xvec, rw)) {
+        dim3 grid((unsigned)((w.rows + DSC_MM_WARPS * rw - 1) / (DSC_MM_WARPS * rw)));
+        if (rw == 4) mm_gemv_kernel<KIND, 4><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        else if (rw == 2) mm_gemv_kernel<KIND, 2><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        else mm_gemv_kernel<KIND, 1><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
         return;
     }
     dim3 grid((unsigned)((w.rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), (unsigned)(ty < 65535 ? ty : 65535));

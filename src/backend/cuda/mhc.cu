@@ -16,7 +16,37 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
     size_t t = blockIdx.x;
     int rows = (2 + n) * n;
     const float *mt = m + t * rows;
-    if (threadIdx.x == 0) {
+    if (blockIdx.y > 0) { /* the other channel blocks: the gates only (the same bits) */
+        if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    } else if (n * n <= 32) {
+        /* warp 0, lane i*n+j holds comb[i][j]: every sum reads the row's or
+         * column's values by shuffles in the order of the loop below, so the
+         * bits are those of the one-thread loop */
+        if (threadIdx.x < 32) {
+            int lane = threadIdx.x, i = lane / n, j = lane % n, act = lane < n * n;
+            if (lane < n) {
+                pre[lane] = dsc_sigmoid(mt[lane] * sc[0] + base[lane]) + eps;
+                post[t * n + lane] = 2.0f * dsc_sigmoid(mt[n + lane] * sc[1] + base[n + lane]);
+            }
+            float c = act ? mt[2 * n + lane] * sc[2] + base[2 * n + lane] : 0.0f;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int q = 0; q < n; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, (i * n + q) & 31));
+            c = expf(c - mx);
+            for (int q = 0; q < n; q++) sum += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
+            c = c / sum + eps;
+            for (int it = 0; it < iters; it++) {
+                float s2 = 0.0f;
+                if (it > 0) {
+                    for (int q = 0; q < n; q++) s2 += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
+                    c /= s2 + eps;
+                }
+                s2 = 0.0f;
+                for (int q = 0; q < n; q++) s2 += __shfl_sync(0xffffffffu, c, (q * n + j) & 31);
+                c /= s2 + eps;
+            }
+            if (act) comb[t * n * n + lane] = c;
+        }
+    } else if (threadIdx.x == 0) {
         float *po = post + t * n, *C = comb + t * n * n;
         for (int i = 0; i < n; i++) {
             pre[i] = dsc_sigmoid(mt[i] * sc[0] + base[i]) + eps;
@@ -49,7 +79,7 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
     }
     __syncthreads();
     const float *Xt = X + t * (size_t)n * D;
-    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += gridDim.y * blockDim.x) {
         float s = pre[0] * Xt[k];
         for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
         x_in[t * D + k] = s;
@@ -65,7 +95,7 @@ __global__ void hc_head_kernel(const float *__restrict__ m, const float *__restr
     if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(m[t * n + threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
     __syncthreads();
     const float *Xt = X + t * (size_t)n * D;
-    for (int k = threadIdx.x; k < D; k += blockDim.x) {
+    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += gridDim.y * blockDim.x) {
         float s = pre[0] * Xt[k];
         for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
         x[t * D + k] = s;
@@ -86,6 +116,54 @@ __global__ void hc_post_kernel(int n, int D, size_t total, const float *__restri
     }
 }
 
+/* m[t][r] = fn[r] . f[t] for the few mix rows over the long n*D axis (a
+ * warp per row would read 64 KB alone): the axis is cut into HC_SEG-element
+ * segments; a warp reduces a segment in the row-dot order (dsc_row_dot: lane
+ * chunks ascending, xor tree), then thread j adds its token's segment sums in
+ * ascending segment order, y = ((0 + s0) + s1) + ... ORDER: fixed by n*D
+ * (and HC_SEG), never by T or the tile. Unscaled kinds only (fn is F32). */
+#define HC_SEG 1024
+#define HC_MAXSEG 64
+#define HC_MIX_NT 8
+template <int KIND>
+__global__ void __launch_bounds__(256) hc_mix_kernel(dsc_w w, const float *__restrict__ f, int T,
+                                                     float *__restrict__ m) {
+    __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
+    int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, K = w.cols;
+    int nseg = (K + HC_SEG - 1) / HC_SEG, xvec = ((uintptr_t)f & 15) == 0 && K % 4 == 0;
+    size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    for (int t0 = blockIdx.y * HC_MIX_NT; t0 < T; t0 += gridDim.y * HC_MIX_NT) {
+        int nt = T - t0 < HC_MIX_NT ? T - t0 : HC_MIX_NT;
+        for (int s = wid; s < nseg; s += nw) {
+            int c0 = s * HC_SEG;
+            dsc_w v = w;
+            v.data = w.data + (size_t)r * rowbytes + (size_t)c0 * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+            v.rows = 1;
+            v.cols = K - c0 < HC_SEG ? K - c0 : HC_SEG;
+            const float *xj[HC_MIX_NT];
+            float acc[HC_MIX_NT];
+#pragma unroll
+            for (int j = 0; j < HC_MIX_NT; j++) {
+                xj[j] = f + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)K + c0;
+                acc[j] = 0.0f;
+            }
+            dsc_row_dot<KIND, HC_MIX_NT>(v, 0, lane, xj, nt, xvec, acc);
+#pragma unroll
+            for (int j = 0; j < HC_MIX_NT; j++) {
+                float a = dsc_warp_sum(acc[j]);
+                if (lane == 0 && j < nt) seg[j][s] = a;
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < nt) {
+            float y = 0.0f;
+            for (int s = 0; s < nseg; s++) y = y + seg[threadIdx.x][s];
+            m[(size_t)(t0 + threadIdx.x) * gridDim.x + r] = y;
+        }
+        __syncthreads();
+    }
+}
+
 /* f = X / rms(X) (scratch A), m = fn @ f (scratch B). */
 static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
                     const char *op) {
@@ -103,9 +181,19 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     float *m = f ? (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op) : NULL;
     if (!m) return NULL;
     dsc_launch_rmsnorm(I->stream, X, NULL, f, T, (int)nd, hc->rms_eps);
-    if (dsc_launch_matmul(I->stream, hc->fn->kind, dsc_wdesc(hc->fn), f, (int)nd, 0, 1 << 30, T, m, mrows)) {
-        dsc_failmsg(err, op, "fn: unknown storage kind");
-        return NULL;
+    int ty = (T + HC_MIX_NT - 1) / HC_MIX_NT;
+    dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
+    dsc_w w = dsc_wdesc(hc->fn);
+    int kind = nd <= (size_t)HC_SEG * HC_MAXSEG ? hc->fn->kind : -1; /* longer rows: the plain product */
+    switch (kind) {
+    case DS_W_F32: hc_mix_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+    case DS_W_BF16: hc_mix_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+    case DS_W_F16: hc_mix_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+    default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
+        if (dsc_launch_matmul(I->stream, hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
+            dsc_failmsg(err, op, "fn: unknown storage kind");
+            return NULL;
+        }
     }
     if (dsc_check_launch(err, op)) return NULL;
     return m;
@@ -118,7 +206,8 @@ extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_er
     const ds_hc_params *hc = &p->hc;
     float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, err, op);
     if (!m) return -1;
-    hc_pre_kernel<<<(unsigned)p->T, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
+    dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
+    hc_pre_kernel<<<grid, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
                                                                   hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post,
                                                                   p->comb);
     return dsc_check_launch(err, op);
@@ -131,7 +220,8 @@ extern "C" int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_
     const ds_hc_params *hc = &p->hc;
     float *m = mixes(be, hc, p->X, p->R, hc->n, err, op);
     if (!m) return -1;
-    hc_head_kernel<<<(unsigned)p->R, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
+    dim3 grid((unsigned)p->R, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
+    hc_head_kernel<<<grid, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
                                                                    hc->hc_eps, p->x);
     return dsc_check_launch(err, op);
 }

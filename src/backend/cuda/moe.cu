@@ -323,6 +323,72 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_tiled_kernel(down_
     }
 }
 
+/* Few tokens (decode): one warp per DSC_MOE_GEMV_RW rows of w1 and the same
+ * rows of w3, loaded together (2 RW rows x DSC_MM_GEMV_U chunks in flight
+ * per lane); w2 like the matmul's gemv. Regular shapes only; a (row,
+ * token)'s arithmetic is dsc_row_dot's, so the path never changes a bit. */
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_gemv_kernel(up_args a) {
+    const int RW = DSC_MOE_GEMV_RW;
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
+    if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
+    int e = a.active[blockIdx.y], I = a.shape.rows;
+    dsc_w w1 = a.shape, w3 = a.shape;
+    w1.data = a.w1[e].data;
+    w1.scale = a.w1[e].scale;
+    w1.srow0 = a.w1[e].srow0;
+    w3.data = a.w3[e].data;
+    w3.scale = a.w3[e].scale;
+    w3.srow0 = a.w3[e].srow0;
+    const size_t rowbytes = (size_t)a.D * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const uint8_t *rows[2 * RW], *scl[2 * RW];
+#pragma unroll
+    for (int q = 0; q < RW; q++) {
+        int r = r0 + q < I ? r0 + q : r0;
+        rows[q] = w1.data + (size_t)r * rowbytes;
+        rows[RW + q] = w3.data + (size_t)r * rowbytes;
+        scl[q] = dsc_row_scales(w1, KIND, r);
+        scl[RW + q] = dsc_row_scales(w3, KIND, r);
+    }
+    for (int mt = a.off[e]; mt < a.off[e + 1]; mt++) {
+        const float *xj[1] = {a.x + (size_t)(a.members[mt] / a.k) * a.D};
+        float acc[2 * RW];
+#pragma unroll
+        for (int q = 0; q < 2 * RW; q++) acc[q] = 0.0f;
+        dsc_rows_dot_p<KIND, 1, 2 * RW, DSC_MM_GEMV_U>(rows, scl, a.shape.scale_f32, a.D / dsc_kind<KIND>::V, lane,
+                                                        xj, 1, acc);
+#pragma unroll
+        for (int q = 0; q < RW; q++) {
+            float v1 = dsc_warp_sum(acc[q]), v3 = dsc_warp_sum(acc[RW + q]);
+            if (lane == 0 && r0 + q < I) a.h[(size_t)mt * I + r0 + q] = dsc_swiglu(v1, v3, a.limit);
+        }
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_gemv_kernel(down_args a) {
+    const int RW = 4;
+    int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
+    if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
+    int e = a.active[blockIdx.y], I = a.shape.cols, D = a.shape.rows;
+    dsc_w w = a.shape;
+    w.data = a.w2[e].data;
+    w.scale = a.w2[e].scale;
+    w.srow0 = a.w2[e].srow0;
+    for (int mt = a.off[e]; mt < a.off[e + 1]; mt++) {
+        const float *xj[1] = {a.h + (size_t)mt * I};
+        float acc[RW];
+#pragma unroll
+        for (int q = 0; q < RW; q++) acc[q] = 0.0f;
+        dsc_rows_dot<KIND, 1, RW, DSC_MM_GEMV_U>(w, r0, lane, xj, 1, acc);
+#pragma unroll
+        for (int q = 0; q < RW; q++) {
+            float v = dsc_warp_sum(acc[q]);
+            if (lane == 0 && r0 + q < D) a.y[(size_t)mt * D + r0 + q] = v;
+        }
+    }
+}
+
 /* Rows of every expert 16-byte aligned, whole chunks, x / h rows aligned. */
 static int moe_regular(const ds_moe_params *p, const float *h) {
     const ds_weight *ws[3] = {&p->w1[0], &p->w3[0], &p->w2[0]};
@@ -368,11 +434,11 @@ __global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float 
     }
 }
 
-/* The layer's device table of expert pointers: built once, found by the
- * model's w1 array address (and its first expert's data). */
+/* The layer's device table of expert pointers: built once per distinct
+ * table and found again by its contents (every expert's data and scale
+ * pointers), so weights freed and reallocated at the same addresses can
+ * never meet a stale table. */
 static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_err *err, const char *op) {
-    for (int i = 0; i < I->n_moe; i++)
-        if (I->moe[i].w1 == p->w1 && I->moe[i].d0 == p->w1[0].data && I->moe[i].E == p->E) return &I->moe[i];
     const ds_weight *a = &p->w1[0], *b = &p->w2[0];
     for (int e = 0; e < p->E; e++) {
         const ds_weight *u[3] = {&p->w1[e], &p->w3[e], &p->w2[e]};
@@ -385,18 +451,8 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
             }
         }
     }
-    if (I->n_moe == I->cap_moe) {
-        int cap = I->cap_moe ? 2 * I->cap_moe : 16;
-        dsc_moe_table *m = (dsc_moe_table *)realloc(I->moe, (size_t)cap * sizeof *m);
-        if (!m) {
-            dsc_failmsg(err, op, "out of host memory");
-            return NULL;
-        }
-        I->moe = m;
-        I->cap_moe = cap;
-    }
     size_t n = 3 * (size_t)p->E;
-    dsc_expert_ptrs *h = (dsc_expert_ptrs *)malloc(n * sizeof *h);
+    dsc_expert_ptrs *h = (dsc_expert_ptrs *)calloc(n, sizeof *h);
     if (!h) {
         dsc_failmsg(err, op, "out of host memory");
         return NULL;
@@ -405,19 +461,39 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
         const ds_weight *u[3] = {&p->w1[e], &p->w3[e], &p->w2[e]};
         for (int q = 0; q < 3; q++) h[(size_t)q * p->E + e] = dsc_expert_ptrs{u[q]->data, u[q]->scale, u[q]->srow0};
     }
+    for (int i = 0; i < I->n_moe; i++) {
+        const dsc_expert_ptrs *k = I->moe[i].host;
+        size_t j = 0;
+        if (I->moe[i].E == p->E)
+            while (j < n && k[j].data == h[j].data && k[j].scale == h[j].scale && k[j].srow0 == h[j].srow0) j++;
+        if (j == n) {
+            free(h);
+            return &I->moe[i];
+        }
+    }
+    if (I->n_moe == I->cap_moe) {
+        int cap = I->cap_moe ? 2 * I->cap_moe : 16;
+        dsc_moe_table *m = (dsc_moe_table *)realloc(I->moe, (size_t)cap * sizeof *m);
+        if (!m) {
+            free(h);
+            dsc_failmsg(err, op, "out of host memory");
+            return NULL;
+        }
+        I->moe = m;
+        I->cap_moe = cap;
+    }
     void *d = NULL;
     cudaError_t ce = cudaMalloc(&d, n * sizeof *h);
     if (ce == cudaSuccess) ce = cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);
-    free(h);
     if (ce != cudaSuccess) {
+        free(h);
         cudaGetLastError();
         cudaFree(d);
         dsc_fail(err, op, "expert table", ce);
         return NULL;
     }
     dsc_moe_table *m = &I->moe[I->n_moe++];
-    m->w1 = p->w1;
-    m->d0 = p->w1[0].data;
+    m->host = h;
     m->E = p->E;
     m->dev = (dsc_expert_ptrs *)d;
     return m;
@@ -471,7 +547,18 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
 
     unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
     up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
-    int tiled = T >= DSC_MM_TILED_MIN_T && moe_regular(p, h);
+    int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
+    if (gemv) {
+        int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
+        dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+        switch (w1->kind) {
+        case DS_W_F32: moe_up_gemv_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_BF16: moe_up_gemv_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_F16: moe_up_gemv_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_FP8: moe_up_gemv_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        case DS_W_FP4: moe_up_gemv_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        }
+    }
     if (tiled) {
         int rpb = DSC_MM_WARPS * DSC_MM_RW;
         dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
@@ -484,7 +571,7 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
         }
     }
     dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    if (!tiled) switch (w1->kind) {
+    if (!tiled && !gemv) switch (w1->kind) {
     case DS_W_F32: moe_up_kernel<DS_W_F32><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
     case DS_W_BF16: moe_up_kernel<DS_W_BF16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
     case DS_W_F16: moe_up_kernel<DS_W_F16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
@@ -493,6 +580,17 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
     }
     if (dsc_check_launch(err, op)) return -1;
     down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
+    if (gemv) {
+        int rpb = DSC_MM_WARPS * 4;
+        dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+        switch (w2->kind) {
+        case DS_W_F32: moe_down_gemv_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_BF16: moe_down_gemv_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_F16: moe_down_gemv_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_FP8: moe_down_gemv_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        case DS_W_FP4: moe_down_gemv_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        }
+    }
     if (tiled) {
         int rpb = DSC_MM_WARPS * DSC_MM_RW;
         dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
@@ -505,7 +603,7 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
         }
     }
     dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    if (!tiled) switch (w2->kind) {
+    if (!tiled && !gemv) switch (w2->kind) {
     case DS_W_F32: moe_down_kernel<DS_W_F32><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
     case DS_W_BF16: moe_down_kernel<DS_W_BF16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
     case DS_W_F16: moe_down_kernel<DS_W_F16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;

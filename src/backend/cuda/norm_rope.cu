@@ -14,11 +14,20 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
     const float *xr = x + t * (size_t)n;
     float *o = out + t * (size_t)n;
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += DSC_ROW_THREADS) s = fmaf(xr[i], xr[i], s);
+    int i = threadIdx.x;
+    for (; i + 7 * DSC_ROW_THREADS < n; i += 8 * DSC_ROW_THREADS) { /* 8 loads in flight, the same chain */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = xr[i + u * DSC_ROW_THREADS];
+#pragma unroll
+        for (int u = 0; u < 8; u++) s = fmaf(v[u], v[u], s);
+    }
+    for (; i < n; i += DSC_ROW_THREADS) s = fmaf(xr[i], xr[i], s);
     float ms = dsc_block_sum(s, sh) / (float)n;
     float r = 1.0f / sqrtf(ms + eps);
     /* in place is safe: each thread rewrites only what it read */
-    for (int i = threadIdx.x; i < n; i += DSC_ROW_THREADS) o[i] = w ? w[i] * (xr[i] * r) : xr[i] * r;
+#pragma unroll 8
+    for (int j = threadIdx.x; j < n; j += DSC_ROW_THREADS) o[j] = w ? w[j] * (xr[j] * r) : xr[j] * r;
 }
 
 int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps) {
