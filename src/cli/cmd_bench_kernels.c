@@ -29,6 +29,8 @@ typedef struct {
 } kernel_case;
 
 int cmd_bench_kernels(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--backend") && strcmp(argv[i + 1], "cpu")) return cmd_bench_kernels_cuda(argc, argv);
     long long threads = 2, reps = 3, mib = 1024;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -38,3 +38,15 @@ void ds_backend_close(ds_backend *be) {
     if (be->close) be->close(be);
     memset(be, 0, sizeof *be);
 }
+
+int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n, double *copy_gbs, char *note,
+                                 size_t nn, ds_err *err) {
+#ifdef DSV4_HAVE_CUDA
+    return ds_cuda_kernel_bench(gpu, reps, out, cap, n, copy_gbs, note, nn, err);
+#else
+    (void)gpu, (void)reps, (void)out, (void)cap, (void)copy_gbs, (void)note, (void)nn;
+    *n = 0;
+    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
+                   ds_backends_built());
+#endif
+}

@@ -5,6 +5,7 @@
 #define DS_BACKEND_SELECT_H
 
 #include "backend/backend.h"
+#include "backend/cuda/kbench.h"
 #include "common/err.h"
 
 typedef struct ds_backend_opts {
@@ -20,5 +21,11 @@ int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err);
 void ds_backend_close(ds_backend *be);
 /* The backends this build has, e.g. "cpu" or "cpu cuda". */
 const char *ds_backends_built(void);
+
+/* `dsv4 bench --kernels --backend cuda`: the CUDA product kernels at
+ * V4-Flash's shapes next to cuBLAS (backend/cuda/kbench.h); -1 naming the
+ * cause in a build without the CUDA backend. */
+int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n, double *copy_gbs, char *note,
+                                 size_t nn, ds_err *err);
 
 #endif

@@ -1,0 +1,41 @@
+/* kbench.h — the CUDA product kernels timed alone at V4-Flash's shapes, next
+ * to cuBLAS (kbench.cu). For `dsv4 bench --kernels --backend cuda`. */
+#ifndef DS_BACKEND_CUDA_KBENCH_H
+#define DS_BACKEND_CUDA_KBENCH_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+#include "tensor/weight.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ds_cuda_kb_case {
+    const char *name; /* the V4-Flash tensor the shape is taken from */
+    ds_wkind kind;
+    int rows, cols;
+} ds_cuda_kb_case;
+
+typedef struct ds_cuda_kb_row {
+    ds_cuda_kb_case c;
+    int T;               /* tokens: 1 (decode) or 512 (prefill) */
+    double weight_bytes; /* codes + scales */
+    double ms;           /* dsv4's product, per call */
+    double blas_ms;      /* cuBLAS BF16 GemmEx of the same shape, per call */
+    int blas_ok;
+} ds_cuda_kb_row;
+
+/* Runs every case at T = 1 and 512 on GPU `gpu` (reps calls each at T = 1,
+ * a quarter as many at 512) into out (at most cap rows; *n_out set), the
+ * device copy bandwidth (GB/s, read + written) into *copy_gbs, and into note
+ * where cuBLAS came from or why there is no comparison. 0, or -1 with err. */
+int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n_out, double *copy_gbs, char *note,
+                         size_t nn, ds_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,72 @@
+/* cmd_bench_kernels_cuda.c — `dsv4 bench --kernels --backend cuda`: every
+ * product kernel of the CUDA backend at V4-Flash's shapes, one token and 512,
+ * with the weight bandwidth against the device copy floor (decode) or the
+ * arithmetic rate (prefill), next to cuBLAS's BF16 GEMM of the same shape:
+ * the ratio is what dsv4's fixed reduction order costs. No model needed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "cli/util.h"
+#include "runtime/backend_select.h"
+
+static const char *kind_name(ds_wkind k) {
+    static const char *n[] = {"F32", "BF16", "F16", "FP8", "MXFP4"};
+    return (unsigned)k < 5 ? n[k] : "?";
+}
+
+int cmd_bench_kernels_cuda(int argc, char **argv) {
+    long long reps = 20, gpu = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--kernels")) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: dsv4 bench --kernels --backend cuda [--gpu N] [--reps R]\n"
+                   "  each product kernel at V4-Flash's shapes, 1 and 512 tokens (R calls, default 20; R/4 at\n"
+                   "  512), against the device copy bandwidth and next to cuBLAS BF16 GemmEx of the same shape.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--backend") && v) {
+            if (strcmp(v, "cuda")) {
+                fprintf(stderr, "dsv4 bench --kernels: --backend %s: expected cuda here\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--gpu") && v) {
+            bad = cli_parse_int(a, v, 0, 1024, &gpu);
+        } else if (!strcmp(a, "--reps") && v) {
+            bad = cli_parse_int(a, v, 1, 10000, &reps);
+        } else {
+            fprintf(stderr, "dsv4 bench --kernels --backend cuda: unknown or incomplete option '%s'\n", a);
+            bad = 1;
+        }
+        if (bad) return 2;
+        i++;
+    }
+    ds_cuda_kb_row rows[32];
+    int n = 0;
+    double copy = 0;
+    char note[512];
+    ds_err err = {0};
+    if (ds_backend_cuda_kernel_bench((int)gpu, (int)reps, rows, 32, &n, &copy, note, sizeof note, &err)) {
+        fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
+        return 1;
+    }
+    printf("floor      device copy %.0f GB/s (1 GiB read + written, best of 5)\n", copy);
+    printf("cuBLAS     %s\n", note);
+    printf("%-10s %-6s %-13s %4s %9s %9s %6s %8s | %9s %6s\n", "kernel", "kind", "shape", "T", "ms", "GB/s",
+           "floor", "TFLOP/s", "cuBLAS ms", "ratio");
+    for (int i = 0; i < n; i++) {
+        const ds_cuda_kb_row *r = &rows[i];
+        char shape[32];
+        snprintf(shape, sizeof shape, "%dx%d", r->c.rows, r->c.cols);
+        double gbs = r->weight_bytes / (r->ms * 1e-3) / 1e9;
+        double tf = 2.0 * r->c.rows * (double)r->c.cols * r->T / (r->ms * 1e-3) / 1e12;
+        printf("%-10s %-6s %-13s %4d %9.4f %9.0f %6.2f %8.2f | ", r->c.name, kind_name(r->c.kind), shape, r->T, r->ms,
+               gbs, gbs / copy, tf);
+        if (r->blas_ok) printf("%9.4f %6.2f\n", r->blas_ms, r->ms / r->blas_ms);
+        else printf("%9s %6s\n", "-", "-");
+    }
+    printf("ratio = dsv4 time / cuBLAS time (cuBLAS reads BF16: 2 bytes per weight; dsv4 reads the stored kind)\n");
+    return fflush(stdout) || ferror(stdout) ? 1 : 0;
+}
