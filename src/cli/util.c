@@ -183,13 +183,18 @@ static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds
         if (ds_ep_session_rank() != 0) exit(ds_ep_session_end(1));
         return -1;
     }
-    uint64_t ex, rest;
-    ds_model_expert_bytes(m, &ex, &rest);
-    if (ds_ep_session_rank() == 0)
-        fprintf(stderr, "dsv4 %s: expert parallel over %d ranks: rank 0 serves %.1f MiB of routed experts, "
-                "%.1f MiB replicated (dense, shared experts, head)\n", cmd, ds_ep_session_size(),
-                (double)ex / (1 << 20), (double)rest / (1 << 20));
-    if (ds_ep_session_rank() == 0) return 0;
+    if (ds_ep_session_rank() == 0) {
+        uint64_t ex, rest;
+        ds_model_expert_bytes(m, 0, &ex, &rest);
+        fprintf(stderr, "dsv4 %s: expert parallel over %d ranks: %.1f MiB replicated on each (dense, shared "
+                "experts, head); routed experts per rank (MiB):", cmd, ds_ep_session_size(), (double)rest / (1 << 20));
+        for (int r = 0; r < ds_ep_session_size(); r++) {
+            ds_model_expert_bytes(m, r, &ex, &rest);
+            fprintf(stderr, " %.1f", (double)ex / (1 << 20));
+        }
+        fprintf(stderr, "\n");
+        return 0;
+    }
     int frc = ds_ep_follow(m, be);
     ds_model_unbind(m);
     ds_model_set_ep(m, NULL);
@@ -210,17 +215,11 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
     return 0;
 }
 
-int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o) {
-    if (strcmp(a, "--backend") && strcmp(a, "--gpu") && strcmp(a, "--placement") && strcmp(a, "--expert-load") &&
-        strcmp(a, "--redundant-experts"))
-        return 0;
+int cli_ep_opt(const char *cmd, const char *a, const char *v) {
+    if (strcmp(a, "--placement") && strcmp(a, "--expert-load") && strcmp(a, "--redundant-experts")) return 0;
     if (!v) {
         fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
         return -1;
-    }
-    if (!strcmp(a, "--backend")) {
-        o->name = v;
-        return 1;
     }
     ds_ep_opts *eo = ds_ep_session_opts(); /* the ranks' options: the process's, like its MPI session */
     if (!strcmp(a, "--placement") || !strcmp(a, "--expert-load")) {
@@ -231,6 +230,21 @@ int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_op
         long long n;
         if (cli_parse_int(a, v, 0, 1 << 20, &n)) return -1;
         eo->redundant = (int)n;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o) {
+    int ep = cli_ep_opt(cmd, a, v);
+    if (ep) return ep;
+    if (strcmp(a, "--backend") && strcmp(a, "--gpu")) return 0;
+    if (!v) {
+        fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    if (!strcmp(a, "--backend")) {
+        o->name = v;
         return 1;
     }
     long long g;

@@ -52,8 +52,10 @@ int ds_ep_session_start(int *argc, char ***argv) {
         }
         S.captured = tmpfile();
         S.err_fd = dup(2);
-        if (S.captured && S.err_fd >= 0) dup2(fileno(S.captured), 2);
-        else S.err_fd = 2;
+        if (S.captured && S.err_fd >= 0)
+            dup2(fileno(S.captured), 2);
+        else
+            S.err_fd = 2;
     }
 #endif
     return 0;
@@ -102,9 +104,12 @@ int ds_ep_session_ready(int ok, const char *msg, ds_err *err) {
     enum { M = 1000 };
     char mine[M + 8];
     mine[0] = (char)(ok ? 1 : 0);
-    if (ok) mine[1] = 0;
-    else if (S.rank > 0 && !(msg && *msg)) captured_text(mine + 1, M, msg);
-    else snprintf(mine + 1, M, "%s", msg ? msg : "failed");
+    if (ok)
+        mine[1] = 0;
+    else if (S.rank > 0 && !(msg && *msg))
+        captured_text(mine + 1, M, msg);
+    else
+        snprintf(mine + 1, M, "%s", msg ? msg : "failed");
     char *all = S.rank == 0 ? malloc((size_t)S.size * (M + 1)) : NULL;
     int status[2] = {ok, -1}; /* all ok, first failing rank */
     if (MPI_Gather(mine, M + 1, MPI_CHAR, all, M + 1, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -146,6 +151,7 @@ int ds_ep_session_end(int rc) {
         }
     } else if (S.rank == 0 && S.ep && S.ready_ok) {
         ds_ep_send_quit(S.ep);
+        ds_ep_report(S.ep, stderr);
     }
     restore_stderr();
     if (S.captured) fclose(S.captured);
@@ -161,13 +167,13 @@ int ds_ep_session_end(int rc) {
 struct ds_ep {
     int rank, size, layers, experts, k, next_id, quit;
     ds_placement pl;
-    int *owner;              /* [pairs] */
-    unsigned char *sel;      /* [pairs] */
-    int *counts, *displs;    /* [size] */
+    int *owner;           /* [pairs] */
+    unsigned char *sel;   /* [pairs] */
+    int *counts, *displs; /* [size] */
     size_t cap_pairs, cap_f;
     float *send, *recv;
-    uint64_t *served;        /* [size] pairs served, all layers */
-    int64_t *items;          /* a follower's received step */
+    uint64_t *served; /* [layers][size] pairs served */
+    int64_t *items;   /* a follower's received step */
     int32_t *tokens;
     size_t cap_items, cap_tok;
 };
@@ -184,7 +190,7 @@ int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, 
     ep->rank = S.rank, ep->size = S.size, ep->layers = layers, ep->experts = experts, ep->k = k;
     ep->counts = calloc((size_t)S.size, sizeof *ep->counts);
     ep->displs = calloc((size_t)S.size, sizeof *ep->displs);
-    ep->served = calloc((size_t)S.size, sizeof *ep->served);
+    ep->served = calloc((size_t)S.size * (size_t)(layers > 0 ? layers : 1), sizeof *ep->served);
     if (!ep->counts || !ep->displs || !ep->served) {
         ds_ep_free(ep);
         return ds_fail(err, "out of memory");
@@ -314,7 +320,7 @@ int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigne
     ds_placement_assign(&ep->pl, l, idx, n_pairs, ep->owner);
     for (int i = 0; i < n_pairs; i++) {
         ep->sel[i] = ep->owner[i] == ep->rank;
-        ep->served[ep->owner[i]]++;
+        ep->served[(size_t)l * ep->size + ep->owner[i]]++;
     }
     *sel = ep->sel;
     return 0;
@@ -352,4 +358,24 @@ int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
     (void)ep, (void)rows, (void)n_pairs, (void)D;
     return ds_fail(err, "expert parallelism: this build has no MPI");
 #endif
+}
+
+void ds_ep_report(const ds_ep *ep, FILE *f) {
+    double sum_ratio = 0, worst = 0;
+    int n = 0, worst_l = -1;
+    uint64_t total = 0;
+    for (int l = 0; l < ep->layers; l++) {
+        const uint64_t *c = ep->served + (size_t)l * ep->size;
+        uint64_t mx = 0, sum = 0;
+        for (int r = 0; r < ep->size; r++) sum += c[r], mx = c[r] > mx ? c[r] : mx;
+        if (!sum) continue;
+        double ratio = (double)mx * ep->size / (double)sum;
+        sum_ratio += ratio, n++, total += sum;
+        if (ratio > worst) worst = ratio, worst_l = l;
+    }
+    if (!n) return;
+    fprintf(f,
+            "dsv4: expert parallel over %d ranks: %llu (token, expert) pairs served; busiest rank / mean per "
+            "layer: %.3f on average, %.3f at worst (layer %d)\n",
+            ep->size, (unsigned long long)total, sum_ratio / n, worst, worst_l);
 }

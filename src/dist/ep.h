@@ -20,6 +20,7 @@
 #define DS_EP_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 
@@ -115,7 +116,10 @@ int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err);
 int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err);
 /* rows: [n_pairs][D] host rows, this rank's own filled in; on return every row. */
 int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
-/* Pairs served per rank so far, summed over layers (for max/mean). */
+/* Pairs served so far, [layers][ranks] (every rank counts all ranks). */
 const uint64_t *ds_ep_served(const ds_ep *ep);
+/* One line: pairs served, and per layer the busiest rank's pairs over the
+ * mean (1 = balanced), averaged over layers and the worst layer. */
+void ds_ep_report(const ds_ep *ep, FILE *f);
 
 #endif

@@ -106,7 +106,8 @@ static int read_file(ds_placement *p, const char *path, ds_err *err) {
         char *end;
         long layer = all ? 0 : strtol(tk, &end, 10);
         if (!all && (*end || layer < 0 || layer >= L)) {
-            rc = ds_fail(err, "placement file %s line %d: layer '%s' is not '*' or a layer in [0, %d)", path, ln, tk, L);
+            rc =
+                ds_fail(err, "placement file %s line %d: layer '%s' is not '*' or a layer in [0, %d)", path, ln, tk, L);
             break;
         }
         tk = strtok_r(NULL, " \t\r\n", &save);

@@ -142,19 +142,23 @@ static void sum_bytes(void *ctx, const void **ptr, size_t bytes) {
     ((sum_ctx *)ctx)->bytes += bytes;
 }
 
-void ds_model_expert_bytes(const ds_model *m, uint64_t *experts_here, uint64_t *rest) {
-    sum_ctx all = {0};
-    walk((ds_model *)m, sum_bytes, &all);
+static uint64_t experts_of(const ds_model *m, int rank) {
     uint64_t ex = 0;
     const ds_config *c = &m->cfg;
     for (int li = 0; li < c->n_layers; li++)
         for (int e = 0; e < c->n_routed_experts; e++) {
-            if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), ds_ep_rank(m->ep), li, e)) continue;
+            if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), rank, li, e)) continue;
             const ds_layer *ly = &m->layers[li];
             ex += ds_weight_bytes(&ly->w1[e]) + ds_weight_bytes(&ly->w2[e]) + ds_weight_bytes(&ly->w3[e]);
         }
-    *experts_here = ex;
-    *rest = all.bytes - ex;
+    return ex;
+}
+
+void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest) {
+    sum_ctx all = {0};
+    walk((ds_model *)m, sum_bytes, &all); /* this rank's: the dense weights and its experts */
+    *rest = all.bytes - experts_of(m, m->ep ? ds_ep_rank(m->ep) : 0);
+    *experts = experts_of(m, rank);
 }
 
 int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {

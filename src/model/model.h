@@ -92,9 +92,9 @@ void ds_model_unbind(ds_model *m);
 /* Runs m over the ranks of ep (dist/ep.h): call before ds_model_bind. The
  * backend must have the moe_experts / moe_combine ops. */
 void ds_model_set_ep(ds_model *m, struct ds_ep *ep);
-/* Bytes of the routed experts this process serves (all of them without EP),
- * and of everything else (replicated on every rank). */
-void ds_model_expert_bytes(const ds_model *m, uint64_t *experts_here, uint64_t *rest);
+/* Bytes of the routed experts `rank` serves (all of them without EP), and
+ * of everything else (replicated on every rank). */
+void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest);
 
 /* Bytes of weights read to decode one token (attention, shared expert, k
  * routed experts per layer, head, one embedding row) — the decode floor. */

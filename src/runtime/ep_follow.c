@@ -33,6 +33,10 @@ static ds_seq *seq_of(const table *t, int64_t id) {
 int ds_ep_follow(const ds_model *m, const ds_backend *be) {
     table t = {NULL, 0, NULL, 0};
     ds_err err = {{0}};
+    /* tests: DSV4_EP_FAIL_STEP=R:N — step N (from 1) fails on follower R */
+    const char *fs = getenv("DSV4_EP_FAIL_STEP");
+    long fail_rank = -1, fail_step = -1, steps = 0;
+    if (fs && sscanf(fs, "%ld:%ld", &fail_rank, &fail_step) != 2) fail_rank = -1;
     for (;;) {
         ds_ep_msg msg;
         if (ds_ep_recv(m->ep, &msg, &err)) fatal("receiving from rank 0", &err);
@@ -64,6 +68,10 @@ int ds_ep_follow(const ds_model *m, const ds_backend *be) {
                 s->pos = msg.items[3 * i + 1]; /* the leader's resets and rewinds */
                 t.items[i] = (ds_batch_item){s, tok, (int)msg.items[3 * i + 2], NULL, 0};
                 tok += msg.items[3 * i + 2];
+            }
+            if (++steps == fail_step && fail_rank == ds_ep_rank(m->ep)) {
+                ds_fail(&err, "DSV4_EP_FAIL_STEP=%s: this step fails (a test)", fs);
+                fatal("a step", &err);
             }
             if (ds_forward(m, be, t.items, msg.n_items, &err)) fatal("a step", &err);
         }
