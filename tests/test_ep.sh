@@ -110,7 +110,18 @@ out="$(mpi 2 "$bin" check -m "$src/tests/fixtures/tiny" --trials $trials --seed 
 out="$(mpi 3 "$bin" check -m "$src/tests/fixtures/q128" --trials 6 --mode mixed --seed 12 2>&1)" &&
   echo "$out" | grep -q "check: OK" && ok "check --trials 6 mixed, 3 ranks" || { bad "check, 3 ranks"; echo "$out" | tail -5; }
 
-# 5. failures end the job with a message naming the rank (timeout: a hang fails)
+# 5. -m synth:tiny: built in memory, each rank writing only its experts (the
+#    others are holes) — the bits of the checkpoint `dsv4 synth` writes to disk
+"$bin" synth --like tiny -o "$tmp/synth" >/dev/null 2>&1
+S="--tokens $(tokens 331 40 3) --tokens $(tokens 331 9 4)"
+"$bin" logits -m "$tmp/synth" $S -o "$tmp/sd" >/dev/null 2>&1
+for n in 1 2 3; do
+  mpi $n "$bin" logits -m synth:tiny $S -o "$tmp/s$n" >/dev/null 2>&1
+  cmp -s "$tmp/sd.0.f32" "$tmp/s$n.0.f32" && cmp -s "$tmp/sd.1.f32" "$tmp/s$n.1.f32" && [ -s "$tmp/sd.0.f32" ] &&
+    ok "synth:tiny over $n ranks == the synth checkpoint on disk" || bad "synth:tiny over $n ranks differs"
+done
+
+# 6. failures end the job with a message naming the rank (timeout: a hang fails)
 expect_fail() { # label regex ranks args...
   local label="$1" re="$2"
   shift 2

@@ -87,6 +87,10 @@ static int has_config(const char *dir) {
 }
 
 int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
+    if (given && !strncmp(given, "synth:", 6)) { /* ds_model_load builds it */
+        if ((size_t)snprintf(out, cap, "%s", given) >= cap) return -1;
+        return 0;
+    }
     if (given) {
         if ((size_t)snprintf(out, cap, "%s", given) >= cap) {
             fprintf(stderr, "dsv4 %s: -m: path too long\n", cmd);

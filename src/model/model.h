@@ -80,6 +80,11 @@ typedef struct ds_model {
  * read is an error naming it (a config that does not match the checkpoint). */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
+/* "synth:NAME[:LAYERS]" as DIR (ds_model_load passes it here): the
+ * random-weight model `dsv4 synth --like NAME --layers LAYERS` writes, built
+ * in memory (model/synth_load.c); under expert parallelism with this rank's
+ * routed experts only. */
+int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err);
 
 /* Uploads every weight and constant of m to be (the CPU backend uses them
  * in place) and gives the model its step arena. A model is bound once; it
