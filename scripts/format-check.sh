@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 files=(
   src/common/io.c src/common/io.h
   src/cli/main.c
+  src/dist/ep.c src/dist/ep.h src/dist/placement.c src/runtime/ep_follow.c src/runtime/ep_follow.h src/model/synth_load.c
   src/runtime/generate.c
   src/text/pyjson.h
   fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c

@@ -17,6 +17,8 @@ packages=(
   curl             # serve tests: raw SSE, bad input
   nodejs           # serve tests: the openai npm client (installed by the test from the npm registry)
   chromium         # serve tests: the chat page in a headless browser (driven by puppeteer-core from npm)
+  openmpi-bin      # mpirun: expert parallelism over processes (docs/ep.md, tests/test_ep.sh)
+  libopenmpi-dev   # MPI headers and library (DSV4_MPI=AUTO builds it when found)
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -240,6 +240,35 @@ typedef struct ds_moe_params {
     float *out;                 /* [T][D] */
 } ds_moe_params;
 
+/* Expert parallelism (docs/ep.md), the moe op in two halves. First the
+ * experts: for every (token, slot) pair with sel[t*k + j] set, the routed
+ * expert's output w2_e(SwiGLU_limit(w1_e x, w3_e x)) into slot_out[t*k + j]
+ * (other rows untouched), and the shared expert of every token into
+ * shared_out (zeros without one). Each row has the bits moe computes for it,
+ * whatever the selection and the other tokens. */
+typedef struct ds_moe_experts_params {
+    const float *x;             /* [T][D] */
+    int T, D, E, k;
+    const int32_t *idx;         /* [T][k] */
+    const unsigned char *sel;   /* host [T][k]; NULL: every pair */
+    const ds_weight *w1, *w2, *w3; /* host arrays [E] */
+    const ds_weight *sw1, *sw2, *sw3; /* shared expert, or NULL */
+    float limit;
+    float *slot_out;            /* [T][k][D] */
+    float *shared_out;          /* [T][D] */
+} ds_moe_experts_params;
+
+/* Then the combine, moe's own: out[t] = sum over t's slots in ascending
+ * (expert id, slot) of wts * slot_out, then + shared_out[t]. */
+typedef struct ds_moe_combine_params {
+    int T, D, k;
+    const int32_t *idx;         /* [T][k] */
+    const float *wts;           /* [T][k] */
+    const float *slot_out;      /* [T][k][D] */
+    const float *shared_out;    /* [T][D] */
+    float *out;                 /* [T][D] */
+} ds_moe_combine_params;
+
 /* ---- the backend ----------------------------------------------------- */
 
 /* Where the time goes (dsv4 bench): while a backend's profile is set, its
@@ -291,6 +320,9 @@ struct ds_backend {
     int (*window_store)(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
     int (*route)(const ds_backend *be, const ds_route_params *p, ds_err *err);
     int (*moe)(const ds_backend *be, const ds_moe_params *p, ds_err *err);
+    /* moe in two halves, for expert parallelism (NULL: not supported) */
+    int (*moe_experts)(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
+    int (*moe_combine)(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
 
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);

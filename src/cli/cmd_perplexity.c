@@ -6,6 +6,7 @@
  * with no added token recognized and no BOS; consecutive non-overlapping
  * windows of W ids (the last may be shorter; a window of fewer than 2 ids is
  * dropped); each window is run on a fresh sequence as [BOS] + window. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ typedef struct {
     const char *cmd, *given, *file;
     long long window, batch, threads;
     int fractions;
+    const char *load_out;
 } text_opts;
 
 /* The text's windows: window i is ids[start[i] .. start[i] + len[i]). */
@@ -39,7 +41,7 @@ static void windows_free(text_windows *w) {
 
 /* Parses the options both commands share; 0, or the exit status. */
 static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, void (*usage)(FILE *)) {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1, ep; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -59,6 +61,11 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, void 
             i++;
         } else if (stats && !strcmp(a, "--fractions")) {
             o->fractions = 1;
+        } else if (stats && !strcmp(a, "--load-out") && v) {
+            o->load_out = v, i++;
+        } else if ((ep = cli_ep_opt(o->cmd, a, v)) != 0) {
+            if (ep < 0) goto usage_err;
+            i++;
         } else {
             fprintf(stderr, "dsv4 %s: unknown or incomplete option '%s'\n", o->cmd, a);
             goto usage_err;
@@ -220,7 +227,7 @@ static double row_nll(const float *x, int V, int32_t target) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0};
+    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL};
     int prc = parse_text_opts(argc, argv, &o, 0, ppl_usage);
     if (prc) return prc < 0 ? 0 : prc;
     char dir[4096];
@@ -285,7 +292,7 @@ out:
 
 static void stats_usage(FILE *f) {
     fprintf(f,
-            "usage: dsv4 stats [-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions]\n"
+            "usage: dsv4 stats [-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]\n"
             "\n"
             "Expert load of the MoE routing on the text in F, cut as dsv4 perplexity cuts it\n"
             "([BOS] + windows of W ids; every token routed, BOS included): per layer the share of\n"
@@ -293,7 +300,8 @@ static void stats_usage(FILE *f) {
             "hash layers route by token id) and a histogram with one column per expert (height:\n"
             "load relative to the layer's busiest expert; blank: no token).\n"
             "\n"
-            "  --fractions   also print every expert's share, per layer\n");
+            "  --fractions   also print every expert's share, per layer\n"
+            "  --load-out F  write the load as 'LAYER EXPERT COUNT' lines (for --expert-load under mpirun)\n");
 }
 
 #ifdef DS_HAVE_ROUTE_HOOK
@@ -337,7 +345,7 @@ static void histogram(const long long *c, int E) {
 #endif
 
 int cmd_stats(int argc, char **argv) {
-    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0};
+    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL};
     int prc = parse_text_opts(argc, argv, &o, 1, stats_usage);
     if (prc) return prc < 0 ? 0 : prc;
 #ifndef DS_HAVE_ROUTE_HOOK
@@ -409,6 +417,20 @@ int cmd_stats(int argc, char **argv) {
         }
     }
     fflush(stdout);
+    if (o.load_out) {
+        FILE *lf = fopen(o.load_out, "w");
+        if (!lf) {
+            fprintf(stderr, "dsv4 stats: --load-out %s: %s\n", o.load_out, strerror(errno));
+            goto out;
+        }
+        fprintf(lf, "# dsv4 stats --file %s: LAYER EXPERT TOKENS\n", o.file);
+        for (int L = 0; L < c->n_layers; L++)
+            for (int e = 0; e < cnt.E; e++) fprintf(lf, "%d %d %lld\n", L, e, cnt.counts[(size_t)L * cnt.E + e]);
+        if (fclose(lf)) {
+            fprintf(stderr, "dsv4 stats: --load-out %s: %s\n", o.load_out, strerror(errno));
+            goto out;
+        }
+    }
     fprintf(stderr, "speed: %lld tokens in %.3f s, %.1f tokens/s\n", n_tok, dt, dt > 0 ? (double)n_tok / dt : 0);
     rc = 0;
 out:

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "dist/ep.h"
 
 typedef struct {
     const char *name;
@@ -47,7 +48,7 @@ static int finish_output(const char *cmd, int rc) {
     return rc;
 }
 
-int main(int argc, char **argv) {
+static int run(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -57,4 +58,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+/* Under mpirun every rank runs the command; rank 0 leads, the others follow
+ * from cli_bind on (docs/ep.md). */
+int main(int argc, char **argv) {
+    if (ds_ep_session_start(&argc, &argv)) return 1;
+    return ds_ep_session_end(run(argc, argv));
 }

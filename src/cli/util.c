@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "common/io.h"
+#include "dist/ep.h"
+#include "runtime/ep_follow.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
 
@@ -85,6 +87,10 @@ static int has_config(const char *dir) {
 }
 
 int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
+    if (given && !strncmp(given, "synth:", 6)) { /* ds_model_load builds it */
+        if ((size_t)snprintf(out, cap, "%s", given) >= cap) return -1;
+        return 0;
+    }
     if (given) {
         if ((size_t)snprintf(out, cap, "%s", given) >= cap) {
             fprintf(stderr, "dsv4 %s: -m: path too long\n", cmd);
@@ -157,8 +163,53 @@ char *cli_read_file(const char *cmd, const char *path, size_t *n) {
     return buf;
 }
 
+/* Under mpirun (more than one rank): every rank builds the expert placement,
+ * binds the dense weights and its experts, and all say whether that worked
+ * (a rank that failed is named by rank 0); then the followers serve the
+ * leader's steps until it quits, and exit here. */
+static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend *be) {
+    ds_err err = {{0}}, herr = {{0}};
+    ds_ep *ep = NULL;
+    const char *fail_env = getenv("DSV4_EP_FAIL_RANK"); /* tests: this rank fails to load */
+    int ok = 1;
+    if (fail_env && atoi(fail_env) == ds_ep_session_rank())
+        ok = 0, ds_fail(&err, "DSV4_EP_FAIL_RANK=%s: this rank fails to load (a test)", fail_env);
+    if (ok && ds_ep_new(&ep, m->cfg.n_layers, m->cfg.n_routed_experts, m->cfg.n_active_experts, ds_ep_session_opts(), &err)) ok = 0;
+    if (ok) ds_model_set_ep(m, ep);
+    if (ok && (ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err))) ok = 0;
+    int rc = ds_ep_session_ready(ok, err.msg, &herr);
+    if (rc || !ok) {
+        if (ds_ep_session_rank() == 0) fprintf(stderr, "dsv4 %s: %s\n", cmd, ok ? herr.msg : err.msg);
+        ds_model_unbind(m);
+        ds_model_set_ep(m, NULL);
+        ds_ep_free(ep);
+        ds_backend_close(be);
+        if (ds_ep_session_rank() != 0) exit(ds_ep_session_end(1));
+        return -1;
+    }
+    if (ds_ep_session_rank() == 0) {
+        uint64_t ex, rest;
+        ds_model_expert_bytes(m, 0, &ex, &rest);
+        fprintf(stderr, "dsv4 %s: expert parallel over %d ranks: %.1f MiB replicated on each (dense, shared "
+                "experts, head); routed experts per rank (MiB):", cmd, ds_ep_session_size(), (double)rest / (1 << 20));
+        for (int r = 0; r < ds_ep_session_size(); r++) {
+            ds_model_expert_bytes(m, r, &ex, &rest);
+            fprintf(stderr, " %.1f", (double)ex / (1 << 20));
+        }
+        fprintf(stderr, "\n");
+        return 0;
+    }
+    int frc = ds_ep_follow(m, be);
+    ds_model_unbind(m);
+    ds_model_set_ep(m, NULL);
+    ds_ep_free(ep);
+    ds_backend_close(be);
+    exit(ds_ep_session_end(frc));
+}
+
 int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend *be) {
     ds_err err;
+    if (ds_ep_session_size() > 1) return bind_ranks(cmd, m, o, be);
     if (ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
         ds_model_unbind(m);
@@ -168,7 +219,29 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
     return 0;
 }
 
+int cli_ep_opt(const char *cmd, const char *a, const char *v) {
+    if (strcmp(a, "--placement") && strcmp(a, "--expert-load") && strcmp(a, "--redundant-experts")) return 0;
+    if (!v) {
+        fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    ds_ep_opts *eo = ds_ep_session_opts(); /* the ranks' options: the process's, like its MPI session */
+    if (!strcmp(a, "--placement") || !strcmp(a, "--expert-load")) {
+        *(a[2] == 'p' ? &eo->placement : &eo->load) = v;
+        return 1;
+    }
+    if (!strcmp(a, "--redundant-experts")) {
+        long long n;
+        if (cli_parse_int(a, v, 0, 1 << 20, &n)) return -1;
+        eo->redundant = (int)n;
+        return 1;
+    }
+    return 0;
+}
+
 int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o) {
+    int ep = cli_ep_opt(cmd, a, v);
+    if (ep) return ep;
     if (strcmp(a, "--backend") && strcmp(a, "--gpu")) return 0;
     if (!v) {
         fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);

@@ -35,5 +35,9 @@ int cli_bind(const char *cmd, struct ds_model *m, const ds_backend_opts *o, ds_b
 /* Parses --backend NAME / --gpu N into o: 1 when a (with its value v)
  * was one of them, 0 when not, -1 on a bad value (message printed). */
 int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o);
+/* The expert-parallel options under mpirun (docs/ep.md), also taken by
+ * cli_backend_opt: --placement FILE, --expert-load FILE, --redundant-experts
+ * N. 1 when a was one of them, 0 when not, -1 on a bad value (message). */
+int cli_ep_opt(const char *cmd, const char *a, const char *v);
 
 #endif

@@ -710,6 +710,7 @@ int ds_safetensors_write(const char *path, const ds_tensor_spec *specs, int n, d
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    uint64_t end = 8 + (uint64_t)hlen; /* the file's size (holes included) */
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(hdr, 1, hlen, f) != hlen) {
         ds_fail(err, "%s: write failed: %s", tmp, strerror(errno));
         goto out;
@@ -717,9 +718,18 @@ int ds_safetensors_write(const char *path, const ds_tensor_spec *specs, int n, d
     for (int i = 0; i < n; i++) {
         uint64_t nb = 0;
         byte_size(specs[i].dtype, specs[i].ndim, specs[i].shape, &nb);
+        end += nb;
         for (uint64_t off = 0; off < nb;) {
             uint64_t len = nb - off < cap ? nb - off : cap;
-            if (fill(ctx, i, off, buf, len, err) != 0) {
+            int frc = fill(ctx, i, off, buf, len, err);
+            if (frc == 1 && off == 0) { /* a hole */
+                if (fseeko(f, (off_t)nb, SEEK_CUR) != 0) {
+                    ds_fail(err, "%s: seek failed in tensor '%s': %s", tmp, specs[i].name, strerror(errno));
+                    goto out;
+                }
+                break;
+            }
+            if (frc != 0) {
                 ds_fail_prefix(err, "%s: tensor '%s'", path, specs[i].name);
                 goto out;
             }
@@ -730,7 +740,7 @@ int ds_safetensors_write(const char *path, const ds_tensor_spec *specs, int n, d
             off += len;
         }
     }
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    if (fflush(f) != 0 || ftruncate(fileno(f), (off_t)end) != 0 || fsync(fileno(f)) != 0) {
         ds_fail(err, "%s: write failed: %s", tmp, strerror(errno));
         goto out;
     }

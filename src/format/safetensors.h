@@ -70,6 +70,9 @@ typedef struct ds_tensor_spec {
     int64_t shape[DS_MAX_DIMS];
 } ds_tensor_spec;
 
+/* Fills len bytes of tensor `index` from byte offset: 0, or -1 (err). At
+ * offset 0 it may return 1 instead: the tensor is left a hole of the file
+ * (reads as zeros, takes no space on a sparse file system). */
 typedef int (*ds_fill_fn)(void *ctx, int index, uint64_t offset, uint8_t *buf, uint64_t len, ds_err *err);
 
 int ds_safetensors_write(const char *path, const ds_tensor_spec *specs, int n, ds_fill_fn fill, void *ctx,

@@ -2,6 +2,7 @@
  * (see ds_model_bind in model.h). */
 #include <stdlib.h>
 
+#include "dist/ep.h"
 #include "model/model.h"
 
 /* Every pointer the forward pass reads, with its size in bytes. */
@@ -71,6 +72,7 @@ static void walk(ds_model *m, visit_fn fn, void *ctx) {
         else
             floats(&ly->gate_bias, E, fn, ctx);
         for (size_t e = 0; e < E; e++) {
+            if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), ds_ep_rank(m->ep), li, (int)e)) continue;
             weight(&ly->w1[e], fn, ctx);
             weight(&ly->w2[e], fn, ctx);
             weight(&ly->w3[e], fn, ctx);
@@ -129,8 +131,41 @@ void ds_model_unbind(ds_model *m) {
     m->be = NULL;
 }
 
+void ds_model_set_ep(ds_model *m, struct ds_ep *ep) { m->ep = ep; }
+
+typedef struct {
+    uint64_t bytes;
+} sum_ctx;
+
+static void sum_bytes(void *ctx, const void **ptr, size_t bytes) {
+    (void)ptr;
+    ((sum_ctx *)ctx)->bytes += bytes;
+}
+
+static uint64_t experts_of(const ds_model *m, int rank) {
+    uint64_t ex = 0;
+    const ds_config *c = &m->cfg;
+    for (int li = 0; li < c->n_layers; li++)
+        for (int e = 0; e < c->n_routed_experts; e++) {
+            if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), rank, li, e)) continue;
+            const ds_layer *ly = &m->layers[li];
+            ex += ds_weight_bytes(&ly->w1[e]) + ds_weight_bytes(&ly->w2[e]) + ds_weight_bytes(&ly->w3[e]);
+        }
+    return ex;
+}
+
+void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest) {
+    sum_ctx all = {0};
+    walk((ds_model *)m, sum_bytes, &all); /* this rank's: the dense weights and its experts */
+    *rest = all.bytes - experts_of(m, m->ep ? ds_ep_rank(m->ep) : 0);
+    *experts = experts_of(m, rank);
+}
+
 int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
     if (m->be) return ds_fail(err, "%s: the model is already bound to the %s backend", m->path, m->be->name);
+    if (m->ep && (!be->moe_experts || !be->moe_combine))
+        return ds_fail(err, "%s: the %s backend has no expert-parallel MoE (moe_experts / moe_combine)", m->path,
+                       be->name);
     bind_ctx B = {m, 0, 0, err};
     walk(m, count, &B);
     m->host_ptrs = malloc((size_t)(B.n ? B.n : 1) * sizeof *m->host_ptrs);
@@ -144,6 +179,7 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
     }
     m->be = be;
     m->rs->be = be;
+    m->rs->ep = m->ep != NULL;
     B.n = 0;
     walk(m, map, &B);
     m->n_host_ptrs = B.n;

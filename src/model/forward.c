@@ -3,9 +3,11 @@
  * Every buffer is a view into the model's step arena (runstate.h). */
 #include "model/forward.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/ep.h"
 #include "model/step.h"
 
 static int check_items(const ds_model *m, const ds_batch_item *items, int n, ds_err *err) {
@@ -99,11 +101,53 @@ static int head(const ds_step *S, const ds_batch_item *items, int n_items, int R
     return 0;
 }
 
+static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                   const ds_observer *obs, ds_err *err);
+
+/* Under expert parallelism the leader sends the step to the followers
+ * (runtime/ep_follow.h), and every rank runs it; a step that fails on any
+ * rank after that ends the job (the others would wait for it forever). */
+static int send_step(const ds_model *m, const ds_batch_item *items, int n_items, ds_err *err) {
+    int T = 0;
+    for (int i = 0; i < n_items; i++) T += items[i].n_tokens;
+    int64_t *it = malloc((size_t)n_items * 3 * sizeof *it);
+    int32_t *tok = malloc((size_t)T * sizeof *tok);
+    if (!it || !tok) {
+        free(it), free(tok);
+        return ds_fail(err, "out of memory for a step's token table");
+    }
+    for (int i = 0, r = 0; i < n_items; i++) {
+        if (items[i].seq->ep != m->ep) {
+            free(it), free(tok);
+            return ds_fail(err, "sequence %d: not created by this model's ranks", i);
+        }
+        it[3 * i] = items[i].seq->ep_id;
+        it[3 * i + 1] = items[i].seq->pos;
+        it[3 * i + 2] = items[i].n_tokens;
+        for (int j = 0; j < items[i].n_tokens; j++) tok[r++] = items[i].tokens[j];
+    }
+    ds_ep_send_step(m->ep, n_items, it, tok, T);
+    free(it), free(tok);
+    return 0;
+}
+
 int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
                         const ds_observer *obs, ds_err *err) {
     if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
     if (n_items < 1) return ds_fail(err, "empty batch");
     if (check_items(m, items, n_items, err)) return -1;
+    if (!m->ep) return forward(m, be, items, n_items, obs, err);
+    if (ds_ep_rank(m->ep) == 0 && send_step(m, items, n_items, err)) return -1;
+    if (forward(m, be, items, n_items, obs, err)) {
+        char msg[1100];
+        snprintf(msg, sizeof msg, "a step of %d sequences failed: %s", n_items, err->msg);
+        ds_ep_session_fatal(msg);
+    }
+    return 0;
+}
+
+static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                   const ds_observer *obs, ds_err *err) {
     const ds_config *c = &m->cfg;
     int T = 0, R = 0;
     for (int i = 0; i < n_items; i++) {

@@ -68,6 +68,10 @@ typedef struct ds_model {
     ds_runstate *rs;
     const void **host_ptrs;   /* the loader's pointers, restored before freeing */
     int n_host_ptrs;
+    /* expert parallelism (dist/ep.h), set before ds_model_bind; NULL: one
+     * process. Not owned. Only the routed experts this rank serves are bound
+     * (and ever read). */
+    struct ds_ep *ep;
 } ds_model;
 
 /* Opens DIR (config.json + safetensors), validates every tensor the model
@@ -76,6 +80,11 @@ typedef struct ds_model {
  * read is an error naming it (a config that does not match the checkpoint). */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
+/* "synth:NAME[:LAYERS]" as DIR (ds_model_load passes it here): the
+ * random-weight model `dsv4 synth --like NAME --layers LAYERS` writes, built
+ * in memory (model/synth_load.c); under expert parallelism with this rank's
+ * routed experts only. */
+int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err);
 
 /* Uploads every weight and constant of m to be (the CPU backend uses them
  * in place) and gives the model its step arena. A model is bound once; it
@@ -84,6 +93,13 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err);
 /* Releases the backend's copies and the step arena; the model is unbound
  * (ds_model_free does this first). */
 void ds_model_unbind(ds_model *m);
+
+/* Runs m over the ranks of ep (dist/ep.h): call before ds_model_bind. The
+ * backend must have the moe_experts / moe_combine ops. */
+void ds_model_set_ep(ds_model *m, struct ds_ep *ep);
+/* Bytes of the routed experts `rank` serves (all of them without EP), and
+ * of everything else (replicated on every rank). */
+void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest);
 
 /* Bytes of weights read to decode one token (attention, shared expert, k
  * routed experts per layer, head, one embedding row) — the decode floor. */

@@ -3,6 +3,7 @@
  * token-id hash table on the first layers), then the clamped SwiGLU experts
  * and the shared expert — a token's k outputs summed in ascending expert id,
  * the shared expert last (backend.h: ds_route_params, ds_moe_params). */
+#include "dist/ep.h"
 #include "model/step.h"
 
 static int score_func(const ds_config *c) {
@@ -25,6 +26,31 @@ static int observe(const ds_step *S, int li, ds_err *err) {
     return 0;
 }
 
+/* Expert parallelism (docs/ep.md): this rank's pairs, the exchange, then the
+ * backend's combine over every pair in the single-process order. */
+static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
+    const ds_model *m = S->m;
+    const ds_config *c = &m->cfg;
+    const ds_layer *ly = &m->layers[li];
+    const ds_backend *be = S->be;
+    ds_runstate *rs = S->rs;
+    int T = S->T, E = c->n_routed_experts, k = c->n_active_experts, D = c->dim, sh = c->n_shared_experts > 0;
+    size_t n_pairs = (size_t)T * k, bytes = n_pairs * D * sizeof(float);
+    const unsigned char *sel = NULL;
+    if (be->download(be, rs->idx_host, rs->idx, n_pairs * sizeof(int32_t), err) ||
+        ds_ep_route(m->ep, li, rs->idx_host, (int)n_pairs, &sel, err))
+        return -1;
+    ds_moe_experts_params xp = {xn,          T,      D,      E,      k, rs->idx, sel, ly->w1, ly->w2, ly->w3,
+                                sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL, c->swiglu_limit,
+                                rs->slot_out, rs->shared_out};
+    ds_moe_combine_params cp = {T, D, k, rs->idx, rs->wts, rs->slot_out, rs->shared_out, out};
+    if (be->moe_experts(be, &xp, err) || be->download(be, rs->ep_rows, rs->slot_out, bytes, err) ||
+        ds_ep_exchange(m->ep, rs->ep_rows, (int)n_pairs, D, err) ||
+        be->upload(be, rs->slot_out, rs->ep_rows, bytes, err) || be->moe_combine(be, &cp, err))
+        return -1;
+    return 0;
+}
+
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
@@ -37,6 +63,7 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     if (ds_matmul(be, &ly->gate, xn, T, rs->logits, err) || be->route(be, &rp, err)) return -1;
     if (S->obs && S->obs->route && observe(S, li, err)) return -1;
     int sh = c->n_shared_experts > 0;
+    if (m->ep) return moe_ep(S, li, xn, out, err);
     ds_moe_params mp = {xn,     T,      c->dim, E,           k,           rs->idx,     rs->wts,      ly->w1,
                         ly->w2, ly->w3, sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL,
                         c->swiglu_limit, out};

@@ -35,6 +35,10 @@ static size_t carve(ds_runstate *rs, const ds_config *c, char *base, int T, int 
     TAKE(wts, float, t * c->n_active_experts);
     TAKE(idx, int32_t, t * c->n_active_experts);
     TAKE(hlog, float, (size_t)R * c->vocab_size);
+    if (rs->ep) {
+        TAKE(slot_out, float, t * c->n_active_experts * D);
+        TAKE(shared_out, float, t * D);
+    }
 #undef TAKE
     return off;
 }
@@ -62,6 +66,15 @@ static int host_table(ds_runstate *rs, const ds_config *c, int T, int R, int n_s
     return 0;
 }
 
+static int t_rows_host(ds_runstate *rs, const ds_config *c, int T, ds_err *err) {
+    size_t need = (size_t)T * c->n_active_experts * c->dim;
+    if (need <= rs->ep_rows_cap) return 0;
+    free(rs->ep_rows);
+    rs->ep_rows = malloc(need * sizeof(float));
+    rs->ep_rows_cap = rs->ep_rows ? need : 0;
+    return rs->ep_rows ? 0 : ds_fail(err, "out of memory for the expert exchange of a step of %d tokens", T);
+}
+
 int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n_seqs, ds_err *err) {
     if (host_table(rs, c, T, R, n_seqs, err)) return -1;
     size_t need = carve(rs, c, NULL, T, R);
@@ -74,6 +87,7 @@ int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n
         rs->cap = need;
     }
     carve(rs, c, rs->arena, T, R);
+    if (rs->ep && t_rows_host(rs, c, T, err)) return -1;
     rs->T = T;
     rs->R = R;
     return 0;
@@ -82,5 +96,6 @@ int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n
 void ds_runstate_free(ds_runstate *rs) {
     if (rs->arena) rs->be->free(rs->be, rs->arena);
     free(rs->host);
+    free(rs->ep_rows);
     memset(rs, 0, sizeof *rs);
 }

@@ -29,6 +29,12 @@ typedef struct ds_runstate {
     float *logits, *wts;    /* [T][E], [T][k] */
     int32_t *idx;           /* [T][k] */
     float *hlog;            /* [R][vocab] */
+    /* expert parallelism only (ep set before the first reserve) */
+    int ep;
+    float *slot_out;        /* [T][k][D] every (token, slot) pair's expert output */
+    float *shared_out;      /* [T][D] */
+    float *ep_rows;         /* host [T][k][D]: the pairs' rows for the exchange */
+    size_t ep_rows_cap;
     /* host memory: the step's token table (see ds_step_desc) */
     void *host;
     size_t host_cap;

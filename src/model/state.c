@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "dist/ep.h"
+
 /* Lays out every layer's state from base (NULL: only counts); returns floats. */
 static uint64_t layout(const ds_model *m, int64_t max_len, float *base, ds_layer_mem *L) {
     const ds_config *c = &m->cfg;
@@ -34,7 +36,26 @@ static uint64_t layout(const ds_model *m, int64_t max_len, float *base, ds_layer
     return off;
 }
 
+static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err);
+
+/* Under expert parallelism the leader's sequences exist on every rank. */
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
+    if (seq_alloc(m, max_len, out, err)) return -1;
+    if (m->ep && ds_ep_rank(m->ep) == 0) {
+        (*out)->ep = m->ep;
+        (*out)->ep_id = ds_ep_next_seq_id(m->ep);
+        ds_ep_send_seq_new(m->ep, (*out)->ep_id, max_len);
+    }
+    return 0;
+}
+
+int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, ds_seq **out, ds_err *err) {
+    if (seq_alloc(m, max_len, out, err)) return -1;
+    (*out)->ep_id = id;
+    return 0;
+}
+
+static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
     *out = NULL;
     if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
     if (max_len < 1) return ds_fail(err, "sequence capacity must be positive (got %lld)", (long long)max_len);
@@ -58,6 +79,7 @@ int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
 
 void ds_seq_free(ds_seq *s) {
     if (!s) return;
+    if (s->ep) ds_ep_send_seq_free(s->ep, s->ep_id);
     if (s->mem) s->be->free(s->be, s->mem);
     free(s->layers);
     free(s);

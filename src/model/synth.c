@@ -29,6 +29,8 @@ typedef struct {
     int quant;
     double done_bytes, total_bytes;
     double next_report;
+    int (*skip)(void *ctx, const char *name);
+    void *skip_ctx;
 } synth;
 
 static uint64_t mix64(uint64_t x) {
@@ -190,6 +192,10 @@ static int fill(void *ctx, int index, uint64_t offset, uint8_t *buf, uint64_t le
     synth *S = ctx;
     (void)err;
     const stensor *t = &S->t[index];
+    if (offset == 0 && S->skip && S->skip(S->skip_ctx, t->spec.name)) {
+        S->done_bytes += (double)spec_bytes(&t->spec);
+        return 1;
+    }
     uint64_t key = mix64(S->o->seed * 0x100000001b3ull + (uint64_t)index);
     uint64_t esz = ds_dtype_size(t->spec.dtype);
     for (uint64_t i = 0; i < len; i += 8) {
@@ -262,9 +268,16 @@ int ds_synth_like(const char *name, ds_config *c, ds_err *err) {
 }
 
 int ds_synth_write(const ds_config *cfg, const ds_synth_opts *o, const char *dir, ds_err *err) {
+    return ds_synth_write_only(cfg, o, dir, NULL, NULL, err);
+}
+
+int ds_synth_write_only(const ds_config *cfg, const ds_synth_opts *o, const char *dir,
+                        int (*skip)(void *ctx, const char *name), void *ctx, ds_err *err) {
     if (ds_config_validate(cfg, "synth config", err)) return -1;
     if (mkdir(dir, 0777) && errno != EEXIST) return ds_fail(err, "%s: cannot create directory: %s", dir, strerror(errno));
     synth S = {0};
+    S.skip = skip;
+    S.skip_ctx = ctx;
     S.cfg = cfg;
     S.o = o;
     S.quant = o->quantized;

@@ -22,5 +22,11 @@ typedef struct ds_synth_opts {
 int ds_synth_like(const char *name, ds_config *cfg, ds_err *err);
 /* Writes config.json, the shards and the index into dir (created if needed). */
 int ds_synth_write(const ds_config *cfg, const ds_synth_opts *o, const char *dir, ds_err *err);
+/* The same, leaving every tensor for which skip(ctx, name) is nonzero a hole
+ * (zeros, no space on a sparse file system such as /dev/shm): a rank of an
+ * expert-parallel job writes only the experts it serves. Every written byte
+ * is the one ds_synth_write writes. */
+int ds_synth_write_only(const ds_config *cfg, const ds_synth_opts *o, const char *dir,
+                        int (*skip)(void *ctx, const char *name), void *ctx, ds_err *err);
 
 #endif

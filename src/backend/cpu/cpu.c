@@ -118,6 +118,8 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->window_store = ds_cpu_window_store;
     be->route = ds_cpu_route;
     be->moe = ds_cpu_moe;
+    be->moe_experts = ds_cpu_moe_experts;
+    be->moe_combine = ds_cpu_moe_combine;
     be->close = cpu_close;
     return 0;
 }

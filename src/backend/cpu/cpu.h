@@ -27,7 +27,7 @@ void ds_backend_cpu_fail_alloc(ds_backend *be, long n);
 /* ---- inside the CPU backend ---- */
 
 /* Grow-only scratch buffers, one per user (nested users never share one). */
-enum { DS_SCR_MM, DS_SCR_MM_JOBS, DS_SCR_ATTN, DS_SCR_IDX, DS_SCR_MOE, DS_SCR_HC, DS_SCR_COMP, DS_SCR_MISC, DS_SCR_N };
+enum { DS_SCR_MM, DS_SCR_MM_JOBS, DS_SCR_ATTN, DS_SCR_IDX, DS_SCR_MOE, DS_SCR_MOE_OUT, DS_SCR_HC, DS_SCR_COMP, DS_SCR_MISC, DS_SCR_N };
 
 typedef struct ds_cpu {
     int n_threads, path;
@@ -81,5 +81,7 @@ int ds_cpu_attention(const ds_backend *be, const ds_attention_params *p, ds_err 
 int ds_cpu_window_store(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
 int ds_cpu_route(const ds_backend *be, const ds_route_params *p, ds_err *err);
 int ds_cpu_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err);
+int ds_cpu_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
+int ds_cpu_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
 
 #endif

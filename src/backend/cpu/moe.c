@@ -70,9 +70,8 @@ static void swiglu(float *a, const float *up, size_t n, float limit) {
 }
 
 typedef struct {
-    const ds_moe_params *p;
-    const int *count, *members; /* (token, slot) pairs grouped by expert */
-    float *slot_out, *shared_out;
+    const ds_moe_experts_params *p;
+    const int *count, *members; /* selected (token, slot) pairs grouped by expert */
     int shared;                 /* run the shared expert as "expert E" */
     size_t cap, imax;           /* rows per batch, widest intermediate */
     float *xg, *h1, *h3, *yg;
@@ -85,7 +84,7 @@ static int expert_rows(const moe_run *M, int e) {
 
 /* Experts [e, ...) that fit one batch; returns the next expert, or -1. */
 static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err) {
-    const ds_moe_params *P = M->p;
+    const ds_moe_experts_params *P = M->p;
     int D = P->D, k = P->k, E = P->E, nj = 0, e0 = e;
     size_t rows = 0, imax = M->imax;
     for (; e <= E; e++) {
@@ -103,7 +102,7 @@ static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err)
         const ds_weight *w2 = e < E ? &P->w2[e] : P->sw2;
         M->j13[2 * nj] = (ds_matmul_job){w1, x, n, M->h1 + rows * imax};
         M->j13[2 * nj + 1] = (ds_matmul_job){w3, x, n, M->h3 + rows * imax};
-        M->j2[nj++] = (ds_matmul_job){w2, M->h1 + rows * imax, n, e < E ? M->yg + rows * D : M->shared_out};
+        M->j2[nj++] = (ds_matmul_job){w2, M->h1 + rows * imax, n, e < E ? M->yg + rows * D : P->shared_out};
         rows += (size_t)n;
     }
     if (ds_cpu_matmul_many(be, M->j13, 2 * nj, err)) return -1;
@@ -116,22 +115,53 @@ static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err)
         int n = expert_rows(M, i);
         if (i == E || !n) continue;
         for (int j = 0; j < n; j++)
-            memcpy(M->slot_out + (size_t)M->members[M->count[i] + j] * D, M->yg + (rows + (size_t)j) * D,
+            memcpy(P->slot_out + (size_t)M->members[M->count[i] + j] * D, M->yg + (rows + (size_t)j) * D,
                    (size_t)D * sizeof(float));
         rows += (size_t)n;
     }
     return e;
 }
 
-typedef struct {
-    const ds_moe_params *p;
-    const float *slot_out, *shared;
-} combine_job;
+int ds_cpu_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err) {
+    int T = p->T, E = p->E, k = p->k, D = p->D;
+    if (k > 64) return ds_fail(err, "cpu MoE: %d experts per token (at most 64)", k);
+    moe_run M = {p, NULL, NULL, p->sw1 != NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    M.cap = (size_t)T > DS_CPU_MOE_BATCH_ROWS ? (size_t)T : DS_CPU_MOE_BATCH_ROWS;
+    M.imax = (size_t)p->w1[0].rows;
+    if (M.shared && (size_t)p->sw1->rows > M.imax) M.imax = (size_t)p->sw1->rows;
+    /* one scratch block: ints, then jobs, then floats */
+    size_t n_int = (size_t)E + 1 + (size_t)E + (size_t)T * k, n_job = 3 * ((size_t)E + 1);
+    size_t n_flt = 2 * M.cap * D + 2 * M.cap * M.imax;
+    size_t o_job = (n_int * sizeof(int) + 63) / 64 * 64, o_flt = o_job + (n_job * sizeof(ds_matmul_job) + 63) / 64 * 64;
+    char *buf = ds_cpu_scratch(be, DS_SCR_MOE, o_flt + n_flt * sizeof(float));
+    if (!buf) return ds_fail(err, "cpu MoE: out of memory for %d tokens", T);
+    int *count = (int *)buf, *fill = count + E + 1, *members = fill + E;
+    M.j13 = (ds_matmul_job *)(buf + o_job);
+    M.j2 = M.j13 + 2 * ((size_t)E + 1);
+    float *f = (float *)(buf + o_flt);
+    M.xg = f, f += M.cap * D;
+    M.yg = f, f += M.cap * D;
+    M.h1 = f, f += M.cap * M.imax;
+    M.h3 = f;
+    /* group the selected (token, slot) pairs by expert, tokens in row order */
+    memset(count, 0, ((size_t)E + 1) * sizeof *count);
+    for (int i = 0; i < T * k; i++)
+        if (!p->sel || p->sel[i]) count[p->idx[i] + 1]++;
+    for (int e = 0; e < E; e++) count[e + 1] += count[e];
+    memcpy(fill, count, (size_t)E * sizeof *fill);
+    for (int i = 0; i < T * k; i++)
+        if (!p->sel || p->sel[i]) members[fill[p->idx[i]]++] = i;
+    M.count = count;
+    M.members = members;
+    if (!M.shared) memset(p->shared_out, 0, (size_t)T * D * sizeof(float));
+    for (int e = 0; e <= E;)
+        if ((e = run_batch(be, &M, e, err)) < 0) return ds_fail_prefix(err, "MoE");
+    return 0;
+}
 
 /* y = sum over slots in ascending (expert id, slot) of w * E(x), + shared */
 static void combine_token(void *ctx, int t) {
-    const combine_job *J = ctx;
-    const ds_moe_params *P = J->p;
+    const ds_moe_combine_params *P = ctx;
     int k = P->k, D = P->D, order[64];
     const int32_t *idx = P->idx + (size_t)t * k;
     for (int j = 0; j < k; j++) order[j] = j;
@@ -144,48 +174,30 @@ static void combine_token(void *ctx, int t) {
     float *y = P->out + (size_t)t * D;
     for (int i = 0; i < D; i++) y[i] = 0.0f;
     for (int j = 0; j < k; j++) {
-        const float *o = J->slot_out + ((size_t)t * k + order[j]) * D;
+        const float *o = P->slot_out + ((size_t)t * k + order[j]) * D;
         float w = P->wts[(size_t)t * k + order[j]];
         for (int i = 0; i < D; i++) y[i] = y[i] + o[i] * w;
     }
-    for (int i = 0; i < D; i++) y[i] = y[i] + J->shared[(size_t)t * D + i];
+    for (int i = 0; i < D; i++) y[i] = y[i] + P->shared_out[(size_t)t * D + i];
 }
 
-int ds_cpu_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err) {
-    int T = p->T, E = p->E, k = p->k, D = p->D;
-    if (k > 64) return ds_fail(err, "cpu MoE: %d experts per token (at most 64)", k);
-    moe_run M = {p, NULL, NULL, NULL, NULL, p->sw1 != NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
-    M.cap = (size_t)T > DS_CPU_MOE_BATCH_ROWS ? (size_t)T : DS_CPU_MOE_BATCH_ROWS;
-    M.imax = (size_t)p->w1[0].rows;
-    if (M.shared && (size_t)p->sw1->rows > M.imax) M.imax = (size_t)p->sw1->rows;
-    /* one scratch block: ints, then jobs, then floats */
-    size_t n_int = (size_t)E + 1 + (size_t)E + (size_t)T * k, n_job = 3 * ((size_t)E + 1);
-    size_t n_flt = (size_t)T * k * D + (size_t)T * D + 2 * M.cap * D + 2 * M.cap * M.imax;
-    size_t o_job = (n_int * sizeof(int) + 63) / 64 * 64, o_flt = o_job + (n_job * sizeof(ds_matmul_job) + 63) / 64 * 64;
-    char *buf = ds_cpu_scratch(be, DS_SCR_MOE, o_flt + n_flt * sizeof(float));
-    if (!buf) return ds_fail(err, "cpu MoE: out of memory for %d tokens", T);
-    int *count = (int *)buf, *fill = count + E + 1, *members = fill + E;
-    M.j13 = (ds_matmul_job *)(buf + o_job);
-    M.j2 = M.j13 + 2 * ((size_t)E + 1);
-    float *f = (float *)(buf + o_flt);
-    M.slot_out = f, f += (size_t)T * k * D;
-    M.shared_out = f, f += (size_t)T * D;
-    M.xg = f, f += M.cap * D;
-    M.yg = f, f += M.cap * D;
-    M.h1 = f, f += M.cap * M.imax;
-    M.h3 = f;
-    /* group (token, slot) pairs by expert, tokens in row order */
-    memset(count, 0, ((size_t)E + 1) * sizeof *count);
-    for (int i = 0; i < T * k; i++) count[p->idx[i] + 1]++;
-    for (int e = 0; e < E; e++) count[e + 1] += count[e];
-    memcpy(fill, count, (size_t)E * sizeof *fill);
-    for (int i = 0; i < T * k; i++) members[fill[p->idx[i]]++] = i;
-    M.count = count;
-    M.members = members;
-    if (!M.shared) memset(M.shared_out, 0, (size_t)T * D * sizeof(float));
-    for (int e = 0; e <= E;)
-        if ((e = run_batch(be, &M, e, err)) < 0) return ds_fail_prefix(err, "MoE");
-    combine_job J = {p, M.slot_out, M.shared_out};
-    ds_cpu_parallel_for(be, T, combine_token, &J);
+int ds_cpu_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err) {
+    if (p->k > 64) return ds_fail(err, "cpu MoE combine: %d experts per token (at most 64)", p->k);
+    ds_cpu_parallel_for(be, p->T, combine_token, (void *)p);
     return 0;
+}
+
+/* The fused op: both halves, the pairs' outputs in scratch. */
+int ds_cpu_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err) {
+    int T = p->T, k = p->k, D = p->D;
+    if (k > 64) return ds_fail(err, "cpu MoE: %d experts per token (at most 64)", k);
+    size_t n_slot = (size_t)T * k * D, n_sh = (size_t)T * D;
+    float *f = ds_cpu_scratch(be, DS_SCR_MOE_OUT, ((n_slot * sizeof(float) + 63) / 64 * 64) + n_sh * sizeof(float));
+    if (!f) return ds_fail(err, "cpu MoE: out of memory for %d tokens", T);
+    float *slot_out = f, *shared_out = f + (n_slot + 15) / 16 * 16;
+    ds_moe_experts_params xp = {p->x,   T,      D,      p->E,  k,     p->idx,     NULL,      p->w1,
+                                p->w2,  p->w3,  p->sw1, p->sw2, p->sw3, p->limit, slot_out, shared_out};
+    ds_moe_combine_params cp = {T, D, k, p->idx, p->wts, slot_out, shared_out, p->out};
+    if (ds_cpu_moe_experts(be, &xp, err)) return -1;
+    return ds_cpu_moe_combine(be, &cp, err);
 }

@@ -1,0 +1,22 @@
+# mpi.cmake — expert parallelism over processes (src/dist, docs/ep.md) with
+# Open MPI. Included from CMakeLists.txt after dsv4core is defined.
+#   -DDSV4_MPI=ON    build it (error when MPI is not found)
+#   -DDSV4_MPI=AUTO  build it when find_package(MPI) finds a C MPI (default)
+#   -DDSV4_MPI=OFF   do not: every run is one process
+set(DSV4_MPI AUTO CACHE STRING "Build expert parallelism over MPI: ON, OFF or AUTO")
+set_property(CACHE DSV4_MPI PROPERTY STRINGS ON OFF AUTO)
+set(DSV4_HAVE_MPI OFF)
+if(NOT DSV4_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(DSV4_HAVE_MPI ON)
+  elseif(DSV4_MPI STREQUAL "ON")
+    message(FATAL_ERROR "DSV4_MPI=ON but no MPI was found (install libopenmpi-dev)")
+  else()
+    message(STATUS "dsv4: no MPI, expert parallelism is not built (one process only)")
+  endif()
+endif()
+if(DSV4_HAVE_MPI)
+  target_link_libraries(dsv4core PUBLIC MPI::MPI_C)
+  target_compile_definitions(dsv4core PUBLIC DSV4_HAVE_MPI=1)
+endif()

@@ -1,0 +1,381 @@
+/* ep.c — the MPI session and one model's expert parallelism (dist/ep.h).
+ * Without MPI in the build (DSV4_HAVE_MPI undefined) the session is one rank
+ * and nothing here sends anything. */
+#include "dist/ep.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef DSV4_HAVE_MPI
+#include <mpi.h>
+#endif
+
+/* The process's MPI session: MPI_COMM_WORLD is per process, so is this. */
+static struct {
+    int started, rank, size, ready_done, ready_ok;
+    int err_fd;     /* the real standard error (followers, until the handshake) */
+    FILE *captured; /* followers: what the process printed on stderr before it */
+    ds_ep *ep;      /* the model's EP, for the leader's quit at the end */
+    ds_ep_opts opts;
+} S = {0, 0, 1, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
+
+ds_ep_opts *ds_ep_session_opts(void) { return &S.opts; }
+
+int ds_ep_session_rank(void) { return S.rank; }
+int ds_ep_session_size(void) { return S.size; }
+
+int ds_ep_session_start(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+#ifdef DSV4_HAVE_MPI
+    /* under mpirun only: a plain run never starts MPI */
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) return 0;
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "dsv4: MPI_Init failed\n");
+        return -1;
+    }
+    S.started = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &S.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &S.size);
+    /* errors come back as return codes (turned into messages naming the rank) */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if (S.rank > 0) {
+        fflush(stdout);
+        fflush(stderr);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            close(null);
+        }
+        S.captured = tmpfile();
+        S.err_fd = dup(2);
+        if (S.captured && S.err_fd >= 0)
+            dup2(fileno(S.captured), 2);
+        else
+            S.err_fd = 2;
+    }
+#endif
+    return 0;
+}
+
+static void restore_stderr(void) {
+    if (S.err_fd != 2 && S.err_fd >= 0) {
+        fflush(stderr);
+        dup2(S.err_fd, 2);
+        close(S.err_fd);
+        S.err_fd = 2;
+    }
+}
+
+/* The tail of what a follower printed before the handshake. */
+static void captured_text(char *out, size_t cap, const char *fallback) {
+    snprintf(out, cap, "%s", fallback && *fallback ? fallback : "failed (no message)");
+    if (!S.captured) return;
+    fflush(stderr);
+    long n = ftell(S.captured);
+    if (n <= 0) return;
+    long from = n > (long)cap - 1 ? n - (long)cap + 1 : 0;
+    if (fseek(S.captured, from, SEEK_SET)) return;
+    size_t got = fread(out, 1, cap - 1, S.captured);
+    out[got] = 0;
+    while (got && (out[got - 1] == '\n' || out[got - 1] == '\r')) out[--got] = 0;
+}
+
+void ds_ep_session_fatal(const char *msg) {
+    char line[1200];
+    int n = snprintf(line, sizeof line, "dsv4: rank %d: %s\n", S.rank, msg);
+    if (n > 0 && write(S.err_fd >= 0 ? S.err_fd : 2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1))
+        (void)0;
+#ifdef DSV4_HAVE_MPI
+    if (S.started) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    _exit(1);
+}
+
+int ds_ep_session_ready(int ok, const char *msg, ds_err *err) {
+    if (S.ready_done) return S.ready_ok ? 0 : ds_fail(err, "the ranks did not all load the model");
+    S.ready_done = 1;
+    S.ready_ok = ok;
+    if (S.size < 2) return ok ? 0 : ds_fail(err, "%s", msg ? msg : "failed");
+#ifdef DSV4_HAVE_MPI
+    enum { M = 1000 };
+    char mine[M + 8];
+    mine[0] = (char)(ok ? 1 : 0);
+    if (ok)
+        mine[1] = 0;
+    else if (S.rank > 0 && !(msg && *msg))
+        captured_text(mine + 1, M, msg);
+    else
+        snprintf(mine + 1, M, "%s", msg ? msg : "failed");
+    char *all = S.rank == 0 ? malloc((size_t)S.size * (M + 1)) : NULL;
+    int status[2] = {ok, -1}; /* all ok, first failing rank */
+    if (MPI_Gather(mine, M + 1, MPI_CHAR, all, M + 1, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        ds_ep_session_fatal("the load handshake (MPI_Gather) failed");
+    if (S.rank == 0) {
+        status[0] = 1;
+        for (int r = 0; all && r < S.size; r++)
+            if (!all[(size_t)r * (M + 1)]) {
+                if (status[0]) status[1] = r;
+                status[0] = 0;
+            }
+        if (!all) status[0] = 0, status[1] = 0;
+    }
+    if (MPI_Bcast(status, 2, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        ds_ep_session_fatal("the load handshake (MPI_Bcast) failed");
+    restore_stderr();
+    S.ready_ok = status[0];
+    int rc = 0;
+    if (!status[0]) {
+        int r = status[1];
+        const char *why = S.rank == 0 && all ? all + (size_t)r * (M + 1) + 1 : "";
+        rc = ds_fail(err, "rank %d of %d failed to load: %s", r, S.size, why);
+    }
+    free(all);
+    return rc;
+#else
+    return ok ? 0 : ds_fail(err, "%s", msg ? msg : "failed");
+#endif
+}
+
+int ds_ep_session_end(int rc) {
+    if (S.size < 2) return rc;
+#ifdef DSV4_HAVE_MPI
+    if (!S.ready_done) {
+        ds_err err;
+        if (ds_ep_session_ready(rc == 0, "", &err) && S.rank == 0 && rc == 0) {
+            fprintf(stderr, "dsv4: %s\n", err.msg);
+            rc = 1;
+        }
+    } else if (S.rank == 0 && S.ep && S.ready_ok) {
+        ds_ep_send_quit(S.ep);
+        ds_ep_report(S.ep, stderr);
+    }
+    restore_stderr();
+    if (S.captured) fclose(S.captured);
+    S.captured = NULL;
+    if (S.started) MPI_Finalize();
+    S.started = 0;
+#endif
+    return rc;
+}
+
+/* ---- one model --------------------------------------------------------- */
+
+struct ds_ep {
+    int rank, size, layers, experts, k, next_id, quit;
+    ds_placement pl;
+    int *owner;           /* [pairs] */
+    unsigned char *sel;   /* [pairs] */
+    int *counts, *displs; /* [size] */
+    size_t cap_pairs, cap_f;
+    float *send, *recv;
+    uint64_t *served; /* [layers][size] pairs served */
+    int64_t *items;   /* a follower's received step */
+    int32_t *tokens;
+    size_t cap_items, cap_tok;
+};
+
+int ds_ep_rank(const ds_ep *ep) { return ep->rank; }
+int ds_ep_size(const ds_ep *ep) { return ep->size; }
+const ds_placement *ds_ep_placement(const ds_ep *ep) { return &ep->pl; }
+const uint64_t *ds_ep_served(const ds_ep *ep) { return ep->served; }
+
+int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, ds_err *err) {
+    *out = NULL;
+    ds_ep *ep = calloc(1, sizeof *ep);
+    if (!ep) return ds_fail(err, "out of memory");
+    ep->rank = S.rank, ep->size = S.size, ep->layers = layers, ep->experts = experts, ep->k = k;
+    ep->counts = calloc((size_t)S.size, sizeof *ep->counts);
+    ep->displs = calloc((size_t)S.size, sizeof *ep->displs);
+    ep->served = calloc((size_t)S.size * (size_t)(layers > 0 ? layers : 1), sizeof *ep->served);
+    if (!ep->counts || !ep->displs || !ep->served) {
+        ds_ep_free(ep);
+        return ds_fail(err, "out of memory");
+    }
+    if (ds_placement_build(&ep->pl, S.size, layers, experts, o, err)) {
+        ds_ep_free(ep);
+        return -1;
+    }
+    S.ep = ep;
+    *out = ep;
+    return 0;
+}
+
+void ds_ep_free(ds_ep *ep) {
+    if (!ep) return;
+    if (S.ep == ep) S.ep = NULL;
+    ds_placement_free(&ep->pl);
+    free(ep->owner), free(ep->sel), free(ep->counts), free(ep->displs), free(ep->send), free(ep->recv);
+    free(ep->served), free(ep->items), free(ep->tokens);
+    free(ep);
+}
+
+int ds_ep_next_seq_id(ds_ep *ep) { return ep->next_id++; }
+
+#ifdef DSV4_HAVE_MPI
+static void bcast(void *p, int n, MPI_Datatype t, const char *what) {
+    if (MPI_Bcast(p, n, t, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        char m[200];
+        snprintf(m, sizeof m, "MPI_Bcast of %s failed", what);
+        ds_ep_session_fatal(m);
+    }
+}
+
+static void send_hdr(ds_ep *ep, int64_t type, int64_t a, int64_t b, int64_t c) {
+    int64_t h[4] = {type, a, b, c};
+    if (ep->rank != 0 || ep->size < 2 || ep->quit) return;
+    bcast(h, 4, MPI_INT64_T, "a message to the followers");
+}
+#endif
+
+void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len) {
+#ifdef DSV4_HAVE_MPI
+    send_hdr(ep, DS_EP_MSG_SEQ_NEW, id, max_len, 0);
+#else
+    (void)ep, (void)id, (void)max_len;
+#endif
+}
+
+void ds_ep_send_seq_free(ds_ep *ep, int id) {
+#ifdef DSV4_HAVE_MPI
+    send_hdr(ep, DS_EP_MSG_SEQ_FREE, id, 0, 0);
+#else
+    (void)ep, (void)id;
+#endif
+}
+
+void ds_ep_send_step(ds_ep *ep, int n_items, const int64_t *items, const int32_t *tokens, int T) {
+#ifdef DSV4_HAVE_MPI
+    if (ep->rank != 0 || ep->size < 2 || ep->quit) return;
+    send_hdr(ep, DS_EP_MSG_STEP, n_items, T, 0);
+    bcast((void *)items, 3 * n_items, MPI_INT64_T, "a step's items");
+    bcast((void *)tokens, T, MPI_INT32_T, "a step's tokens");
+#else
+    (void)ep, (void)n_items, (void)items, (void)tokens, (void)T;
+#endif
+}
+
+void ds_ep_send_quit(ds_ep *ep) {
+#ifdef DSV4_HAVE_MPI
+    send_hdr(ep, DS_EP_MSG_QUIT, 0, 0, 0);
+#endif
+    ep->quit = 1;
+}
+
+int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err) {
+    memset(msg, 0, sizeof *msg);
+#ifdef DSV4_HAVE_MPI
+    int64_t h[4];
+    bcast(h, 4, MPI_INT64_T, "a message from rank 0");
+    msg->type = (int)h[0];
+    if (msg->type == DS_EP_MSG_SEQ_NEW || msg->type == DS_EP_MSG_SEQ_FREE) {
+        msg->id = (int)h[1];
+        msg->max_len = h[2];
+    } else if (msg->type == DS_EP_MSG_STEP) {
+        msg->n_items = (int)h[1];
+        msg->T = (int)h[2];
+        size_t ni = 3 * (size_t)msg->n_items, nt = (size_t)msg->T;
+        if (ni > ep->cap_items) {
+            free(ep->items);
+            ep->items = malloc(ni * sizeof *ep->items);
+            ep->cap_items = ep->items ? ni : 0;
+        }
+        if (nt > ep->cap_tok) {
+            free(ep->tokens);
+            ep->tokens = malloc(nt * sizeof *ep->tokens);
+            ep->cap_tok = ep->tokens ? nt : 0;
+        }
+        if (!ep->items || !ep->tokens) return ds_fail(err, "out of memory for a step of %d tokens", msg->T);
+        bcast(ep->items, (int)ni, MPI_INT64_T, "a step's items");
+        bcast(ep->tokens, (int)nt, MPI_INT32_T, "a step's tokens");
+        msg->items = ep->items;
+        msg->tokens = ep->tokens;
+    } else if (msg->type != DS_EP_MSG_QUIT) {
+        return ds_fail(err, "unknown message %lld from rank 0", (long long)h[0]);
+    }
+    return 0;
+#else
+    (void)ep;
+    return ds_fail(err, "expert parallelism: this build has no MPI");
+#endif
+}
+
+static int grow_pairs(ds_ep *ep, size_t n, ds_err *err) {
+    if (n <= ep->cap_pairs) return 0;
+    free(ep->owner), free(ep->sel);
+    ep->owner = malloc(n * sizeof *ep->owner);
+    ep->sel = malloc(n);
+    ep->cap_pairs = ep->owner && ep->sel ? n : 0;
+    return ep->cap_pairs ? 0 : ds_fail(err, "out of memory for the expert routing of %zu pairs", n);
+}
+
+int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err) {
+    if (grow_pairs(ep, (size_t)n_pairs, err)) return -1;
+    for (int i = 0; i < n_pairs; i++)
+        if (idx[i] < 0 || idx[i] >= ep->experts)
+            return ds_fail(err, "layer %d: expert id %d out of range [0, %d)", l, idx[i], ep->experts);
+    ds_placement_assign(&ep->pl, l, idx, n_pairs, ep->owner);
+    for (int i = 0; i < n_pairs; i++) {
+        ep->sel[i] = ep->owner[i] == ep->rank;
+        ep->served[(size_t)l * ep->size + ep->owner[i]]++;
+    }
+    *sel = ep->sel;
+    return 0;
+}
+
+int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
+#ifdef DSV4_HAVE_MPI
+    size_t need = (size_t)n_pairs * D;
+    if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
+    if (need > ep->cap_f) {
+        free(ep->send), free(ep->recv);
+        ep->send = malloc(need * sizeof(float));
+        ep->recv = malloc(need * sizeof(float));
+        ep->cap_f = ep->send && ep->recv ? need : 0;
+        if (!ep->cap_f) return ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
+    }
+    /* every rank's rows in ascending pair order, rank after rank */
+    memset(ep->counts, 0, (size_t)ep->size * sizeof *ep->counts);
+    for (int i = 0; i < n_pairs; i++) ep->counts[ep->owner[i]] += D;
+    for (int r = 0, off = 0; r < ep->size; r++) ep->displs[r] = off, off += ep->counts[r];
+    size_t ns = 0;
+    for (int i = 0; i < n_pairs; i++)
+        if (ep->owner[i] == ep->rank) memcpy(ep->send + ns, rows + (size_t)i * D, (size_t)D * sizeof(float)), ns += D;
+    if (MPI_Allgatherv(ep->send, (int)ns, MPI_FLOAT, ep->recv, ep->counts, ep->displs, MPI_FLOAT, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        return ds_fail(err, "expert exchange: MPI_Allgatherv failed");
+    for (int r = 0; r < ep->size; r++) ep->counts[r] = ep->displs[r];
+    for (int i = 0; i < n_pairs; i++) {
+        int r = ep->owner[i];
+        if (r != ep->rank) memcpy(rows + (size_t)i * D, ep->recv + ep->counts[r], (size_t)D * sizeof(float));
+        ep->counts[r] += D;
+    }
+    return 0;
+#else
+    (void)ep, (void)rows, (void)n_pairs, (void)D;
+    return ds_fail(err, "expert parallelism: this build has no MPI");
+#endif
+}
+
+void ds_ep_report(const ds_ep *ep, FILE *f) {
+    double sum_ratio = 0, worst = 0;
+    int n = 0, worst_l = -1;
+    uint64_t total = 0;
+    for (int l = 0; l < ep->layers; l++) {
+        const uint64_t *c = ep->served + (size_t)l * ep->size;
+        uint64_t mx = 0, sum = 0;
+        for (int r = 0; r < ep->size; r++) sum += c[r], mx = c[r] > mx ? c[r] : mx;
+        if (!sum) continue;
+        double ratio = (double)mx * ep->size / (double)sum;
+        sum_ratio += ratio, n++, total += sum;
+        if (ratio > worst) worst = ratio, worst_l = l;
+    }
+    if (!n) return;
+    fprintf(f,
+            "dsv4: expert parallel over %d ranks: %llu (token, expert) pairs served; busiest rank / mean per "
+            "layer: %.3f on average, %.3f at worst (layer %d)\n",
+            ep->size, (unsigned long long)total, sum_ratio / n, worst, worst_l);
+}

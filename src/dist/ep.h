@@ -1,0 +1,125 @@
+/* ep.h — expert parallelism over processes (docs/ep.md).
+ *
+ * Ranks are processes started by Open MPI's mpirun; MPI is the transport and
+ * the bootstrap. Every rank holds the dense weights and runs attention for
+ * every token (replicated); the routed experts are placed on ranks (round
+ * robin, a placement file, or by measured load with redundant replicas).
+ * Per MoE layer each rank computes the (token, slot) pairs whose expert it
+ * serves; an all-gather brings every pair's output to every rank, where the
+ * backend's combine sums a token's k outputs in ascending expert id, the
+ * shared expert last — the single-process order, so any rank count gives
+ * the same bits. Rank 0 leads: it runs the command (scheduling, sampling,
+ * output) and sends every sequence creation / release and every step's
+ * token table to the followers, which run the same steps (runtime/ep_follow.h).
+ *
+ * Two parts: a placement (plain data, no MPI: tests and `dsv4 stats` use it
+ * without ranks), and the process's MPI session (ds_ep_session_*), the one
+ * process-wide state — MPI_COMM_WORLD is itself per process. Built without
+ * MPI (-DDSV4_MPI=OFF), the session is always one rank. */
+#ifndef DS_EP_H
+#define DS_EP_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/err.h"
+
+/* ---- placement -------------------------------------------------------- */
+
+typedef struct ds_ep_opts {
+    const char *placement; /* placement file, or NULL: round robin (expert e on rank e % ranks) */
+    int redundant;         /* EPLB: extra replicas per layer, placed by load (needs load) */
+    const char *load;      /* load file written by `dsv4 stats --load-out` */
+} ds_ep_opts;
+
+/* Which ranks serve each expert of each layer. */
+typedef struct ds_placement {
+    int ranks, layers, experts, max_rep;
+    int *n_rep; /* [layers][experts] replicas (>= 1) */
+    int *rep;   /* [layers][experts][max_rep] their ranks, ascending, distinct */
+} ds_placement;
+
+/* Builds the placement o describes for `layers` x `experts` on `ranks`
+ * ranks. Errors name the file, line and field at fault. */
+int ds_placement_build(ds_placement *p, int ranks, int layers, int experts, const ds_ep_opts *o, ds_err *err);
+void ds_placement_free(ds_placement *p);
+/* 1 when `rank` holds expert e of layer l. */
+int ds_placement_holds(const ds_placement *p, int rank, int l, int e);
+/* The rank serving each (token, slot) pair of a step at layer l: the j-th
+ * pair (in row order) routed to expert e goes to its replica j % n_rep.
+ * Depends only on idx, so every rank computes the same table. */
+void ds_placement_assign(const ds_placement *p, int l, const int32_t *idx, int n_pairs, int *owner);
+
+/* Reads a load file: per (layer, expert) the tokens routed there, lines
+ * "LAYER EXPERT COUNT" ('#' comments). load is [layers][experts]. */
+int ds_load_read(const char *path, int layers, int experts, double *load, ds_err *err);
+
+/* ---- the MPI session -------------------------------------------------- */
+
+/* Starts MPI when the process was started by mpirun (else one rank, no MPI).
+ * Followers (rank > 0) send standard output to /dev/null and keep their
+ * standard error aside until the load handshake, so rank 0 alone prints. */
+int ds_ep_session_start(int *argc, char ***argv);
+/* The options of the ranks (--placement, --expert-load,
+ * --redundant-experts), set while a command parses its options. */
+ds_ep_opts *ds_ep_session_opts(void);
+int ds_ep_session_rank(void);
+int ds_ep_session_size(void);
+/* The load handshake, collective, once: every rank says whether it loaded
+ * and bound its part of the model (ok) and why not (msg). 0 when every rank
+ * did; else -1 with err naming the first rank that failed and its message.
+ * Then standard error is the real one again on every rank. */
+int ds_ep_session_ready(int ok, const char *msg, ds_err *err);
+/* The end of the process: a rank that never reached the handshake takes
+ * part in it now (ok = rc == 0, msg = what it printed on standard error);
+ * the leader tells the followers to stop; MPI is finalized. Returns rc, or 1
+ * when the handshake failed on another rank. */
+int ds_ep_session_end(int rc);
+/* Ends the whole job now: "dsv4: rank R: <msg>" on standard error, then
+ * MPI_Abort (never a hang on a collective). */
+void ds_ep_session_fatal(const char *msg) __attribute__((noreturn));
+
+/* ---- one model's expert parallelism ----------------------------------- */
+
+typedef struct ds_ep ds_ep;
+
+/* The session's ranks for a model of `layers` layers, `experts` routed
+ * experts and k per token, with the placement o describes. */
+int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, ds_err *err);
+void ds_ep_free(ds_ep *ep);
+int ds_ep_rank(const ds_ep *ep);
+int ds_ep_size(const ds_ep *ep);
+const ds_placement *ds_ep_placement(const ds_ep *ep);
+
+/* The leader's messages to the followers (no-ops on a follower). */
+int ds_ep_next_seq_id(ds_ep *ep);
+void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len);
+void ds_ep_send_seq_free(ds_ep *ep, int id);
+/* A step: per item (sequence id, position, tokens) in items[3*i ..], then
+ * the T tokens of all items in order. */
+void ds_ep_send_step(ds_ep *ep, int n_items, const int64_t *items, const int32_t *tokens, int T);
+void ds_ep_send_quit(ds_ep *ep);
+
+enum { DS_EP_MSG_QUIT = 0, DS_EP_MSG_SEQ_NEW = 1, DS_EP_MSG_SEQ_FREE = 2, DS_EP_MSG_STEP = 3 };
+typedef struct ds_ep_msg {
+    int type, id, n_items, T;
+    int64_t max_len;
+    const int64_t *items;  /* STEP: [n_items][3] (id, pos, n_tokens); valid until the next receive */
+    const int32_t *tokens; /* STEP: [T] */
+} ds_ep_msg;
+/* A follower's next message from the leader. */
+int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err);
+
+/* The MoE exchange of layer l: which pairs this rank computes (sel[i] = 1),
+ * after ds_ep_route; then ds_ep_exchange gives every rank every pair's
+ * output. Host buffers, grow-only, owned by ep. */
+int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err);
+/* rows: [n_pairs][D] host rows, this rank's own filled in; on return every row. */
+int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
+/* Pairs served so far, [layers][ranks] (every rank counts all ranks). */
+const uint64_t *ds_ep_served(const ds_ep *ep);
+/* One line: pairs served, and per layer the busiest rank's pairs over the
+ * mean (1 = balanced), averaged over layers and the worst layer. */
+void ds_ep_report(const ds_ep *ep, FILE *f);
+
+#endif

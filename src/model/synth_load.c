@@ -1,0 +1,84 @@
+/* synth_load.c — `-m synth:NAME[:LAYERS]` (model.h: ds_model_load): the
+ * random-weight checkpoint `dsv4 synth --like NAME [--layers LAYERS]` writes
+ * (seed 1, FP8 + MXFP4), written to /dev/shm (else $TMPDIR, /tmp), loaded
+ * (mmap) and its files removed at once: the model lives in memory only. Under
+ * expert parallelism a rank writes only the routed experts it serves; the
+ * others are holes of sparse files, never memory (dist/ep.h). */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dist/ep.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+typedef struct {
+    ds_placement pl;
+    int rank;
+} synth_skip;
+
+/* A routed expert this rank does not serve stays a hole. */
+static int skip_expert(void *ctx, const char *name) {
+    const synth_skip *k = ctx;
+    int l, e, n = 0;
+    if (sscanf(name, "layers.%d.ffn.experts.%d.%n", &l, &e, &n) != 2 || !n) return 0;
+    return l >= 0 && l < k->pl.layers && e >= 0 && e < k->pl.experts && !ds_placement_holds(&k->pl, k->rank, l, e);
+}
+
+/* The directory is this process's own (its name holds the pid). */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[2048];
+    while (d && (de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err) {
+    *out = NULL;
+    char name[64];
+    const char *colon = strchr(spec, ':');
+    size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+    long layers = -1;
+    if (n >= sizeof name) return ds_fail(err, "synth:%s: unknown shape", spec);
+    if (colon) {
+        char *end;
+        layers = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || layers < 1 || layers > DS_MAX_LAYERS)
+            return ds_fail(err, "synth:%s: layers '%s' is not an integer in [1, %d]", spec, colon + 1, DS_MAX_LAYERS);
+    }
+    memcpy(name, spec, n);
+    name[n] = 0;
+    ds_config cfg;
+    if (ds_synth_like(name, &cfg, err)) return ds_fail_prefix(err, "synth:%s", spec);
+    if (layers > 0) {
+        cfg.n_layers = (int)layers;
+        if (cfg.n_hash_layers > cfg.n_layers) cfg.n_hash_layers = cfg.n_layers;
+    }
+    struct stat st;
+    const char *tmp = getenv("TMPDIR");
+    const char *base = !stat("/dev/shm", &st) && S_ISDIR(st.st_mode) && !access("/dev/shm", W_OK) ? "/dev/shm"
+                       : tmp && *tmp                                                              ? tmp
+                                                                                                  : "/tmp";
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/dsv4-synth-%s-%ld", base, name, (long)getpid());
+    synth_skip k = {{0, 0, 0, 0, NULL, NULL}, ds_ep_session_rank()};
+    if (ds_placement_build(&k.pl, ds_ep_session_size(), cfg.n_layers, cfg.n_routed_experts, ds_ep_session_opts(), err))
+        return -1;
+    ds_synth_opts so = {1, 1, (uint64_t)4 << 30, 0};
+    int rc = ds_synth_write_only(&cfg, &so, dir, ds_ep_session_size() > 1 ? skip_expert : NULL, &k, err);
+    ds_placement_free(&k.pl);
+    if (!rc) rc = ds_model_load(dir, out, err);
+    remove_dir(dir); /* the model maps the shards: their pages stay */
+    if (rc) return ds_fail_prefix(err, "synth:%s", spec);
+    snprintf((*out)->path, sizeof(*out)->path, "synth:%s", spec);
+    return 0;
+}
