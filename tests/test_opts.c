@@ -29,7 +29,7 @@ static const cli_opt opts[] = {
     CLI_FLAG_OPT("--flag", "-F", args, flag, "a flag"),
     CLI_INT_OPT("--int", "-i", args, i, -5, 10, "N", "an int in [-5, 10]"),
     CLI_LONG_OPT("--long", NULL, args, l, 0, 1LL << 40, "L", "a long long in [0, 2^40]"),
-    CLI_U64_OPT("--u64", NULL, args, u, 0, INT64_MAX, "U", "a seed"),
+    CLI_U64_OPT("--u64", NULL, args, u, 0, INT64_MAX, "U", "a seed;  two spaces kept"),
     CLI_DOUBLE_OPT("--double", "-d", args, d, "X", "a double"),
     CLI_STRING_OPT("--str", "-s", args, s, "TEXT", "a string"),
     CLI_CHOICE_OPT("--color", NULL, args, choice, COLORS, "a choice"),

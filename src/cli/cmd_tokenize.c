@@ -26,7 +26,8 @@ static const cli_opt tokenize_opts[] = {
     CLI_CHOICE_OPT("--special", NULL, tokenize_args, special, SPECIAL_MODES,
                    "which added tokens in the text become their ids:\n"
                    "all        every added token, e.g. <｜User｜>, <think>,\n"
-                   "           <｜begin▁of▁sentence｜> (default; as the `tokenizers` library encodes)\n"
+                   "           <｜begin▁of▁sentence｜> (default; as the\n"
+                   "           `tokenizers` library encodes)\n"
                    "nonspecial only added tokens not marked special\n"
                    "none       none: the text is only BPE-encoded"),
     CLI_FLAG_OPT("--stats", NULL, tokenize_args, stats, "print bytes, tokens and tokens/s to standard error"),

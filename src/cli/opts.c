@@ -291,8 +291,16 @@ err:
 
 enum { HELP_WIDTH = 100, HELP_COL = 26 };
 
-/* Writes s wrapped to HELP_WIDTH, continuation lines indented by `col`
- * (the first line starts at column `at`). */
+/* Columns of s[0..n): UTF-8 continuation bytes take none. */
+static int cols(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Writes s wrapped to HELP_WIDTH, continuation lines indented by `col` (the
+ * first line starts at column `at`). Spaces are kept as written (alignment
+ * after a '\n'), except where a line is wrapped. */
 static void wrap(FILE *f, const char *s, int at, int col) {
     int x = at;
     while (*s) {
@@ -302,18 +310,17 @@ static void wrap(FILE *f, const char *s, int at, int col) {
             s++;
             continue;
         }
-        size_t w = strcspn(s, " \n");
-        if (x > col && x + 1 + (int)w > HELP_WIDTH) {
+        size_t sp = strspn(s, " "), w = strcspn(s + sp, " \n");
+        if (x > col && x + (int)sp + cols(s + sp, w) > HELP_WIDTH) {
             fprintf(f, "\n%*s", col, "");
             x = col;
-        } else if (x > col) {
-            fputc(' ', f);
-            x++;
+            s += sp;
+            sp = 0;
         }
-        fwrite(s, 1, w, f);
-        x += (int)w;
-        s += w;
-        while (*s == ' ') s++;
+        fprintf(f, "%*s", (int)sp, "");
+        fwrite(s + sp, 1, w, f);
+        x += (int)sp + cols(s + sp, w);
+        s += sp + w;
     }
     fputc('\n', f);
 }
