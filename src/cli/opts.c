@@ -244,12 +244,13 @@ int cli_parse(const cli_cmd *c, int argc, char **argv, int *rc) {
         size_t an = eq ? (size_t)(eq - a) : strlen(a);
         const cli_opt *o = NULL;
         char *dst = NULL;
-        int idx = 0;
+        int idx = 0; /* the option's index over all groups: its slot in seen[] */
         for (int g = 0; g < c->n_groups && !o; g++)
-            for (const cli_opt *p = c->groups[g].opts; p->name && !o; p++, idx++)
+            for (const cli_opt *p = c->groups[g].opts; p->name; p++, idx++)
                 if (spelled(p->name, a, an) || spelled(p->alias, a, an)) {
                     o = p;
                     dst = (char *)c->groups[g].dst + p->off;
+                    break;
                 }
         if (!o) {
             fail(c, a, an, "unknown option");
