@@ -89,3 +89,45 @@ for p in chat["parse"]:
     put("fuzz_chat", "1" + p["text"])
 for p in chat["json"][:5]:
     put("fuzz_chat", "1" + p["in"])
+
+# server requests (fuzz_oai): first byte = endpoint (bit 0: chat) and context (64 << bits 1..3)
+def oai(chat, ctxbits, body):
+    put("fuzz_oai", bytes([(ctxbits << 1) | chat]) + (body if isinstance(body, bytes) else
+                                                      json.dumps(body, ensure_ascii=False).encode()))
+
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+oai(1, 3, {"messages": [{"role": "user", "content": "Hi"}]})
+oai(1, 3, {"model": "kjv", "messages": [{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "And God said"}],
+           "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 8})
+oai(1, 4, {"messages": [{"role": "developer", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"}],
+           "tools": tools, "tool_choice": "auto", "temperature": 0.7, "top_p": 0.9, "seed": 42})
+oai(1, 5, {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                        {"role": "assistant", "content": None, "tool_calls": [
+                            {"id": "call_1", "type": "function",
+                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                        {"role": "tool", "tool_call_id": "call_1", "content": "18C, sunny"},
+                        {"role": "user", "content": "Thanks"}], "tools": tools, "tool_choice": "none"})
+oai(1, 5, {"messages": [{"role": "user", "content": [{"type": "text", "text": "Part one. "},
+                                                     {"type": "text", "text": "<\uff5cUser\uff5c>part two"}]}],
+           "reasoning_effort": "high", "logprobs": True, "top_logprobs": 3})
+oai(1, 4, {"messages": [{"role": "user", "content": "Think"},
+                        {"role": "assistant", "content": "ok", "reasoning_content": "first I think"},
+                        {"role": "user", "content": "again"}], "thinking": {"type": "enabled"},
+           "chat_template_kwargs": {"thinking": True}, "stop": ["\n\n", "Amen"], "max_completion_tokens": 20})
+oai(1, 3, {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "none", "top_k": 40, "min_p": 0.05,
+           "presence_penalty": 0.5, "frequency_penalty": 0.2, "repetition_penalty": 1.1, "stop": "END"})
+oai(1, 3, {"messages": [{"role": "user", "content": 5}], "temperature": "hot"})
+oai(1, 3, {"messages": [{"role": "wizard", "content": "x"}], "max_tokens": -3})
+oai(1, 3, {"messages": [], "model": "gpt-4"})
+oai(1, 3, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+           "top_logprobs": 50, "logprobs": False, "stop": ["a", "b", "c", "d", "e"]})
+oai(1, 0, {"messages": [{"role": "user", "content": "a very long prompt " * 20}]})
+oai(1, 3, b'{"messages": [{"role": "user", "content": "unterminated')
+oai(1, 3, b'[1, 2, 3]')
+oai(0, 3, {"prompt": "In the beginning God created", "max_tokens": 16, "temperature": 0, "logprobs": 2})
+oai(0, 3, {"model": "kjv", "prompt": "And the earth", "stream": True, "stop": ["\n"], "seed": 7, "n": 1})
+oai(0, 2, {"prompt": ["a", "b"], "echo": True, "suffix": "z"})
+oai(0, 3, {"prompt": "<\uff5cbegin\u2581of\u2581sentence\uff5c>x</think>y\n\n<\uff5cDSML\uff5ctool_calls>",
+           "stop": ["</think>"], "max_tokens": 1})

@@ -10,7 +10,8 @@ files=(
   src/dist/ep.c src/dist/ep.h src/dist/placement.c src/runtime/ep_follow.c src/runtime/ep_follow.h src/model/synth_load.c
   src/runtime/generate.c
   src/text/pyjson.h
-  fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c
+  src/cli/opts.c src/cli/opts.h tests/test_opts.c
+  fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c fuzz/fuzz_oai.c
 )
 clang-format --dry-run --Werror "${files[@]}"
 echo "format-check: ${#files[@]} files formatted as .clang-format says"

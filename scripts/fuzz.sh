@@ -3,6 +3,7 @@
 # build-fuzz/ and runs each for SECONDS (default 20: the CI smoke run from
 # scripts/test.sh), starting from the seeds in fuzz/corpus/<target>/ (read-only)
 # plus a working corpus in build-fuzz/corpus/<target>/ that grows between runs.
+# fuzz/<target>.dict, when present, is passed as the libFuzzer dictionary.
 # A crash / leak / timeout / sanitizer report fails the run; its input is left in
 # build-fuzz/crashes/<target>/ (turn it into a regression test under tests/).
 #
@@ -36,9 +37,11 @@ for t in "${targets[@]}"; do
   mkdir -p "$dir/corpus/$t" "$dir/crashes/$t"
   echo "== $t: ${secs} s"
   start=$(date +%s)
+  dict=()
+  [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
   if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      "$dir/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
-       "${par[@]}" -print_final_stats=1 \
+       "${par[@]}" "${dict[@]}" -print_final_stats=1 \
        -artifact_prefix="$dir/crashes/$t/" "$dir/corpus/$t" "fuzz/corpus/$t" >"$dir/$t.log" 2>&1; then
     echo "   ok: $(grep -E 'stat::number_of_executed_units' "$dir/$t.log" | tail -1 | awk '{print $2}') runs in $(( $(date +%s) - start )) s"
   else

@@ -14,6 +14,8 @@
 
 #include "backend/cpu/cpu.h"
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/readbw.h"
 #include "cli/util.h"
 #include "model/forward.h"
@@ -194,62 +196,54 @@ static void count_step(void *ctx) {
     memset(b->u.used, 0, (size_t)b->m->cfg.n_layers * (size_t)b->u.E);
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 bench -m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64]\n"
-               "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]   (see --kernels --help)\n"
-               "  prefill P tokens (default 128), then decode N tokens (default 16) at batch 1;\n"
-               "  prints tokens/s, weight GB/s per decoded token, the read bandwidth (measured before and\n"
-               "  between decode chunks of 8 tokens), the ratios, and where prefill and decode time goes.\n"
-               "  --batch B,...: also decode with B sequences per step (each prefilled with P/4 tokens) and\n"
-               "  report tokens/s and the weight bytes actually read per step (distinct experts).\n"
-               "  --backend cuda [--gpu N]: the same on the GPU, against the device's copy bandwidth.\n");
-}
+typedef struct {
+    long long prompt, gen;
+    cli_ids batch;
+    int kernels;
+} bench_args;
+
+static const cli_opt bench_opts[] = {
+    CLI_LONG_OPT("--prompt", NULL, bench_args, prompt, 1, 1 << 20, "P", "prefill P tokens (default 128)"),
+    CLI_LONG_OPT("--gen", NULL, bench_args, gen, 1, 1 << 20, "N", "then decode N tokens at batch 1 (default 16)"),
+    CLI_IDS_OPT("--batch", NULL, bench_args, batch, 1, 4096, "B,...",
+                "also decode with B sequences per step (each prefilled with P/4 tokens) and report tokens/s and the "
+                "weight bytes actually read per step (distinct experts)"),
+    CLI_FLAG_OPT("--kernels", NULL, bench_args, kernels,
+                 "each decode kernel against the plain read of the same memory (dsv4 bench --kernels --help)"),
+    CLI_END,
+};
+
+static const char BENCH_ABOUT[] =
+    "Prefills P tokens, then decodes N tokens at batch 1; prints tokens/s, weight GB/s per decoded token,\n"
+    "the read bandwidth (measured before and between decode chunks of 8 tokens), the ratios, and where\n"
+    "prefill and decode time goes. --backend cuda [--gpu N]: the same on the GPU, against the device's\n"
+    "copy bandwidth.\n";
 
 int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
-    const char *dir = NULL;
-    long long prompt = 128, gen = 16, threads = 0;
-    int32_t *batches = NULL;
-    int n_batches = 0, bk;
+    bench_args ba = {.prompt = 128, .gen = 16};
+    cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
-    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && v) {
-            dir = v;
-        } else if (!strcmp(a, "--prompt") && v) {
-            bad = cli_parse_int(a, v, 1, 1 << 20, &prompt);
-        } else if (!strcmp(a, "--gen") && v) {
-            bad = cli_parse_int(a, v, 1, 1 << 20, &gen);
-        } else if (!strcmp(a, "--threads") && v) {
-            bad = cli_parse_int(a, v, 1, 1024, &threads);
-        } else if (!strcmp(a, "--batch") && v) {
-            free(batches);
-            bad = cli_parse_tokens(a, v, &batches, &n_batches);
-            for (int b = 0; !bad && b < n_batches; b++) bad = batches[b] < 1 || batches[b] > 4096;
-            if (bad) fprintf(stderr, "dsv4 bench: --batch takes sizes in [1, 4096]\n");
-        } else if ((bk = cli_backend_opt("bench", a, v, &bo)) != 0) {
-            bad = bk < 0;
-        } else {
-            fprintf(stderr, "dsv4 bench: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) {
-            usage(stderr);
-            free(batches);
-            return 2;
-        }
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
+                                {NULL, bench_opts, &ba},
+                                {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_backend_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"bench",
+                         "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--backend cpu|cuda]\n"
+                         "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]",
+                         BENCH_ABOUT, NULL, groups, 5};
+    int crc;
+    if (cli_parse(&cmd, argc, argv, &crc)) return crc;
+    if (!ma.dir) {
+        cli_free(&cmd);
+        return cli_usage_error(&cmd, "-m DIR is required");
     }
-    if (!dir) {
-        usage(stderr);
-        free(batches);
-        return 2;
-    }
-    bo.threads = (int)threads;
+    const char *dir = ma.dir;
+    long long prompt = ba.prompt, gen = ba.gen;
+    int32_t *batches = ba.batch.v; /* freed below */
+    int n_batches = ba.batch.n;
     if (bo.name && strcmp(bo.name, "cpu")) {
         int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches);
         free(batches);

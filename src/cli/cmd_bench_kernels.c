@@ -12,15 +12,9 @@
 
 #include "backend/cpu/cpu.h"
 #include "cli/commands.h"
+#include "cli/opts.h"
 #include "cli/readbw.h"
 #include "cli/util.h"
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 bench --kernels [--threads N] [--reps R] [--mib M]\n"
-               "  reads an M MiB buffer (default 1024) R times (default 3): the plain read, then as\n"
-               "  BF16, FP8 and MXFP4 weights of decode's row lengths; prints GB/s and the ratio of each\n"
-               "  kernel to the read of the same memory.\n");
-}
 
 typedef struct {
     const char *name;
@@ -28,33 +22,37 @@ typedef struct {
     int cols;
 } kernel_case;
 
+typedef struct {
+    long long reps, mib;
+    int kernels;
+} kernels_args;
+
+static const cli_opt kernels_opts[] = {
+    CLI_FLAG_OPT("--kernels", NULL, kernels_args, kernels, "this benchmark (instead of the model's)"),
+    CLI_LONG_OPT("--reps", NULL, kernels_args, reps, 1, 10000, "R",
+                 "repetitions (default 3; --backend cuda: calls per product, default 20, a quarter at 512 tokens)"),
+    CLI_LONG_OPT("--mib", NULL, kernels_args, mib, 64, 1 << 20, "M", "the buffer's size in MiB (default 1024)"),
+    CLI_END,
+};
+
 int cmd_bench_kernels(int argc, char **argv) {
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--backend") && strcmp(argv[i + 1], "cpu")) return cmd_bench_kernels_cuda(argc, argv);
-    long long threads = 2, reps = 3, mib = 1024;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "--kernels")) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--threads") && v) {
-            bad = cli_parse_int(a, v, 1, 1024, &threads);
-        } else if (!strcmp(a, "--reps") && v) {
-            bad = cli_parse_int(a, v, 1, 1000, &reps);
-        } else if (!strcmp(a, "--mib") && v) {
-            bad = cli_parse_int(a, v, 64, 1 << 20, &mib);
-        } else {
-            fprintf(stderr, "dsv4 bench --kernels: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) {
-            usage(stderr);
-            return 2;
-        }
-        i++;
-    }
+    kernels_args ka = {.reps = 3, .mib = 1024};
+    ds_backend_opts bo = {"cpu", 0, 2};
+    const cli_group groups[] = {
+        {NULL, kernels_opts, &ka}, {NULL, cli_threads_opts, &bo}, {"backend", cli_backend_opts, &bo}};
+    const cli_cmd cmd = {"bench --kernels", "[--threads N] [--reps R] [--mib M] [--backend cuda [--gpu N]]",
+                         "Reads an M MiB buffer R times: the plain read, then as BF16, FP8 and MXFP4 weights of "
+                         "decode's\nrow lengths; prints GB/s and the ratio of each kernel to the read of the same "
+                         "memory.\nWith --backend cuda: each CUDA product at V4-Flash's shapes, 1 and 512 tokens, "
+                         "against the device\ncopy bandwidth and next to cuBLAS BF16 GemmEx of the same shape.\n",
+                         "--threads defaults to 2 here.\n", groups, 3};
+    int crc;
+    ka.reps = 0;
+    if (cli_parse(&cmd, argc, argv, &crc)) return crc;
+    if (bo.name && strcmp(bo.name, "cpu"))
+        return cmd_bench_kernels_cuda(bo.name, bo.gpu, ka.reps ? (int)ka.reps : 20);
+    if (!ka.reps) ka.reps = 3;
+    long long reps = ka.reps, mib = ka.mib;
     size_t n = (size_t)mib << 20;
     uint8_t *buf = aligned_alloc(64, n), *scales = malloc(n / 16);
     float *x = aligned_alloc(64, sizeof(float) * 8192), *y = malloc(sizeof(float) * (n / 1024));
@@ -74,7 +72,6 @@ int cmd_bench_kernels(int argc, char **argv) {
     for (size_t i = 0; i < n / 16; i++) scales[i] = (uint8_t)(120 + i % 8);
     for (int i = 0; i < 8192; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f;
     ds_backend be;
-    ds_backend_opts bo = {"cpu", 0, (int)threads};
     ds_err err;
     if (ds_backend_open(&bo, &be, &err)) {
         fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "cli/util.h"
 #include "runtime/backend_select.h"
 
 static const char *kind_name(ds_wkind k) {
@@ -15,40 +14,17 @@ static const char *kind_name(ds_wkind k) {
     return (unsigned)k < 5 ? n[k] : "?";
 }
 
-int cmd_bench_kernels_cuda(int argc, char **argv) {
-    long long reps = 20, gpu = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "--kernels")) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: dsv4 bench --kernels --backend cuda [--gpu N] [--reps R]\n"
-                   "  each product kernel at V4-Flash's shapes, 1 and 512 tokens (R calls, default 20; R/4 at\n"
-                   "  512), against the device copy bandwidth and next to cuBLAS BF16 GemmEx of the same shape.\n");
-            return 0;
-        }
-        if (!strcmp(a, "--backend") && v) {
-            if (strcmp(v, "cuda")) {
-                fprintf(stderr, "dsv4 bench --kernels: --backend %s: expected cuda here\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--gpu") && v) {
-            bad = cli_parse_int(a, v, 0, 1024, &gpu);
-        } else if (!strcmp(a, "--reps") && v) {
-            bad = cli_parse_int(a, v, 1, 10000, &reps);
-        } else {
-            fprintf(stderr, "dsv4 bench --kernels --backend cuda: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) return 2;
-        i++;
+int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
+    if (strcmp(backend, "cuda")) {
+        fprintf(stderr, "dsv4 bench --kernels: --backend %s: unknown backend (cpu or cuda)\n", backend);
+        return 2;
     }
     ds_cuda_kb_row rows[32];
     int n = 0;
     double copy = 0;
     char note[512];
     ds_err err = {0};
-    if (ds_backend_cuda_kernel_bench((int)gpu, (int)reps, rows, 32, &n, &copy, note, sizeof note, &err)) {
+    if (ds_backend_cuda_kernel_bench(gpu, reps, rows, 32, &n, &copy, note, sizeof note, &err)) {
         fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
         return 1;
     }

@@ -11,6 +11,8 @@
 
 #include "backend/cpu/cpu.h"
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
@@ -145,67 +147,49 @@ out:
     return rc;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 check -m DIR [--trials N] [--mode single|mixed|prefix] [--requests R] [--gen G] [--seed S]\n"
-            "  runs R requests (random prompts, G sampled tokens each, temperature 0.8) N times in batches of\n"
-            "  random size and composition, random positions in the batch, random prefill chunking, random join\n"
-            "  steps and 1-4 threads, and compares every logit bit and sampled token with a run of each request\n"
-            "  alone. single: the request alone, only chunking/threads vary; mixed: random other requests;\n"
-            "  prefix: the other requests share a prefix of the request's prompt.\n"
-            "  Exit status 0 iff every request has exactly 1 unique output.\n"
-            "  --self-test perturbs logits by batch size: the check must then fail (tests the checker).\n"
-            "  --backend cpu|cuda (and --gpu N): the backend (threads vary on the CPU only).\n");
-}
+typedef struct {
+    long long trials, n_req, gen, seed, maxp;
+    int mode, perturb;
+} check_args;
+
+static const char *const MODES[] = {"single", "mixed", "prefix", NULL};
+
+static const cli_opt check_opts[] = {
+    CLI_LONG_OPT("--trials", NULL, check_args, trials, 1, 100000, "N", "trials (default 8)"),
+    CLI_CHOICE_OPT("--mode", NULL, check_args, mode, MODES,
+                   "single: the request alone, only chunking/threads vary; mixed (default): random other requests; "
+                   "prefix: the other requests share a prefix of the request's prompt"),
+    CLI_LONG_OPT("--requests", NULL, check_args, n_req, 1, 64, "R", "requests checked (default 3)"),
+    CLI_LONG_OPT("--gen", NULL, check_args, gen, 0, 4096, "G", "sampled tokens per request (default 8)"),
+    CLI_LONG_OPT("--max-prompt", NULL, check_args, maxp, 1, 1 << 20, "P", "random prompts of 1..P tokens (default 200)"),
+    CLI_LONG_OPT("--seed", NULL, check_args, seed, 0, INT64_MAX, "S", "seed of the random trials (default 1)"),
+    CLI_FLAG_OPT("--self-test", NULL, check_args, perturb,
+                 "perturb logits by batch size: the check must then fail (tests the checker)"),
+    CLI_END,
+};
+
+static const char CHECK_ABOUT[] =
+    "Runs R requests (random prompts, G sampled tokens each, temperature 0.8) N times in batches of\n"
+    "random size and composition, random positions in the batch, random prefill chunking, random join\n"
+    "steps and 1-4 threads, and compares every logit bit and sampled token with a run of each request\n"
+    "alone. Exit status 0 iff every request has exactly 1 unique output.\n";
 
 int cmd_check(int argc, char **argv) {
-    const char *dir = NULL, *mode_s = "mixed";
-    long long trials = 8, n_req = 3, gen = 8, seed = 1, maxp = 200;
-    int perturb = 0, bk;
+    check_args ca = {.trials = 8, .n_req = 3, .gen = 8, .seed = 1, .maxp = 200, .mode = MODE_MIXED};
+    cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && v) {
-            dir = v;
-        } else if (!strcmp(a, "--self-test")) {
-            perturb = 1;
-            continue;
-        } else if (!strcmp(a, "--mode") && v) {
-            mode_s = v;
-        } else if (!strcmp(a, "--trials") && v) {
-            bad = cli_parse_int(a, v, 1, 100000, &trials);
-        } else if (!strcmp(a, "--requests") && v) {
-            bad = cli_parse_int(a, v, 1, 64, &n_req);
-        } else if (!strcmp(a, "--gen") && v) {
-            bad = cli_parse_int(a, v, 0, 4096, &gen);
-        } else if (!strcmp(a, "--max-prompt") && v) {
-            bad = cli_parse_int(a, v, 1, 1 << 20, &maxp);
-        } else if (!strcmp(a, "--seed") && v) {
-            bad = cli_parse_int(a, v, 0, INT64_MAX, &seed);
-        } else if ((bk = cli_backend_opt("check", a, v, &bo)) != 0) {
-            bad = bk < 0;
-        } else {
-            fprintf(stderr, "dsv4 check: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) {
-            usage(stderr);
-            return 2;
-        }
-        i++;
-    }
-    int mode = !strcmp(mode_s, "single") ? MODE_SINGLE : !strcmp(mode_s, "mixed") ? MODE_MIXED
-               : !strcmp(mode_s, "prefix")                                         ? MODE_PREFIX
-                                                                                   : -1;
-    if (!dir || mode < 0) {
-        if (mode < 0) fprintf(stderr, "dsv4 check: --mode must be single, mixed or prefix (got '%s')\n", mode_s);
-        usage(stderr);
-        return 2;
-    }
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
+                                {NULL, check_opts, &ca},
+                                {"backend (threads vary on the CPU only)", cli_backend_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"check", "-m DIR [--trials N] [--mode single|mixed|prefix] [--requests R] [--gen G] [--seed S]",
+                         CHECK_ABOUT, NULL, groups, 4};
+    int crc;
+    if (cli_parse(&cmd, argc, argv, &crc)) return crc;
+    if (!ma.dir) return cli_usage_error(&cmd, "-m DIR is required");
+    const char *dir = ma.dir, *mode_s = MODES[ca.mode];
+    long long trials = ca.trials, n_req = ca.n_req, gen = ca.gen, seed = ca.seed, maxp = ca.maxp;
+    int perturb = ca.perturb, mode = ca.mode;
     ds_model *m;
     ds_err err;
     ds_backend be = {0};

@@ -5,78 +5,59 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 generate -m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P]\n"
-               "                     [--min-p P] [--seed S] [--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]\n"
-               "  prints the N generated token ids (greedy unless --temperature > 0)\n");
-}
+typedef struct {
+    cli_ids tokens, stop;
+    long long n;
+} generate_args;
+
+static const cli_opt generate_opts[] = {
+    CLI_IDS_OPT("--tokens", NULL, generate_args, tokens, 0, INT32_MAX, "5,17,42", "the prompt's token ids; required"),
+    CLI_LONG_OPT("-n", NULL, generate_args, n, 0, 1 << 24, "N", "tokens to generate (default 16)"),
+    CLI_IDS_OPT("--stop", NULL, generate_args, stop, 0, INT32_MAX, "ID,...", "token ids that end the generation"),
+    CLI_END,
+};
 
 int cmd_generate(int argc, char **argv) {
-    const char *dir = NULL;
-    int32_t *prompt = NULL, *stop = NULL, *hist = NULL;
-    int n_prompt = 0, n_stop = 0, rc = 1;
-    long long n_gen = 16, threads = 0, topk = 0, seed = 0;
-    double temp = 0, top_p = 1, min_p = 0;
+    generate_args ga = {.n = 16};
+    cli_model_arg ma = {0};
+    ds_sampling sp;
+    ds_sampling_init(&sp);
+    sp.temperature = 0;
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
+                                {NULL, generate_opts, &ga},
+                                {"sampling", cli_sampling_opts, &sp},
+                                {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_backend_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"generate",
+                         "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
+                         "[--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]",
+                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 6};
+    int rc = 1;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    const char *dir = ma.dir;
+    const int32_t *prompt = ga.tokens.v, *stop = ga.stop.v;
+    int n_prompt = ga.tokens.n, n_stop = ga.stop.n;
+    long long n_gen = ga.n;
+    int32_t *hist = NULL;
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_seq *seq = NULL;
     float *logits = NULL;
     ds_sample_scratch *scr = NULL;
     ds_err err = {{0}};
-    ds_backend_opts bo = {0};
-    for (int i = 1, bk; i < argc; i += 2) { /* every option but --help takes a value */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && v) {
-            dir = v;
-        } else if (!strcmp(a, "--tokens") && v) {
-            free(prompt);
-            bad = cli_parse_tokens(a, v, &prompt, &n_prompt);
-        } else if (!strcmp(a, "--stop") && v) {
-            free(stop);
-            bad = cli_parse_tokens(a, v, &stop, &n_stop);
-        } else if (!strcmp(a, "-n") && v) {
-            bad = cli_parse_int(a, v, 0, 1 << 24, &n_gen);
-        } else if (!strcmp(a, "--threads") && v) {
-            bad = cli_parse_int(a, v, 1, 1024, &threads);
-        } else if (!strcmp(a, "--top-k") && v) {
-            bad = cli_parse_int(a, v, 0, 1 << 30, &topk);
-        } else if (!strcmp(a, "--seed") && v) {
-            bad = cli_parse_int(a, v, 0, INT64_MAX, &seed);
-        } else if (!strcmp(a, "--temperature") && v) {
-            bad = cli_parse_double(a, v, &temp);
-        } else if (!strcmp(a, "--top-p") && v) {
-            bad = cli_parse_double(a, v, &top_p);
-        } else if (!strcmp(a, "--min-p") && v) {
-            bad = cli_parse_double(a, v, &min_p);
-        } else if ((bk = cli_backend_opt("generate", a, v, &bo)) != 0) {
-            bad = bk < 0;
-        } else {
-            fprintf(stderr, "dsv4 generate: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) goto usage_err;
-    }
     if (!dir || !prompt) {
-        fprintf(stderr, "dsv4 generate: -m and --tokens are required\n");
-        goto usage_err;
+        cli_free(&cmd);
+        return cli_usage_error(&cmd, "-m and --tokens are required");
     }
-    ds_sampling sp;
-    ds_sampling_init(&sp);
-    sp.temperature = temp;
-    sp.top_k = (int32_t)topk;
-    sp.top_p = top_p;
-    sp.min_p = min_p;
-    sp.seed = (uint64_t)seed;
     if (ds_sampling_validate(&sp, &err) || ds_model_load(dir, &m, &err)) goto fail;
-    bo.threads = (int)threads;
     if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     if (n_prompt > m->cfg.max_pos) {
@@ -117,13 +98,8 @@ int cmd_generate(int argc, char **argv) {
     goto out;
 fail:
     fprintf(stderr, "dsv4 generate: %s\n", err.msg);
-    goto out;
-usage_err:
-    usage(stderr);
-    rc = 2;
 out:
-    free(prompt);
-    free(stop);
+    cli_free(&cmd); /* --tokens, --stop */
     free(hist);
     free(logits);
     ds_sample_scratch_free(scr);

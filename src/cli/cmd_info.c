@@ -4,27 +4,22 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
 #include "runtime/backend_select.h"
 #include "model/model.h"
 #include "model/state.h"
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) {
-            dir = argv[++i];
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: dsv4 info -m DIR\n");
-            return 0;
-        } else {
-            fprintf(stderr, "dsv4 info: unknown option '%s'\nusage: dsv4 info -m DIR\n", argv[i]);
-            return 2;
-        }
-    }
-    if (!dir) {
-        fprintf(stderr, "usage: dsv4 info -m DIR\n");
-        return 2;
-    }
+    cli_model_arg ma = {0};
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma}};
+    const cli_cmd cmd = {"info", "-m DIR",
+                         "Prints the config, the tensors and bytes per dtype, the layer kinds and the backends of this "
+                         "build.\n",
+                         NULL, groups, 1};
+    int rc;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    if (!ma.dir) return cli_usage_error(&cmd, "-m DIR is required");
+    const char *dir = ma.dir;
     ds_model *m;
     ds_err err;
     if (ds_model_load(dir, &m, &err)) {

@@ -6,23 +6,11 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/batch.h"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 logits -m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N]\n"
-            "  runs every --tokens sequence (together, as one batch) and writes PREFIX.<i>.f32:\n"
-            "  float32 little-endian logits, one row of vocab_size per input token, for sequence i.\n"
-            "  --prefill-chunk N  feed each sequence N tokens per step (1 = token-by-token decoding;\n"
-            "                     default: the whole sequence in one step)\n"
-            "  --threads N        CPU threads (default: all cores); results are identical for any N\n"
-            "  --backend cpu|cuda (and --gpu N) the backend that runs the model (default: cpu)\n"
-            "  --dump PREFIX      also write every named intermediate of every step (forward.h's list) to\n"
-            "                     PREFIX.<step>.<layer>.<name>.f32 and one line per file to PREFIX.index:\n"
-            "                     file, name, layer, rows, cols (rows: the step's tokens in batch order)\n");
-}
 
 /* --dump: each intermediate to its own file, listed in PREFIX.index */
 typedef struct {
@@ -45,58 +33,64 @@ static void dump_tensor(void *ctx, const char *name, int layer, const float *x, 
     if (fprintf(d->index, "%s %s %d %d %d\n", path, name, layer, rows, cols) < 0) d->failed = 1;
 }
 
+typedef struct {
+    const char *prefix, *dump;
+    cli_ids_list tokens;
+    long long chunk;
+} logits_args;
+
+static const cli_opt logits_opts[] = {
+    CLI_IDS_LIST_OPT("--tokens", NULL, logits_args, tokens, 0, INT32_MAX, "5,17,42",
+                     "one sequence of token ids (at least one; all run together, as one batch)"),
+    CLI_STRING_OPT("-o", NULL, logits_args, prefix, "PREFIX",
+                   "write PREFIX.<i>.f32: float32 little-endian logits, one row of vocab_size per input token, for "
+                   "sequence i; required"),
+    CLI_LONG_OPT("--prefill-chunk", NULL, logits_args, chunk, 1, 1 << 30, "N",
+                 "feed each sequence N tokens per step (1 = token-by-token decoding; default: the whole sequence in "
+                 "one step)"),
+    CLI_STRING_OPT("--dump", NULL, logits_args, dump, "DPREFIX",
+                   "also write every named intermediate of every step (forward.h's list) to "
+                   "DPREFIX.<step>.<layer>.<name>.f32 and one line per file to DPREFIX.index: file, name, layer, rows, "
+                   "cols (rows: the step's tokens in batch order)"),
+    CLI_END,
+};
+
 int cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *prefix = NULL;
-    long long chunk = 0, threads = 0;
-    int n_seqs = 0, rc = 1;
-    int32_t **toks = calloc((size_t)argc, sizeof *toks);
-    int *lens = calloc((size_t)argc, sizeof *lens);
+    logits_args la = {0};
+    cli_model_arg ma = {0};
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
+                                {NULL, logits_opts, &la},
+                                {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_backend_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"logits",
+                         "-m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N] "
+                         "[--dump DPREFIX]",
+                         NULL, NULL, groups, 5};
+    int rc = 1;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    if (!ma.dir || !la.prefix || !la.tokens.n) {
+        cli_free(&cmd);
+        return cli_usage_error(&cmd, "-m, -o and at least one --tokens are required");
+    }
+    const char *dir = ma.dir, *prefix = la.prefix;
+    long long chunk = la.chunk;
+    int n_seqs = la.tokens.n;
+    int32_t **toks = calloc((size_t)n_seqs, sizeof *toks);
+    int *lens = calloc((size_t)n_seqs, sizeof *lens);
     ds_model *m = NULL;
     ds_seq **seqs = NULL;
     float **logits = NULL;
     ds_err err = {{0}};
-    ds_backend_opts bo = {0};
     ds_backend be = {0};
-    dumper dump = {NULL, NULL, 0, 0};
+    dumper dump = {la.dump, NULL, 0, 0};
     if (!toks || !lens) goto out;
-    for (int i = 1, bk; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            rc = 0;
-            goto out;
-        } else if (!strcmp(a, "-m") && v) {
-            dir = v, i++;
-        } else if (!strcmp(a, "-o") && v) {
-            prefix = v, i++;
-        } else if (!strcmp(a, "--tokens") && v) {
-            if (cli_parse_tokens("--tokens", v, &toks[n_seqs], &lens[n_seqs])) goto usage_err;
-            n_seqs++, i++;
-        } else if (!strcmp(a, "--prefill-chunk") && v) {
-            if (cli_parse_int(a, v, 1, 1 << 30, &chunk)) goto usage_err;
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (cli_parse_int(a, v, 1, 1024, &threads)) goto usage_err;
-            i++;
-        } else if (!strcmp(a, "--dump") && v) {
-            dump.prefix = v, i++;
-        } else if ((bk = cli_backend_opt("logits", a, v, &bo)) != 0) {
-            if (bk < 0) goto usage_err;
-            i++;
-        } else {
-            fprintf(stderr, "dsv4 logits: unknown or incomplete option '%s'\n", a);
-            goto usage_err;
-        }
-    }
-    if (!dir || !prefix || !n_seqs) {
-        fprintf(stderr, "dsv4 logits: -m, -o and at least one --tokens are required\n");
-        goto usage_err;
-    }
+    for (int i = 0; i < n_seqs; i++) toks[i] = la.tokens.v[i].v, lens[i] = la.tokens.v[i].n;
     if (ds_model_load(dir, &m, &err)) {
         fprintf(stderr, "dsv4 logits: %s\n", err.msg);
         goto out;
     }
-    bo.threads = (int)threads;
     if (cli_bind("logits", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     seqs = calloc((size_t)n_seqs, sizeof *seqs);
@@ -150,13 +144,9 @@ int cmd_logits(int argc, char **argv) {
     }
     dump.index = NULL;
     rc = 0;
-    goto out;
-usage_err:
-    usage(stderr);
-    rc = 2;
 out:
+    cli_free(&cmd); /* the --tokens lists */
     for (int i = 0; i < n_seqs; i++) {
-        free(toks[i]);
         if (seqs) ds_seq_free(seqs[i]);
         if (logits) free(logits[i]);
     }

@@ -13,13 +13,16 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
 #include "cli/util.h"
+#include "dist/ep.h"
 #include "text/tokenizer.h"
 #include "model/forward.h"
 
 typedef struct {
     const char *cmd, *given, *file;
-    long long window, batch, threads;
+    long long window, batch;
+    int threads;
     int fractions;
     const char *load_out;
 } text_opts;
@@ -39,46 +42,54 @@ static void windows_free(text_windows *w) {
     free(w->len);
 }
 
-/* Parses the options both commands share; 0, or the exit status. */
-static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, void (*usage)(FILE *)) {
-    for (int i = 1, ep; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return -1;
-        } else if (!strcmp(a, "-m") && v) {
-            o->given = v, i++;
-        } else if ((!strcmp(a, "--file") || !strcmp(a, "-f")) && v) {
-            o->file = v, i++;
-        } else if (!strcmp(a, "--window") && v) {
-            if (cli_parse_int(a, v, 2, 1 << 24, &o->window)) goto usage_err;
-            i++;
-        } else if (!strcmp(a, "--batch") && v) {
-            if (cli_parse_int(a, v, 1, 4096, &o->batch)) goto usage_err;
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (cli_parse_int(a, v, 1, 1024, &o->threads)) goto usage_err;
-            i++;
-        } else if (stats && !strcmp(a, "--fractions")) {
-            o->fractions = 1;
-        } else if (stats && !strcmp(a, "--load-out") && v) {
-            o->load_out = v, i++;
-        } else if ((ep = cli_ep_opt(o->cmd, a, v)) != 0) {
-            if (ep < 0) goto usage_err;
-            i++;
-        } else {
-            fprintf(stderr, "dsv4 %s: unknown or incomplete option '%s'\n", o->cmd, a);
-            goto usage_err;
-        }
-    }
-    if (!o->file) {
-        fprintf(stderr, "dsv4 %s: --file F is required (the text to evaluate)\n", o->cmd);
-        goto usage_err;
-    }
+/* The options both commands share. */
+typedef struct {
+    const char *file;
+    long long window, batch;
+    int fractions;
+    const char *load_out;
+} text_args;
+
+static const cli_opt text_opts_tab[] = {
+    CLI_STRING_OPT("--file", "-f", text_args, file, "F", "the text ('-': standard input); required"),
+    CLI_LONG_OPT("--window", NULL, text_args, window, 2, 1 << 24, "W", "ids per window (default 512)"),
+    CLI_LONG_OPT("--batch", NULL, text_args, batch, 1, 4096, "B",
+                 "windows per forward step (default 4; at most ~1 GiB of logits); the result does not depend on it"),
+    CLI_END,
+};
+
+static const cli_opt stats_opts_tab[] = {
+    CLI_FLAG_OPT("--fractions", NULL, text_args, fractions, "also print every expert's share, per layer"),
+    CLI_STRING_OPT("--load-out", NULL, text_args, load_out, "F",
+                   "write the load as 'LAYER EXPERT COUNT' lines (for --expert-load under mpirun)"),
+    CLI_END,
+};
+
+/* Parses argv into o; 0, or the exit status (2 usage, 0 --help) + 1. */
+static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const char *about, const char *notes) {
+    text_args ta = {NULL, o->window, o->batch, 0, NULL};
+    cli_model_arg ma = {0};
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_opts, &ma},
+                                {NULL, text_opts_tab, &ta},
+                                {NULL, cli_threads_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()},
+                                {NULL, stats_opts_tab, &ta}};
+    const cli_cmd cmd = {o->cmd,
+                         stats ? "[-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]"
+                               : "[-m DIR] --file F [--window W] [--batch B] [--threads N]",
+                         about, notes, groups, stats ? 5 : 4};
+    int rc;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc + 1;
+    if (!ta.file) return cli_usage_error(&cmd, "--file F is required (the text to evaluate)") + 1;
+    o->given = ma.dir;
+    o->file = ta.file;
+    o->window = ta.window;
+    o->batch = ta.batch;
+    o->threads = bo.threads;
+    o->fractions = ta.fractions;
+    o->load_out = ta.load_out;
     return 0;
-usage_err:
-    usage(stderr);
-    return 2;
 }
 
 /* Reads and tokenizes the file and cuts it into windows. 0 or -1 (message). */
@@ -194,27 +205,15 @@ static int clamp_batch(const text_opts *o, const ds_model *m, int n_win, int wit
 
 /* ---------------------------------------------------------- dsv4 perplexity */
 
-static void ppl_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 perplexity [-m DIR] --file F [--window W] [--batch B] [--threads N]\n"
-            "\n"
-            "Perplexity of the text in F (the procedure of the bundled model's reference number):\n"
-            "  ids = the file's bytes tokenized with no added/special token recognized and no BOS;\n"
-            "  consecutive non-overlapping windows of W ids (the last may be shorter; one of fewer\n"
-            "  than 2 ids is dropped); each window is evaluated on its own as [BOS] + window; the\n"
-            "  NLL is summed over the predictions of every window id (id 0 predicted from BOS, id i\n"
-            "  from BOS + ids[0..i)) with log-softmax in double precision of the float logits;\n"
-            "  perplexity = exp(total NLL / predicted ids).\n"
-            "\n"
-            "  -m DIR        model directory (default as for dsv4 run)\n"
-            "  --file F      the text ('-': standard input)\n"
-            "  --window W    ids per window (default 512)\n"
-            "  --batch B     windows per forward step (default 4; at most ~1 GiB of logits); the\n"
-            "                result does not depend on it\n"
-            "  --threads N   CPU threads (default: all cores); the result does not depend on it\n"
-            "\n"
-            "Standard output gets the (deterministic) results; the speed goes to standard error.\n");
-}
+static const char PPL_ABOUT[] =
+    "Perplexity of the text in F (the procedure of the bundled model's reference number):\n"
+    "  ids = the file's bytes tokenized with no added/special token recognized and no BOS;\n"
+    "  consecutive non-overlapping windows of W ids (the last may be shorter; one of fewer\n"
+    "  than 2 ids is dropped); each window is evaluated on its own as [BOS] + window; the\n"
+    "  NLL is summed over the predictions of every window id (id 0 predicted from BOS, id i\n"
+    "  from BOS + ids[0..i)) with log-softmax in double precision of the float logits;\n"
+    "  perplexity = exp(total NLL / predicted ids).\n";
+static const char PPL_NOTES[] = "Standard output gets the (deterministic) results; the speed goes to standard error.\n";
 
 /* NLL of `target` under one row of float logits, in double. */
 static double row_nll(const float *x, int V, int32_t target) {
@@ -228,8 +227,8 @@ static double row_nll(const float *x, int V, int32_t target) {
 
 int cmd_perplexity(int argc, char **argv) {
     text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL};
-    int prc = parse_text_opts(argc, argv, &o, 0, ppl_usage);
-    if (prc) return prc < 0 ? 0 : prc;
+    int prc = parse_text_opts(argc, argv, &o, 0, PPL_ABOUT, PPL_NOTES);
+    if (prc) return prc - 1;
     char dir[4096];
     if (cli_model_dir(o.cmd, o.given, dir, sizeof dir)) return 1;
     ds_model *m = NULL;
@@ -239,7 +238,7 @@ int cmd_perplexity(int argc, char **argv) {
     batch_bufs bb = {0};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    ds_backend_opts bo = {NULL, 0, o.threads};
     if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const int V = m->cfg.vocab_size;
     for (size_t i = 0; i < w.n_ids; i++)
@@ -290,19 +289,12 @@ out:
 
 /* ---------------------------------------------------------------- dsv4 stats */
 
-static void stats_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 stats [-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]\n"
-            "\n"
-            "Expert load of the MoE routing on the text in F, cut as dsv4 perplexity cuts it\n"
-            "([BOS] + windows of W ids; every token routed, BOS included): per layer the share of\n"
-            "token-slots routed to each expert, as max/mean and min/mean (1 = perfectly balanced;\n"
-            "hash layers route by token id) and a histogram with one column per expert (height:\n"
-            "load relative to the layer's busiest expert; blank: no token).\n"
-            "\n"
-            "  --fractions   also print every expert's share, per layer\n"
-            "  --load-out F  write the load as 'LAYER EXPERT COUNT' lines (for --expert-load under mpirun)\n");
-}
+static const char STATS_ABOUT[] =
+    "Expert load of the MoE routing on the text in F, cut as dsv4 perplexity cuts it\n"
+    "([BOS] + windows of W ids; every token routed, BOS included): per layer the share of\n"
+    "token-slots routed to each expert, as max/mean and min/mean (1 = perfectly balanced;\n"
+    "hash layers route by token id) and a histogram with one column per expert (height:\n"
+    "load relative to the layer's busiest expert; blank: no token).\n";
 
 #ifdef DS_HAVE_ROUTE_HOOK
 typedef struct {
@@ -346,8 +338,8 @@ static void histogram(const long long *c, int E) {
 
 int cmd_stats(int argc, char **argv) {
     text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL};
-    int prc = parse_text_opts(argc, argv, &o, 1, stats_usage);
-    if (prc) return prc < 0 ? 0 : prc;
+    int prc = parse_text_opts(argc, argv, &o, 1, STATS_ABOUT, NULL);
+    if (prc) return prc - 1;
 #ifndef DS_HAVE_ROUTE_HOOK
     fprintf(stderr, "dsv4 stats: not available yet: this build's model code has no routing hook "
                     "(DS_HAVE_ROUTE_HOOK in model/forward.h)\n");
@@ -363,7 +355,7 @@ int cmd_stats(int argc, char **argv) {
     route_counts cnt = {0, NULL};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, (int)o.threads};
+    ds_backend_opts bo = {NULL, 0, o.threads};
     if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const ds_config *c = &m->cfg;
     for (size_t i = 0; i < w.n_ids; i++)

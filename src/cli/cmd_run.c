@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/util.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -17,97 +19,51 @@
 
 /* ------------------------------------------------------------ shared helpers */
 
-/* Sampling / common options of run and chat. Returns 1 if `a` was one (and
- * consumed v: *used = 1), 0 if not, -1 on a bad value (message printed). */
+/* Options of run and chat beyond the model, the sampling and --threads. */
 typedef struct {
-    ds_sampling sp;
-    long long n, threads, chunk;
-    int n_given;
+    long long chunk;
 } gen_opts;
 
-static int parse_gen_opt(const char *a, const char *v, gen_opts *o, int *used) {
-    long long x;
-    *used = 1;
-    if (!v) return 0;
-    if (!strcmp(a, "-n")) {
-        if (cli_parse_int(a, v, 0, 1 << 24, &o->n)) return -1;
-        o->n_given = 1;
-    } else if (!strcmp(a, "--threads")) {
-        if (cli_parse_int(a, v, 1, 1024, &o->threads)) return -1;
-    } else if (!strcmp(a, "--prefill-chunk")) {
-        if (cli_parse_int(a, v, 1, 1 << 20, &o->chunk)) return -1;
-    } else if (!strcmp(a, "--temperature")) {
-        if (cli_parse_double(a, v, &o->sp.temperature)) return -1;
-    } else if (!strcmp(a, "--top-k")) {
-        if (cli_parse_int(a, v, 0, INT32_MAX, &x)) return -1;
-        o->sp.top_k = (int32_t)x;
-    } else if (!strcmp(a, "--top-p")) {
-        if (cli_parse_double(a, v, &o->sp.top_p)) return -1;
-    } else if (!strcmp(a, "--min-p")) {
-        if (cli_parse_double(a, v, &o->sp.min_p)) return -1;
-    } else if (!strcmp(a, "--repeat-penalty")) {
-        if (cli_parse_double(a, v, &o->sp.repetition_penalty)) return -1;
-    } else if (!strcmp(a, "--presence-penalty")) {
-        if (cli_parse_double(a, v, &o->sp.presence_penalty)) return -1;
-    } else if (!strcmp(a, "--frequency-penalty")) {
-        if (cli_parse_double(a, v, &o->sp.frequency_penalty)) return -1;
-    } else if (!strcmp(a, "--seed")) {
-        if (cli_parse_int(a, v, 0, INT64_MAX, &x)) return -1;
-        o->sp.seed = (uint64_t)x;
-    } else {
-        *used = 0;
-        return 0;
-    }
-    return 1;
-}
+static const cli_opt gen_chunk_opts[] = {
+    CLI_LONG_OPT("--prefill-chunk", NULL, gen_opts, chunk, 1, 1 << 20, "N",
+                 "prompt tokens per forward step (default 512; same results)"),
+    CLI_END,
+};
 
-static void gen_opts_init(gen_opts *o, long long n) {
-    memset(o, 0, sizeof *o);
-    ds_sampling_init(&o->sp);
-    o->sp.temperature = 0;
-    o->n = n;
-}
+static const char SPEED[] = "speed (the same text for any value)";
 
-static const char GEN_OPTS_HELP[] =
-    "  --temperature T    0 = greedy (default); > 0 samples with a counter-based RNG\n"
-    "  --top-k K          keep the K most likely tokens (0 = off)\n"
-    "  --top-p P          nucleus: the smallest set with probability >= P (1 = off)\n"
-    "  --min-p P          drop tokens less likely than P x the most likely (0 = off)\n"
-    "  --repeat-penalty R HF repetition penalty over prompt + generated tokens (1 = off)\n"
-    "  --presence-penalty X, --frequency-penalty X   OpenAI penalties (0 = off)\n"
-    "  --seed S           RNG seed: the same seed gives the same text\n"
-    "  --threads N        CPU threads (default: all cores); the text is the same for any N\n"
-    "  --prefill-chunk N  prompt tokens per forward step (default 512; same results)\n";
+/* The sampling defaults of run and chat: greedy. */
+static void sampling_init(ds_sampling *sp) {
+    ds_sampling_init(sp);
+    sp->temperature = 0;
+}
 
 static double rate(double n, double s) { return s > 0 ? n / s : 0; }
 
 /* ------------------------------------------------------------------ dsv4 run */
 
-static void run_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 run [-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw]\n"
-            "                [--special]\n"
-            "                [sampling options]\n"
-            "\n"
-            "Continues a text prompt and streams the new text to standard output as it is\n"
-            "generated; then prints prompt and generation speed to standard error.\n"
-            "\n"
-            "  -m DIR             model directory (config.json, safetensors, tokenizer.json); default:\n"
-            "                     $DSV4_MODEL, else ./models/kjv, else <dir of dsv4>/../models/kjv\n"
-            "  -p, --prompt TEXT  the prompt (its exact bytes; added tokens such as <｜User｜> in it\n"
-            "                     become their ids)\n"
-            "  -f, --file FILE    read the prompt from FILE ('-': standard input)\n"
-            "  -n N               tokens to generate at most (default 64); generation stops earlier\n"
-            "                     at the end-of-sentence token\n"
-            "  --raw              no BOS before the prompt (default: BOS + prompt)\n"
-            "  --chat             wrap the prompt as one user message of the DeepSeek-V4 chat template\n"
-            "                     (non-thinking mode; --think: thinking mode); the prompt is plain text:\n"
-            "                     special-token strings in it stay text\n"
-            "  --parse-special    with --chat: special-token strings in the prompt become control tokens\n"
-            "  --special          also print special tokens (BOS, EOS, ...) met in the output\n"
-            "%s",
-            GEN_OPTS_HELP);
-}
+typedef struct {
+    const char *prompt, *file;
+    long long n;
+    int raw, chat, think, special, parse_special;
+} run_args;
+
+static const cli_opt run_opts[] = {
+    CLI_STRING_OPT("--prompt", "-p", run_args, prompt, "TEXT",
+                   "the prompt (its exact bytes; added tokens such as <｜User｜> in it become their ids)"),
+    CLI_STRING_OPT("--file", "-f", run_args, file, "FILE", "read the prompt from FILE ('-': standard input)"),
+    CLI_LONG_OPT("-n", NULL, run_args, n, 0, 1 << 24, "N",
+                 "tokens to generate at most (default 64); generation stops earlier at the end-of-sentence token"),
+    CLI_FLAG_OPT("--raw", NULL, run_args, raw, "no BOS before the prompt (default: BOS + prompt)"),
+    CLI_FLAG_OPT("--chat", NULL, run_args, chat,
+                 "wrap the prompt as one user message of the DeepSeek-V4 chat template (non-thinking mode; --think: "
+                 "thinking mode); the prompt is plain text: special-token strings in it stay text"),
+    CLI_FLAG_OPT("--think", NULL, run_args, think, "with --chat: thinking mode"),
+    CLI_FLAG_OPT("--parse-special", NULL, run_args, parse_special,
+                 "with --chat: special-token strings in the prompt become control tokens"),
+    CLI_FLAG_OPT("--special", NULL, run_args, special, "also print special tokens (BOS, EOS, ...) met in the output"),
+    CLI_END,
+};
 
 typedef struct {
     int failed; /* a write to stdout failed */
@@ -128,65 +84,41 @@ static int run_cb(void *ctx, int32_t token, int is_stop, const char *text, size_
 }
 
 
+static const char RUN_ABOUT[] =
+    "Continues a text prompt and streams the new text to standard output as it is generated; then\n"
+    "prints prompt and generation speed to standard error.\n";
+
 int cmd_run(int argc, char **argv) {
-    const char *given = NULL, *prompt = NULL, *file = NULL;
-    int raw = 0, chat = 0, think = 0, special = 0, parse_special = 0, rc = 1;
-    gen_opts o;
-    gen_opts_init(&o, 64);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int used, r;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && v) {
-            given = v, i++;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) {
-            prompt = v, i++;
-        } else if ((!strcmp(a, "-f") || !strcmp(a, "--file")) && v) {
-            file = v, i++;
-        } else if (!strcmp(a, "--raw")) {
-            raw = 1;
-        } else if (!strcmp(a, "--chat")) {
-            chat = 1;
-        } else if (!strcmp(a, "--think")) {
-            think = 1;
-        } else if (!strcmp(a, "--special")) {
-            special = 1;
-        } else if (!strcmp(a, "--parse-special")) {
-            parse_special = 1;
-        } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
-            if (r < 0) goto usage_err;
-            i += used;
-        } else {
-            fprintf(stderr, "dsv4 run: unknown or incomplete option '%s'\n", a);
-            goto usage_err;
-        }
-    }
-    if (!prompt == !file) {
-        fprintf(stderr, "dsv4 run: exactly one of -p TEXT or -f FILE is required\n");
-        goto usage_err;
-    }
-    if (think && !chat) {
-        fprintf(stderr, "dsv4 run: --think needs --chat\n");
-        goto usage_err;
-    }
-    if (parse_special && !chat) {
-        fprintf(stderr, "dsv4 run: --parse-special needs --chat (without --chat the prompt is parsed anyway)\n");
-        goto usage_err;
-    }
-    if (chat && raw) {
-        fprintf(stderr, "dsv4 run: --chat and --raw do not go together (the chat template starts with BOS)\n");
-        goto usage_err;
-    }
+    run_args ra = {.n = 64};
+    cli_model_arg ma = {0};
+    gen_opts o = {0};
+    ds_sampling sp;
+    sampling_init(&sp);
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_opts, &ma},
+                                {NULL, run_opts, &ra},
+                                {"sampling", cli_sampling_opts, &sp},
+                                {SPEED, gen_chunk_opts, &o},
+                                {SPEED, cli_threads_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
+                                "[--special] [sampling options]",
+                         RUN_ABOUT, NULL, groups, 6};
+    int rc = 1;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    const char *prompt = ra.prompt, *file = ra.file;
+    int raw = ra.raw, chat = ra.chat, think = ra.think, special = ra.special, parse_special = ra.parse_special;
+    if (!prompt == !file) return cli_usage_error(&cmd, "exactly one of -p TEXT or -f FILE is required");
+    if (think && !chat) return cli_usage_error(&cmd, "--think needs --chat");
+    if (parse_special && !chat)
+        return cli_usage_error(&cmd, "--parse-special needs --chat (without --chat the prompt is parsed anyway)");
+    if (chat && raw)
+        return cli_usage_error(&cmd, "--chat and --raw do not go together (the chat template starts with BOS)");
     ds_err err = {{0}};
-    if (ds_sampling_validate(&o.sp, &err)) {
-        fprintf(stderr, "dsv4 run: %s\n", err.msg);
-        goto usage_err;
-    }
+    if (ds_sampling_validate(&sp, &err)) return cli_usage_error(&cmd, "%s", err.msg);
 
     char dir[4096];
-    if (cli_model_dir("run", given, dir, sizeof dir)) return 1;
+    if (cli_model_dir("run", ma.dir, dir, sizeof dir)) return 1;
     char *owned = NULL;
     size_t text_n;
     if (file) {
@@ -228,12 +160,11 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
         goto out;
     }
-    ds_backend_opts bo = {NULL, 0, (int)o.threads};
     if (cli_bind("run", m, &bo, &be)) goto out;
     ds_gen_params gp;
     ds_gen_params_init(&gp);
-    gp.sampling = o.sp;
-    gp.max_new = (int)o.n;
+    gp.sampling = sp;
+    gp.max_new = (int)ra.n;
     gp.prefill_chunk = (int)o.chunk;
     gp.detok_flags = special ? 0 : DS_DECODE_SKIP_SPECIAL;
     run_out ro = {0, 1};
@@ -264,42 +195,40 @@ out:
     ds_model_free(m);
     ds_backend_close(&be);
     return rc;
-usage_err:
-    run_usage(stderr);
-    return 2;
 }
 
 /* ----------------------------------------------------------------- dsv4 chat */
 
-static void chat_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 chat [-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache]\n"
-            "                 [--parse-special]\n"
-            "                 [sampling options]\n"
-            "\n"
-            "Interactive chat on standard input / output with the DeepSeek-V4 chat template: each\n"
-            "input line is a user message; the reply is streamed until the end-of-sentence token.\n"
-            "Ends at end of input or on the line /exit; /reset starts a new conversation. A message\n"
-            "beyond the context (--ctx) is refused and the conversation goes on (the exit status is\n"
-            "then 1).\n"
-            "\n"
-            "  -m DIR             model directory (default as for dsv4 run)\n"
-            "  --think            thinking mode: the reply starts with its reasoning, then </think>\n"
-            "  --system TEXT      a system message at the start of the conversation\n"
-            "  -n N               tokens per reply at most (default: until the context is full)\n"
-            "  --ctx N            context capacity in tokens for the whole conversation (default 4096)\n"
-            "  --verbose          per turn: tokens, cached prefix and speed on standard error\n"
-            "  --no-cache         prefill the whole conversation every turn (same replies, slower)\n"
-            "  --parse-special    special-token strings typed in a message become control tokens\n"
-            "                     (default: what is typed is plain text and cannot forge a turn)\n"
-            "%s"
-            "\n"
-            "The sequence state is kept between turns: when the new turn's encoding extends the\n"
-            "tokens already in it, only the new tokens are prefilled; otherwise (earlier reasoning\n"
-            "dropped in thinking mode, a reply that re-tokenizes differently) the conversation is\n"
-            "prefilled again. Either way the reply is the same.\n",
-            GEN_OPTS_HELP);
-}
+typedef struct {
+    const char *system;
+    long long n, ctx; /* n: -1 until given */
+    int think, verbose, no_cache, parse_special;
+} chat_args;
+
+static const cli_opt chat_opts[] = {
+    CLI_FLAG_OPT("--think", NULL, chat_args, think, "thinking mode: the reply starts with its reasoning, then </think>"),
+    CLI_STRING_OPT("--system", NULL, chat_args, system, "TEXT", "a system message at the start of the conversation"),
+    CLI_LONG_OPT("-n", NULL, chat_args, n, 0, 1 << 24, "N", "tokens per reply at most (default: until the context is full)"),
+    CLI_LONG_OPT("--ctx", NULL, chat_args, ctx, 2, 1 << 24, "N",
+                 "context capacity in tokens for the whole conversation (default 4096)"),
+    CLI_FLAG_OPT("--verbose", NULL, chat_args, verbose, "per turn: tokens, cached prefix and speed on standard error"),
+    CLI_FLAG_OPT("--no-cache", NULL, chat_args, no_cache, "prefill the whole conversation every turn (same replies, slower)"),
+    CLI_FLAG_OPT("--parse-special", NULL, chat_args, parse_special,
+                 "special-token strings typed in a message become control tokens (default: what is typed is plain "
+                 "text and cannot forge a turn)"),
+    CLI_END,
+};
+
+static const char CHAT_ABOUT[] =
+    "Interactive chat on standard input / output with the DeepSeek-V4 chat template: each input line\n"
+    "is a user message; the reply is streamed until the end-of-sentence token. Ends at end of input or\n"
+    "on the line /exit; /reset starts a new conversation. A message beyond the context (--ctx) is\n"
+    "refused and the conversation goes on (the exit status is then 1).\n";
+static const char CHAT_NOTES[] =
+    "The sequence state is kept between turns: when the new turn's encoding extends the tokens already\n"
+    "in it, only the new tokens are prefilled; otherwise (earlier reasoning dropped in thinking mode, a\n"
+    "reply that re-tokenizes differently) the conversation is prefilled again. Either way the reply is\n"
+    "the same.\n";
 
 typedef struct {
     ds_chat_role role;
@@ -350,47 +279,30 @@ static void free_turns(chat_turn *t, int n) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *given = NULL, *system = NULL;
-    int think = 0, verbose = 0, no_cache = 0, parse_special = 0, dropped = 0, rc = 1;
-    long long ctx = 4096;
-    gen_opts o;
-    gen_opts_init(&o, 0);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int used, r;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            chat_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && v) {
-            given = v, i++;
-        } else if (!strcmp(a, "--system") && v) {
-            system = v, i++;
-        } else if (!strcmp(a, "--ctx") && v) {
-            if (cli_parse_int(a, v, 2, 1 << 24, &ctx)) goto usage_err;
-            i++;
-        } else if (!strcmp(a, "--think")) {
-            think = 1;
-        } else if (!strcmp(a, "--verbose")) {
-            verbose = 1;
-        } else if (!strcmp(a, "--no-cache")) {
-            no_cache = 1;
-        } else if (!strcmp(a, "--parse-special")) {
-            parse_special = 1;
-        } else if ((r = parse_gen_opt(a, v, &o, &used)) != 0) {
-            if (r < 0) goto usage_err;
-            i += used;
-        } else {
-            fprintf(stderr, "dsv4 chat: unknown or incomplete option '%s'\n", a);
-            goto usage_err;
-        }
-    }
+    chat_args ca = {.n = -1, .ctx = 4096};
+    cli_model_arg ma = {0};
+    gen_opts o = {0};
+    ds_sampling sp;
+    sampling_init(&sp);
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_opts, &ma},
+                                {NULL, chat_opts, &ca},
+                                {"sampling", cli_sampling_opts, &sp},
+                                {SPEED, gen_chunk_opts, &o},
+                                {SPEED, cli_threads_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"chat", "[-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache] "
+                                 "[--parse-special] [sampling options]",
+                         CHAT_ABOUT, CHAT_NOTES, groups, 6};
+    int rc = 1;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    const char *system = ca.system;
+    int think = ca.think, verbose = ca.verbose, no_cache = ca.no_cache, parse_special = ca.parse_special, dropped = 0;
+    long long ctx = ca.ctx;
     ds_err err = {{0}};
-    if (ds_sampling_validate(&o.sp, &err)) {
-        fprintf(stderr, "dsv4 chat: %s\n", err.msg);
-        goto usage_err;
-    }
+    if (ds_sampling_validate(&sp, &err)) return cli_usage_error(&cmd, "%s", err.msg);
     char dir[4096];
-    if (cli_model_dir("chat", given, dir, sizeof dir)) return 1;
+    if (cli_model_dir("chat", ma.dir, dir, sizeof dir)) return 1;
 
     ds_model *m = NULL;
     ds_backend be = {0};
@@ -406,7 +318,6 @@ int cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     chat_reply reply = {0};
     if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
-    ds_backend_opts bo = {NULL, 0, (int)o.threads};
     if (cli_bind("chat", m, &bo, &be)) goto out;
     if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
     if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;
@@ -481,9 +392,9 @@ int cmd_chat(int argc, char **argv) {
 
         ds_gen_params gp;
         ds_gen_params_init(&gp);
-        gp.sampling = o.sp;
+        gp.sampling = sp;
         long long room = ctx - (long long)n_ids + 1;
-        gp.max_new = (int)(o.n_given && o.n < room ? o.n : room);
+        gp.max_new = (int)(ca.n >= 0 && ca.n < room ? ca.n : room);
         gp.prefill_chunk = (int)o.chunk;
         gp.detok_flags = DS_DECODE_SKIP_SPECIAL;
         reply.n = 0;
@@ -569,7 +480,4 @@ out:
     ds_model_free(m);
     ds_backend_close(&be);
     return rc;
-usage_err:
-    chat_usage(stderr);
-    return 2;
 }

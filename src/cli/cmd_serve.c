@@ -7,82 +7,64 @@
 
 #include "backend/cpu/cpu.h"
 #include "cli/commands.h"
+#include "cli/opts.h"
+#include "dist/ep.h"
 #include "cli/serve_http.h"
 #include "cli/util.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
 #include "runtime/scheduler.h"
 
-static void serve_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-seqs N]\n"
-            "                  [--ctx N] [--backend cpu] [--threads N] [options]\n"
-            "\n"
-            "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions (JSON or\n"
-            "SSE with \"stream\": true), GET /v1/models, /health, /metrics (Prometheus), / (chat page).\n"
-            "A request with a seed gets the same text whatever else the server is doing.\n"
-            "\n"
-            "  -m DIR             model directory (default as for dsv4 run)\n"
-            "  --host ADDR        IPv4 address to listen on (default 127.0.0.1: this machine only)\n"
-            "  --port N           TCP port (default 8080; 0: any free port, printed at start)\n"
-            "  --api-key KEY      require 'Authorization: Bearer KEY' on /v1/ (default: $DSV4_API_KEY, else none)\n"
-            "  --max-seqs N       requests decoded together at most (default 16)\n"
-            "  --ctx N            tokens per request, prompt + completion (default 4096)\n"
-            "  --backend NAME     compute backend: cpu (default) or cuda (builds with the CUDA backend)\n"
-            "  --gpu N            CUDA device (default 0)\n"
-            "  --threads N        CPU threads (default: all cores)\n"
-            "  --max-queue N      requests waiting at most; more get 429 (default 64)\n"
-            "  --step-tokens N    tokens per forward step at most: decodes + prompt chunks (default 256)\n"
-            "  --prefill-chunk N  prompt tokens of one request per step at most (default 128)\n"
-            "  --cache-seqs N     finished conversations kept for prefix reuse (default 4; 0: off)\n"
-            "  --max-body BYTES   request body limit (default 8388608; larger gets 413)\n"
-            "  --timeout S        idle connection timeout in seconds (default 60)\n"
-            "  --model-name NAME  the model id clients name (default: the directory's name)\n");
-}
-
-/* one row per option taking a value: name, bounds, destination */
 typedef struct {
-    const char *name;
-    long long lo, hi;
-    long long *v;
-} int_opt;
+    const char *host, *key, *name;
+    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout;
+} serve_args;
+
+static const cli_opt serve_opts[] = {
+    CLI_STRING_OPT("--host", NULL, serve_args, host, "ADDR",
+                   "IPv4 address to listen on (default 127.0.0.1: this machine only)"),
+    CLI_LONG_OPT("--port", NULL, serve_args, port, 0, 65535, "N", "TCP port (default 8080; 0: any free port, printed at start)"),
+    CLI_STRING_OPT("--api-key", NULL, serve_args, key, "KEY",
+                   "require 'Authorization: Bearer KEY' on /v1/ (default: $DSV4_API_KEY, else none)"),
+    CLI_LONG_OPT("--max-seqs", NULL, serve_args, max_seqs, 1, 256, "N", "requests decoded together at most (default 16)"),
+    CLI_LONG_OPT("--ctx", NULL, serve_args, ctx, 2, 1 << 24, "N", "tokens per request, prompt + completion (default 4096)"),
+    CLI_LONG_OPT("--max-queue", NULL, serve_args, max_queue, 0, 1 << 20, "N",
+                 "requests waiting at most; more get 429 (default 64)"),
+    CLI_LONG_OPT("--step-tokens", NULL, serve_args, step, 1, 1 << 20, "N",
+                 "tokens per forward step at most: decodes + prompt chunks (default 256)"),
+    CLI_LONG_OPT("--prefill-chunk", NULL, serve_args, chunk, 1, 1 << 20, "N",
+                 "prompt tokens of one request per step at most (default 128)"),
+    CLI_LONG_OPT("--cache-seqs", NULL, serve_args, cache, 0, 1024, "N",
+                 "finished conversations kept for prefix reuse (default 4; 0: off)"),
+    CLI_LONG_OPT("--max-body", NULL, serve_args, max_body, 1024, 1LL << 32, "BYTES",
+                 "request body limit (default 8388608; larger gets 413)"),
+    CLI_LONG_OPT("--timeout", NULL, serve_args, timeout, 1, 86400, "S", "idle connection timeout in seconds (default 60)"),
+    CLI_STRING_OPT("--model-name", NULL, serve_args, name, "NAME", "the model id clients name (default: the directory's name)"),
+    CLI_END,
+};
 
 int cmd_serve(int argc, char **argv) {
-    const char *given = NULL, *host = "127.0.0.1", *key = getenv("DSV4_API_KEY"), *backend = "cpu", *name = NULL;
-    long long port = 8080, max_seqs = 16, ctx = 4096, threads = 0, max_queue = 64, step = 256, chunk = 128,
-              cache = 4, max_body = 8 << 20, timeout = 60, gpu = 0;
-    const int_opt ints[] = {
-        {"--port", 0, 65535, &port},           {"--max-seqs", 1, 256, &max_seqs},
-        {"--ctx", 2, 1 << 24, &ctx},           {"--threads", 0, 1024, &threads},
-        {"--max-queue", 0, 1 << 20, &max_queue}, {"--step-tokens", 1, 1 << 20, &step},
-        {"--prefill-chunk", 1, 1 << 20, &chunk}, {"--cache-seqs", 0, 1024, &cache},
-        {"--max-body", 1024, 1LL << 32, &max_body}, {"--timeout", 1, 86400, &timeout},
-        {"--gpu", 0, 1024, &gpu},
-    };
-    struct {
-        const char *name;
-        const char **v;
-    } strs[] = {{"-m", &given}, {"--host", &host}, {"--api-key", &key}, {"--backend", &backend},
-                {"--model-name", &name}};
-    for (int i = 1; i < argc; i += 2) { /* every option but --help takes a value */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int done = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            serve_usage(stdout);
-            return 0;
-        }
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
-            if (!strcmp(a, ints[k].name) && v) {
-                if (cli_parse_int(a, v, ints[k].lo, ints[k].hi, ints[k].v)) goto usage_err;
-                done = 1;
-            }
-        for (size_t k = 0; k < sizeof strs / sizeof strs[0] && !done; k++)
-            if (!strcmp(a, strs[k].name) && v) *strs[k].v = v, done = 1;
-        if (!done) {
-            fprintf(stderr, "dsv4 serve: unknown or incomplete option '%s'\n", a);
-            goto usage_err;
-        }
-    }
+    serve_args sa = {.host = "127.0.0.1", .key = getenv("DSV4_API_KEY"), .port = 8080, .max_seqs = 16, .ctx = 4096,
+                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .max_body = 8 << 20, .timeout = 60};
+    cli_model_arg ma = {0};
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_opts, &ma},
+                                {NULL, serve_opts, &sa},
+                                {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_backend_opts, &bo},
+                                {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
+    const cli_cmd cmd = {"serve",
+                         "[-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-seqs N] [--ctx N] "
+                         "[--backend cpu] [--threads N] [options]",
+                         "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions (JSON or\n"
+                         "SSE with \"stream\": true), GET /v1/models, /health, /metrics (Prometheus), / (chat page).\n"
+                         "A request with a seed gets the same text whatever else the server is doing.\n",
+                         NULL, groups, 5};
+    int rc = 1;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    const char *given = ma.dir, *host = sa.host, *key = sa.key, *name = sa.name;
+    long long port = sa.port, max_seqs = sa.max_seqs, ctx = sa.ctx, max_queue = sa.max_queue, step = sa.step,
+              chunk = sa.chunk, cache = sa.cache, max_body = sa.max_body, timeout = sa.timeout;
     if (key && !key[0]) key = NULL;
     if (step < max_seqs) step = max_seqs;
 
@@ -102,14 +84,12 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = 1;
     ds_model *m = NULL;
     ds_tokenizer *tok = NULL;
     ds_sched *sched = NULL;
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
-    ds_backend_opts bo = {backend, (int)gpu, (int)threads};
     if (cli_load_model_tok("serve", dir, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
     ds_sched_opts so;
     ds_sched_opts_init(&so);
@@ -139,7 +119,4 @@ out:
     ds_model_free(m);
     ds_backend_close(&be);
     return rc;
-usage_err:
-    serve_usage(stderr);
-    return 2;
 }

@@ -4,61 +4,46 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
 #include "cli/util.h"
 #include "model/synth.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 synth --like flash|pro|tiny [--layers N] [--experts E] [--active K] [--vocab V]\n"
-               "                  [--bf16] [--seed S] [--shard-gb G] -o DIR\n"
-               "  writes config.json + sharded safetensors (FP8 e4m3 dense weights with E8M0 128x128 block\n"
-               "  scales, MXFP4 routed experts, BF16 embeddings/head; --bf16: BF16 weights) of that shape.\n"
-               "  --layers N keeps the first N layers of the shape (their compress ratios and hash layers).\n");
-}
+typedef struct {
+    const char *like, *out;
+    long long layers, experts, active, vocab, seed, shard_gb;
+    int bf16;
+} synth_args;
+
+static const cli_opt synth_opts[] = {
+    CLI_STRING_OPT("--like", NULL, synth_args, like, "flash|pro|tiny", "the shape; required"),
+    CLI_STRING_OPT("-o", NULL, synth_args, out, "DIR", "the checkpoint directory to write; required"),
+    CLI_LONG_OPT("--layers", NULL, synth_args, layers, 1, DS_MAX_LAYERS, "N",
+                 "keep the first N layers of the shape (their compress ratios and hash layers)"),
+    CLI_LONG_OPT("--experts", NULL, synth_args, experts, 1, 4096, "E", "routed experts"),
+    CLI_LONG_OPT("--active", NULL, synth_args, active, 1, 64, "K", "active experts per token"),
+    CLI_LONG_OPT("--vocab", NULL, synth_args, vocab, 2, 1 << 24, "V", "vocabulary size"),
+    CLI_FLAG_OPT("--bf16", NULL, synth_args, bf16, "BF16 weights instead of FP8 + MXFP4"),
+    CLI_LONG_OPT("--seed", NULL, synth_args, seed, 0, INT64_MAX, "S", "seed of the random weights (default 1)"),
+    CLI_LONG_OPT("--shard-gb", NULL, synth_args, shard_gb, 1, 1024, "G", "bytes per shard at most, in GiB (default 4)"),
+    CLI_END,
+};
 
 int cmd_synth(int argc, char **argv) {
-    const char *like = NULL, *out = NULL;
-    long long layers = -1, experts = -1, active = -1, vocab = -1, seed = 1, shard_gb = 4;
-    int bf16 = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--bf16")) {
-            bf16 = 1;
-            continue;
-        } else if (!strcmp(a, "--like") && v) {
-            like = v;
-        } else if (!strcmp(a, "-o") && v) {
-            out = v;
-        } else if (!strcmp(a, "--layers") && v) {
-            bad = cli_parse_int(a, v, 1, DS_MAX_LAYERS, &layers);
-        } else if (!strcmp(a, "--experts") && v) {
-            bad = cli_parse_int(a, v, 1, 4096, &experts);
-        } else if (!strcmp(a, "--active") && v) {
-            bad = cli_parse_int(a, v, 1, 64, &active);
-        } else if (!strcmp(a, "--vocab") && v) {
-            bad = cli_parse_int(a, v, 2, 1 << 24, &vocab);
-        } else if (!strcmp(a, "--seed") && v) {
-            bad = cli_parse_int(a, v, 0, INT64_MAX, &seed);
-        } else if (!strcmp(a, "--shard-gb") && v) {
-            bad = cli_parse_int(a, v, 1, 1024, &shard_gb);
-        } else {
-            fprintf(stderr, "dsv4 synth: unknown or incomplete option '%s'\n", a);
-            bad = 1;
-        }
-        if (bad) {
-            usage(stderr);
-            return 2;
-        }
-        i++;
-    }
-    if (!like || !out) {
-        fprintf(stderr, "dsv4 synth: --like and -o are required\n");
-        usage(stderr);
-        return 2;
-    }
+    synth_args sa = {.layers = -1, .experts = -1, .active = -1, .vocab = -1, .seed = 1, .shard_gb = 4};
+    const cli_group groups[] = {{NULL, synth_opts, &sa}};
+    const cli_cmd cmd = {"synth",
+                         "--like flash|pro|tiny [--layers N] [--experts E] [--active K] [--vocab V] [--bf16] "
+                         "[--seed S] [--shard-gb G] -o DIR",
+                         "Writes config.json + sharded safetensors (FP8 e4m3 dense weights with E8M0 128x128 block\n"
+                         "scales, MXFP4 routed experts, BF16 embeddings/head; --bf16: BF16 weights) of that shape.\n",
+                         NULL, groups, 1};
+    int rc;
+    if (cli_parse(&cmd, argc, argv, &rc)) return rc;
+    if (!sa.like || !sa.out) return cli_usage_error(&cmd, "--like and -o are required");
+    const char *like = sa.like, *out = sa.out;
+    long long layers = sa.layers, experts = sa.experts, active = sa.active, vocab = sa.vocab, seed = sa.seed,
+              shard_gb = sa.shard_gb;
+    int bf16 = sa.bf16;
     ds_config cfg;
     ds_err err;
     if (ds_synth_like(like, &cfg, &err)) {

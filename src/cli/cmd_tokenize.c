@@ -8,50 +8,46 @@
 #include <time.h>
 
 #include "cli/commands.h"
+#include "cli/opts.h"
 #include "cli/util.h"
 #include "text/tokenizer.h"
 
-static void tokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 tokenize -m DIR (--text S | --file F) [--special MODE] [--stats]\n"
-            "\n"
-            "Prints the token ids of the exact bytes given (no BOS/EOS added, nothing\n"
-            "trimmed), space-separated on one line. Reads only DIR/tokenizer.json\n"
-            "(DIR may also be the tokenizer.json file itself).\n"
-            "\n"
-            "  -m, --model DIR   model directory (or tokenizer.json path)\n"
-            "  --text S          the text to encode (the argument's bytes)\n"
-            "  --file F          encode the bytes of file F ('-': standard input)\n"
-            "  --special MODE    which added tokens in the text become their ids:\n"
-            "                      all        every added token, e.g. <｜User｜>, <think>,\n"
-            "                                 <｜begin▁of▁sentence｜> (default; as the\n"
-            "                                 `tokenizers` library encodes)\n"
-            "                      nonspecial only added tokens not marked special\n"
-            "                      none       none: the text is only BPE-encoded\n"
-            "  --stats           print bytes, tokens and tokens/s to standard error\n"
-            "\n"
-            "Any bytes are accepted: byte-level BPE encodes invalid UTF-8 too (each run\n"
-            "of invalid bytes becomes byte tokens), and detokenize gives the bytes back.\n");
-}
+typedef struct {
+    const char *model, *text, *file;
+    int special, stats;
+} tokenize_args;
 
-static void detokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 detokenize -m DIR --ids \"1 2 3\" [--skip-special] [--lossy]\n"
-            "\n"
-            "Writes the bytes of the token ids to standard output, exactly, with no\n"
-            "newline added. Reads only DIR/tokenizer.json.\n"
-            "\n"
-            "  -m, --model DIR   model directory (or tokenizer.json path)\n"
-            "  --ids LIST        ids separated by spaces, commas or newlines ('-': read\n"
-            "                    the list from standard input)\n"
-            "  --skip-special    leave out added tokens marked special (e.g. BOS/EOS)\n"
-            "  --lossy           replace invalid UTF-8 by U+FFFD (as `tokenizers` decode)\n"
-            "\n"
-            "An id sequence may decode to bytes that are not valid UTF-8 (a character cut\n"
-            "between tokens): by default those bytes are written as they are; --lossy\n"
-            "replaces each invalid sequence by U+FFFD. An id out of range or without a\n"
-            "token is an error (exit status 1).\n");
-}
+static const char *const SPECIAL_MODES[] = {"all", "nonspecial", "none", NULL};
+
+static const cli_opt tokenize_opts[] = {
+    CLI_STRING_OPT("--model", "-m", tokenize_args, model, "DIR", "model directory (or tokenizer.json path); required"),
+    CLI_STRING_OPT("--text", NULL, tokenize_args, text, "S", "the text to encode (the argument's bytes)"),
+    CLI_STRING_OPT("--file", NULL, tokenize_args, file, "F", "encode the bytes of file F ('-': standard input)"),
+    CLI_CHOICE_OPT("--special", NULL, tokenize_args, special, SPECIAL_MODES,
+                   "which added tokens in the text become their ids:\n"
+                   "all        every added token, e.g. <｜User｜>, <think>,\n"
+                   "           <｜begin▁of▁sentence｜> (default; as the\n"
+                   "           `tokenizers` library encodes)\n"
+                   "nonspecial only added tokens not marked special\n"
+                   "none       none: the text is only BPE-encoded"),
+    CLI_FLAG_OPT("--stats", NULL, tokenize_args, stats, "print bytes, tokens and tokens/s to standard error"),
+    CLI_END,
+};
+
+typedef struct {
+    const char *model, *ids;
+    int skip_special, lossy;
+} detokenize_args;
+
+static const cli_opt detokenize_opts[] = {
+    CLI_STRING_OPT("--model", "-m", detokenize_args, model, "DIR", "model directory (or tokenizer.json path); required"),
+    CLI_STRING_OPT("--ids", NULL, detokenize_args, ids, "LIST",
+                   "ids separated by spaces, commas or newlines ('-': read the list from standard input); required"),
+    CLI_FLAG_OPT("--skip-special", NULL, detokenize_args, skip_special,
+                 "leave out added tokens marked special (e.g. BOS/EOS)"),
+    CLI_FLAG_OPT("--lossy", NULL, detokenize_args, lossy, "replace invalid UTF-8 by U+FFFD (as `tokenizers` decode)"),
+    CLI_END,
+};
 
 static int write_ids(const int32_t *ids, size_t n) {
     char buf[1 << 16];
@@ -69,39 +65,22 @@ static int write_ids(const int32_t *ids, size_t n) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *file = NULL, *special = "all";
-    int stats = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            tokenize_usage(stdout);
-            return 0;
-        }
-        int has_value = i + 1 < argc;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value) model = argv[++i];
-        else if (!strcmp(a, "--text") && has_value) text = argv[++i];
-        else if (!strcmp(a, "--file") && has_value) file = argv[++i];
-        else if (!strcmp(a, "--special") && has_value) special = argv[++i];
-        else if (!strcmp(a, "--stats")) stats = 1;
-        else {
-            fprintf(stderr, "dsv4 tokenize: unknown or incomplete option '%s'\n", a);
-            tokenize_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model || (!text) == (!file)) {
-        fprintf(stderr, "dsv4 tokenize: need -m DIR and exactly one of --text / --file\n");
-        tokenize_usage(stderr);
-        return 2;
-    }
-    int mode;
-    if (!strcmp(special, "all")) mode = DS_TOK_PARSE_ALL;
-    else if (!strcmp(special, "nonspecial")) mode = DS_TOK_PARSE_NONSPECIAL;
-    else if (!strcmp(special, "none")) mode = DS_TOK_PARSE_NONE;
-    else {
-        fprintf(stderr, "dsv4 tokenize: --special must be all, nonspecial or none (got '%s')\n", special);
-        return 2;
-    }
+    tokenize_args ta = {0};
+    const cli_group groups[] = {{NULL, tokenize_opts, &ta}};
+    const cli_cmd cmd = {"tokenize", "-m DIR (--text S | --file F) [--special MODE] [--stats]",
+                         "Prints the token ids of the exact bytes given (no BOS/EOS added, nothing\n"
+                         "trimmed), space-separated on one line. Reads only DIR/tokenizer.json\n"
+                         "(DIR may also be the tokenizer.json file itself).\n",
+                         "Any bytes are accepted: byte-level BPE encodes invalid UTF-8 too (each run\n"
+                         "of invalid bytes becomes byte tokens), and detokenize gives the bytes back.\n",
+                         groups, 1};
+    int crc;
+    if (cli_parse(&cmd, argc, argv, &crc)) return crc;
+    const char *model = ta.model, *text = ta.text, *file = ta.file;
+    int stats = ta.stats;
+    if (!model || (!text) == (!file)) return cli_usage_error(&cmd, "need -m DIR and exactly one of --text / --file");
+    static const int modes[] = {DS_TOK_PARSE_ALL, DS_TOK_PARSE_NONSPECIAL, DS_TOK_PARSE_NONE};
+    int mode = modes[ta.special];
     ds_err err = {{0}};
     ds_tokenizer *tok;
     double t0 = ds_now();
@@ -185,30 +164,21 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
 }
 
 int cmd_detokenize(int argc, char **argv) {
-    const char *model = NULL, *ids_arg = NULL;
-    int flags = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            detokenize_usage(stdout);
-            return 0;
-        }
-        int has_value = i + 1 < argc;
-        if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has_value) model = argv[++i];
-        else if (!strcmp(a, "--ids") && has_value) ids_arg = argv[++i];
-        else if (!strcmp(a, "--skip-special")) flags |= DS_DECODE_SKIP_SPECIAL;
-        else if (!strcmp(a, "--lossy")) flags |= DS_DECODE_LOSSY;
-        else {
-            fprintf(stderr, "dsv4 detokenize: unknown or incomplete option '%s'\n", a);
-            detokenize_usage(stderr);
-            return 2;
-        }
-    }
-    if (!model || !ids_arg) {
-        fprintf(stderr, "dsv4 detokenize: need -m DIR and --ids LIST\n");
-        detokenize_usage(stderr);
-        return 2;
-    }
+    detokenize_args da = {0};
+    const cli_group groups[] = {{NULL, detokenize_opts, &da}};
+    const cli_cmd cmd = {"detokenize", "-m DIR --ids \"1 2 3\" [--skip-special] [--lossy]",
+                         "Writes the bytes of the token ids to standard output, exactly, with no\n"
+                         "newline added. Reads only DIR/tokenizer.json.\n",
+                         "An id sequence may decode to bytes that are not valid UTF-8 (a character cut\n"
+                         "between tokens): by default those bytes are written as they are; --lossy\n"
+                         "replaces each invalid sequence by U+FFFD. An id out of range or without a\n"
+                         "token is an error (exit status 1).\n",
+                         groups, 1};
+    int crc;
+    if (cli_parse(&cmd, argc, argv, &crc)) return crc;
+    const char *model = da.model, *ids_arg = da.ids;
+    int flags = (da.skip_special ? DS_DECODE_SKIP_SPECIAL : 0) | (da.lossy ? DS_DECODE_LOSSY : 0);
+    if (!model || !ids_arg) return cli_usage_error(&cmd, "need -m DIR and --ids LIST");
     char *owned = NULL;
     if (!strcmp(ids_arg, "-")) {
         size_t n;

@@ -28,7 +28,7 @@ int bench_batch_decode(const struct ds_model *m, const struct ds_backend *be, in
 /* `dsv4 bench --kernels` (cmd_bench_kernels.c) */
 int cmd_bench_kernels(int argc, char **argv);
 /* `dsv4 bench --kernels --backend cuda` (cmd_bench_kernels_cuda.c) */
-int cmd_bench_kernels_cuda(int argc, char **argv);
+int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps);
 int cmd_synth(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -29,7 +29,8 @@ static const command commands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dsv4 <command> [options]   (dsv4 <command> --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: dsv4 <command> [options]   (dsv4 <command> --help, or dsv4 help <command>: its options)\n\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
@@ -49,9 +50,22 @@ static int finish_output(const char *cmd, int rc) {
 }
 
 static int run(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        if (argc > 2 && !strcmp(argv[1], "help")) { /* dsv4 help <command>: its --help */
+            char help[] = "--help";
+            char *args[] = {argv[2], help, NULL};
+            for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+                if (!strcmp(argv[2], commands[i].name)) return finish_output(argv[2], commands[i].fn(2, args));
+            fprintf(stderr, "dsv4 help: unknown command '%s'\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
+        usage(stdout);
+        return finish_output("help", 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return finish_output(argv[1], commands[i].fn(argc - 1, argv + 1));

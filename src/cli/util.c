@@ -14,71 +14,6 @@
 #include "text/tokenizer.h"
 #include "model/model.h"
 
-int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n) {
-    *out = NULL;
-    *n = 0;
-    int cap = 16;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    if (!v) return -1;
-    const char *p = s;
-    while (*p) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long long x = strtoll(p, &end, 10);
-        if (end == p || errno || x < 0 || x > INT32_MAX || (*end && *end != ',' && *end != ' ' && *end != '\t' &&
-                                                           *end != '\n')) {
-            fprintf(stderr, "dsv4: %s: '%s' is not a list of token ids (non-negative integers separated by commas)\n",
-                    opt, s);
-            free(v);
-            return -1;
-        }
-        if (*n == cap) {
-            cap *= 2;
-            int32_t *nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) {
-                free(v);
-                return -1;
-            }
-            v = nv;
-        }
-        v[(*n)++] = (int32_t)x;
-        p = end;
-    }
-    if (*n == 0) {
-        fprintf(stderr, "dsv4: %s: empty token list\n", opt);
-        free(v);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long x = s ? strtoll(s, &end, 10) : 0;
-    if (!s || end == s || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "dsv4: %s: '%s' is not an integer in [%lld, %lld]\n", opt, s ? s : "", lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-int cli_parse_double(const char *opt, const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double x = s ? strtod(s, &end) : 0;
-    if (!s || end == s || *end || errno) {
-        fprintf(stderr, "dsv4: %s: '%s' is not a number\n", opt, s ? s : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int has_config(const char *dir) {
     char p[4096];
     struct stat st;
@@ -217,42 +152,4 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
         return -1;
     }
     return 0;
-}
-
-int cli_ep_opt(const char *cmd, const char *a, const char *v) {
-    if (strcmp(a, "--placement") && strcmp(a, "--expert-load") && strcmp(a, "--redundant-experts")) return 0;
-    if (!v) {
-        fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
-        return -1;
-    }
-    ds_ep_opts *eo = ds_ep_session_opts(); /* the ranks' options: the process's, like its MPI session */
-    if (!strcmp(a, "--placement") || !strcmp(a, "--expert-load")) {
-        *(a[2] == 'p' ? &eo->placement : &eo->load) = v;
-        return 1;
-    }
-    if (!strcmp(a, "--redundant-experts")) {
-        long long n;
-        if (cli_parse_int(a, v, 0, 1 << 20, &n)) return -1;
-        eo->redundant = (int)n;
-        return 1;
-    }
-    return 0;
-}
-
-int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o) {
-    int ep = cli_ep_opt(cmd, a, v);
-    if (ep) return ep;
-    if (strcmp(a, "--backend") && strcmp(a, "--gpu")) return 0;
-    if (!v) {
-        fprintf(stderr, "dsv4 %s: %s needs a value\n", cmd, a);
-        return -1;
-    }
-    if (!strcmp(a, "--backend")) {
-        o->name = v;
-        return 1;
-    }
-    long long g;
-    if (cli_parse_int("--gpu", v, 0, 1024, &g)) return -1;
-    o->gpu = (int)g;
-    return 1;
 }

@@ -8,12 +8,6 @@
 #include "common/clock.h"
 #include "runtime/backend_select.h"
 
-/* Parses "5,17,42" or "5 17 42" into a malloc'd array; -1 with a message
- * on stderr naming the option when malformed. */
-int cli_parse_tokens(const char *opt, const char *s, int32_t **out, int *n);
-/* Parses a non-negative integer option value; -1 (message) if malformed. */
-int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
-int cli_parse_double(const char *opt, const char *s, double *out);
 /* Reads a whole file ('-': stdin) with ds_read_file; NULL with a message on
  * stderr naming `cmd` and the file. */
 char *cli_read_file(const char *cmd, const char *path, size_t *n);
@@ -32,12 +26,4 @@ int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
  * on error prints "dsv4 <cmd>: <message>" and returns -1 (be left closed). */
 struct ds_model;
 int cli_bind(const char *cmd, struct ds_model *m, const ds_backend_opts *o, ds_backend *be);
-/* Parses --backend NAME / --gpu N into o: 1 when a (with its value v)
- * was one of them, 0 when not, -1 on a bad value (message printed). */
-int cli_backend_opt(const char *cmd, const char *a, const char *v, ds_backend_opts *o);
-/* The expert-parallel options under mpirun (docs/ep.md), also taken by
- * cli_backend_opt: --placement FILE, --expert-load FILE, --redundant-experts
- * N. 1 when a was one of them, 0 when not, -1 on a bad value (message). */
-int cli_ep_opt(const char *cmd, const char *a, const char *v);
-
 #endif
