@@ -26,7 +26,9 @@
  * The portable path computes exactly these operations; the AVX2 path holds a
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
  * three give the same bits. Nothing depends on T, on the thread count or on
- * the path the CPU supports. */
+ * the path the CPU supports. The AVX-512 kernels may compute several tokens
+ * and two rows per call (sharing weight decodes and x loads); each (row,
+ * token) still goes through exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,6 +513,51 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weig
     UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
+/* Two FP8 rows (r, r + 1) x nt tokens at once, K % 256 == 0 (whole block
+ * pairs only): each x chunk is loaded once for both rows; every (row,
+ * token) keeps exactly fp8_t_512's operations (same bits). out[t] is row
+ * r's, out[NT + t] row r + 1's. */
+AVX512 __attribute__((always_inline)) static inline void fp8_t2_512(const ds_weight *w, int r, const float *x, size_t xs,
+                                                                     float *out, const int nt, const int dec) {
+    int K = w->cols;
+    const uint8_t *row = w->data + (size_t)r * (size_t)K;
+    size_t srow0 = fp8_srow(w, r), srow1 = fp8_srow(w, r + 1);
+    __m512 a[2][NT][2];
+    UNROLL for (int t = 0; t < nt; t++) a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
+    for (int kb = 0; kb * DS_FP8_BLOCK < K; kb += 2) {
+        const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
+        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        PF(p + K), PF(p + K + 64), PF(p + K + 128), PF(p + K + 192);
+        UNROLL for (int h = 0; h < 2; h++) {
+            const uint8_t *pb = p + h * DS_FP8_BLOCK;
+            size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
+            __m512 b0[2][NT], b1[2][NT];
+            UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+                __m512 w00 = dec16k(pb, j, dec), w01 = dec16k(pb, j + 16, dec);
+                __m512 w10 = dec16k(pb + K, j, dec), w11 = dec16k(pb + K, j + 16, dec);
+                UNROLL for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (size_t)t * xs + xo;
+                    __m512 x0 = _mm512_loadu_ps(xt + j), x1 = _mm512_loadu_ps(xt + j + 16);
+                    b0[0][t] = _mm512_fmadd_ps(w00, x0, j ? b0[0][t] : _mm512_setzero_ps());
+                    b1[0][t] = _mm512_fmadd_ps(w01, x1, j ? b1[0][t] : _mm512_setzero_ps());
+                    b0[1][t] = _mm512_fmadd_ps(w10, x0, j ? b0[1][t] : _mm512_setzero_ps());
+                    b1[1][t] = _mm512_fmadd_ps(w11, x1, j ? b1[1][t] : _mm512_setzero_ps());
+                }
+            }
+            __m512 m0 = _mm512_set1_ps(scale_of(w, srow0 + (size_t)kb + (size_t)h) * 256.0f);
+            __m512 m1 = _mm512_set1_ps(scale_of(w, srow1 + (size_t)kb + (size_t)h) * 256.0f);
+            UNROLL for (int t = 0; t < nt; t++) {
+                a[0][t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[0][t], b1[0][t]), m0, a[0][t][h]);
+                a[1][t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[1][t], b1[1][t]), m1, a[1][t][h]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < nt; t++) {
+        out[t] = hsum16_512(_mm512_add_ps(a[0][t][0], a[0][t][1]));
+        out[NT + t] = hsum16_512(_mm512_add_ps(a[1][t][0], a[1][t][1]));
+    }
+}
+
 /* Sixteen group scales starting at index i as floats, with the scalar
  * decoder's values (e8m0: e == 0 -> 2^-127, else e << 23); lanes >= n are 0. */
 AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
@@ -681,6 +728,10 @@ ROWT(rowt_f32_512, F32_N)
 ROWT(rowt_fp4_512, FP4_N) /* x in FP4 order */
 #define FP4_2N(n) fp4_t2_512(w, r, x, xs, out, n)
 ROWT(rowt2_fp4_512, FP4_2N) /* rows r, r + 1; whole 16-group runs only */
+#define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8)
+#define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW)
+ROWT(rowt2_fp8_512, FP8_2N) /* rows r, r + 1; K % 256 == 0 */
+ROWT(rowt2_fp8raw_512, FP8RAW_2N)
 #endif
 
 typedef float (*row_fn)(const ds_weight *, int, const float *);
@@ -713,11 +764,13 @@ static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
 }
 
 /* The two-row kernel of the AVX-512 path where one exists for w (NULL otherwise). */
-static rowt_fn rowt2_for(int path, const ds_weight *w) {
+static rowt_fn rowt2_for(int path, const ds_weight *w, int raw) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512 && w->kind == DS_W_FP4 && (w->cols / DS_FP4_GROUP) % 16 == 0) return rowt2_fp4_512;
+    if (path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && w->cols % (2 * DS_FP8_BLOCK) == 0)
+        return raw ? rowt2_fp8raw_512 : rowt2_fp8_512;
 #endif
-    (void)path, (void)w;
+    (void)path, (void)w, (void)raw;
     return NULL;
 }
 
@@ -864,7 +917,7 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev,
                                                                                                         : X_PLAIN;
     size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
     *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + DS_CPU_ROW_GROUP - 1) / DS_CPU_ROW_GROUP : 0, jb->y, row_for(path, fmt == X_FP4),
-                   rowt_for(path, w->kind, fmt == X_RAW), rowt2_for(path, w), jb->x, fmt};
+                   rowt_for(path, w->kind, fmt == X_RAW), rowt2_for(path, w, fmt == X_RAW), jb->x, fmt};
     *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
