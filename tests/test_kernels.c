@@ -61,7 +61,7 @@ int main(void) {
     ds_backend_cpu_init(&be1, 1);
     ds_backend_cpu_init(&be3, 3);
     const ds_wkind kinds[] = {DS_W_F32, DS_W_BF16, DS_W_F16, DS_W_FP8, DS_W_FP4};
-    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}, {6, 200}, {3, 160}, {4, 96}, {2, 32}, {5, 416}};
+    const int shapes[][2] = {{1, 8}, {5, 37}, {7, 100}, {130, 256}, {33, 288}, {9, 4096}, {6, 200}, {3, 160}, {4, 96}, {2, 32}, {5, 416}, {11, 512}, {131, 1024}};
     printf("kernel paths tested: generic .. %s\n", ds_cpu_best_path() == DS_CPU_AVX512 ? "avx512" : ds_cpu_best_path() == DS_CPU_AVX2 ? "avx2" : "generic");
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -138,6 +138,28 @@ int main(void) {
                 }
                 CHECK(same, "FP8 with |x| up to %.9g%s: SIMD != portable path", (double)big[b], daz ? " under DAZ" : "");
             }
+        free(x);
+        free(y);
+        free(data);
+        free(scale);
+    }
+    /* the two-row FP8 kernel (K % 256 == 0, 3+ tokens) with an x too large
+     * for the raw kernels: the plain-decoder two-row instance */
+    {
+        int R = 9, K = 512, T = 5;
+        ds_weight w;
+        uint8_t *data, *scale;
+        make(&w, DS_W_FP8, R, K, &data, &scale);
+        float *x = malloc(sizeof(float) * (size_t)T * K), *y = malloc(sizeof(float) * (size_t)T * R);
+        for (int i = 0; i < T * K; i++) x[i] = frand();
+        x[K + 3] = 3.0e6f;
+        int ran = ds_matmul(&be3, &w, x, T, y, NULL) == 0, same = 1;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) {
+                float g = ds_cpu_row_dot(&w, r, x + (size_t)t * K);
+                same &= memcmp(&g, &y[(size_t)t * R + r], 4) == 0;
+            }
+        CHECK(ran && same, "FP8 two-row kernel with |x| = 3e6: SIMD != portable path");
         free(x);
         free(y);
         free(data);

@@ -21,6 +21,9 @@ int ds_cpu_best_path(void);
  * chunk decoded once), in groups whose x fits DS_CPU_L1_X_BYTES. */
 #define DS_CPU_NT 4
 #define DS_CPU_L1_X_BYTES 32768
+/* From 3 tokens on, FP8 (K % 256 == 0) and MXFP4 (K % 512 == 0) rows go in
+ * pairs sharing each x load, up to DS_CPU_NT tokens per call whatever K (x
+ * may then come from L2): more FMAs per load and per weight decode. */
 /* Software prefetch distance ahead of the row being read: quantized rows,
  * and 2-byte dense rows (the hardware prefetcher left bandwidth unused). */
 #define DS_CPU_PREFETCH 16384

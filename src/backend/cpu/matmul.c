@@ -26,7 +26,9 @@
  * The portable path computes exactly these operations; the AVX2 path holds a
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
  * three give the same bits. Nothing depends on T, on the thread count or on
- * the path the CPU supports. */
+ * the path the CPU supports. The AVX-512 kernels may compute several tokens
+ * and two rows per call (sharing weight decodes and x loads); each (row,
+ * token) still goes through exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,6 +513,51 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weig
     UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
+/* Two FP8 rows (r, r + 1) x nt tokens at once, K % 256 == 0 (whole block
+ * pairs only): each x chunk is loaded once for both rows; every (row,
+ * token) keeps exactly fp8_t_512's operations (same bits). out[t] is row
+ * r's, out[NT + t] row r + 1's. */
+AVX512 __attribute__((always_inline)) static inline void fp8_t2_512(const ds_weight *w, int r, const float *x, size_t xs,
+                                                                     float *out, const int nt, const int dec) {
+    int K = w->cols;
+    const uint8_t *row = w->data + (size_t)r * (size_t)K;
+    size_t srow0 = fp8_srow(w, r), srow1 = fp8_srow(w, r + 1);
+    __m512 a[2][NT][2];
+    UNROLL for (int t = 0; t < nt; t++) a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
+    for (int kb = 0; kb * DS_FP8_BLOCK < K; kb += 2) {
+        const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
+        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        PF(p + K), PF(p + K + 64), PF(p + K + 128), PF(p + K + 192);
+        UNROLL for (int h = 0; h < 2; h++) {
+            const uint8_t *pb = p + h * DS_FP8_BLOCK;
+            size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
+            __m512 b0[2][NT], b1[2][NT];
+            UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 32) {
+                __m512 w00 = dec16k(pb, j, dec), w01 = dec16k(pb, j + 16, dec);
+                __m512 w10 = dec16k(pb + K, j, dec), w11 = dec16k(pb + K, j + 16, dec);
+                UNROLL for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (size_t)t * xs + xo;
+                    __m512 x0 = _mm512_loadu_ps(xt + j), x1 = _mm512_loadu_ps(xt + j + 16);
+                    b0[0][t] = _mm512_fmadd_ps(w00, x0, j ? b0[0][t] : _mm512_setzero_ps());
+                    b1[0][t] = _mm512_fmadd_ps(w01, x1, j ? b1[0][t] : _mm512_setzero_ps());
+                    b0[1][t] = _mm512_fmadd_ps(w10, x0, j ? b0[1][t] : _mm512_setzero_ps());
+                    b1[1][t] = _mm512_fmadd_ps(w11, x1, j ? b1[1][t] : _mm512_setzero_ps());
+                }
+            }
+            __m512 m0 = _mm512_set1_ps(scale_of(w, srow0 + (size_t)kb + (size_t)h) * 256.0f);
+            __m512 m1 = _mm512_set1_ps(scale_of(w, srow1 + (size_t)kb + (size_t)h) * 256.0f);
+            UNROLL for (int t = 0; t < nt; t++) {
+                a[0][t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[0][t], b1[0][t]), m0, a[0][t][h]);
+                a[1][t][h] = _mm512_fmadd_ps(_mm512_add_ps(b0[1][t], b1[1][t]), m1, a[1][t][h]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < nt; t++) {
+        out[t] = hsum16_512(_mm512_add_ps(a[0][t][0], a[0][t][1]));
+        out[NT + t] = hsum16_512(_mm512_add_ps(a[1][t][0], a[1][t][1]));
+    }
+}
+
 /* Sixteen group scales starting at index i as floats, with the scalar
  * decoder's values (e8m0: e == 0 -> 2^-127, else e << 23); lanes >= n are 0. */
 AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
@@ -588,6 +635,72 @@ AVX512 __attribute__((always_inline)) static inline void fp4_t_512(const ds_weig
     UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
 }
 
+/* Two rows (r, r + 1) x nt tokens of MXFP4 at once: each x plane is loaded
+ * once for both rows and each decoded weight vector meets every token, so
+ * FMAs outnumber loads and decodes; every (row, token) keeps exactly the
+ * operations of fp4_t_512, so the bits are the same. out[t] is row r's,
+ * out[NT + t] row r + 1's. Both rows have whole blocks only (the caller
+ * sends rows with G % 16 == 0 here). */
+AVX512 __attribute__((always_inline)) static inline void fp4_block2_t_512(__m512i d0, __m512i d1, const float *xb, size_t xs,
+                                                                           __m512 tbl, __m512 P[2][NT], const int nt) {
+    __asm__("" : "+v"(d0), "+v"(d1));
+    __m512 e[2][NT], o[2][NT];
+    UNROLL for (int k = 0; k < 8; k++) {
+        __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4 * k), tbl);
+        __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4 * k), tbl);
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512 xk = _mm512_loadu_ps(xb + (size_t)t * xs + 16 * k);
+            if (k == 0) {
+                e[0][t] = _mm512_mul_ps(w0, xk);
+                e[1][t] = _mm512_mul_ps(w1, xk);
+            } else if (k == 1) {
+                o[0][t] = _mm512_mul_ps(w0, xk);
+                o[1][t] = _mm512_mul_ps(w1, xk);
+            } else if (k & 1) {
+                o[0][t] = _mm512_fmadd_ps(w0, xk, o[0][t]);
+                o[1][t] = _mm512_fmadd_ps(w1, xk, o[1][t]);
+            } else {
+                e[0][t] = _mm512_fmadd_ps(w0, xk, e[0][t]);
+                e[1][t] = _mm512_fmadd_ps(w1, xk, e[1][t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < nt; t++) P[0][t] = _mm512_add_ps(e[0][t], o[0][t]), P[1][t] = _mm512_add_ps(e[1][t], o[1][t]);
+}
+
+AVX512 __attribute__((always_inline)) static inline void fp4_t2_512(const ds_weight *w, int r, const float *xp, size_t xs,
+                                                                     float *out, const int nt) {
+    int G = w->cols / DS_FP4_GROUP;
+    size_t rb = (size_t)(w->cols / 2);
+    const uint8_t *row = w->data + (size_t)r * rb;
+    size_t sbase = (size_t)r * (size_t)w->scale_cols;
+    const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
+    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 a[2][NT][2], P[2][NT];
+    UNROLL for (int t = 0; t < nt; t++) a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
+    for (int b = 0; 4 * b < G; b += 4) {
+        const uint8_t *p = row + 64 * (size_t)b;
+        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        PF(p + rb), PF(p + rb + 64), PF(p + rb + 128), PF(p + rb + 192);
+        __m512 sv0 = scales16_512(w, sbase + 4 * (size_t)b, 16);
+        __m512 sv1 = scales16_512(w, sbase + (size_t)w->scale_cols + 4 * (size_t)b, 16);
+        UNROLL for (int h = 0; h < 4; h++) {
+            fp4_block2_t_512(_mm512_loadu_si512((const void *)(p + 64 * h)), _mm512_loadu_si512((const void *)(p + rb + 64 * h)),
+                             xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
+            __m512i sp = _mm512_add_epi32(s0, _mm512_set1_epi32(4 * h));
+            __m512 m0 = _mm512_permutexvar_ps(sp, sv0), m1 = _mm512_permutexvar_ps(sp, sv1);
+            UNROLL for (int t = 0; t < nt; t++) {
+                a[0][t][h & 1] = _mm512_fmadd_ps(P[0][t], m0, a[0][t][h & 1]);
+                a[1][t][h & 1] = _mm512_fmadd_ps(P[1][t], m1, a[1][t][h & 1]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < nt; t++) {
+        out[t] = hsum16_512(_mm512_add_ps(a[0][t][0], a[0][t][1]));
+        out[NT + t] = hsum16_512(_mm512_add_ps(a[1][t][0], a[1][t][1]));
+    }
+}
+
 /* nt in [1, NT] tokens of row r: the instance for each count */
 #define NT_CASES(call) \
     switch (nt) {      \
@@ -613,6 +726,12 @@ ROWT(rowt_bf16_512, BF16_N)
 ROWT(rowt_f16_512, F16_N)
 ROWT(rowt_f32_512, F32_N)
 ROWT(rowt_fp4_512, FP4_N) /* x in FP4 order */
+#define FP4_2N(n) fp4_t2_512(w, r, x, xs, out, n)
+ROWT(rowt2_fp4_512, FP4_2N) /* rows r, r + 1; whole 16-group runs only */
+#define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8)
+#define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW)
+ROWT(rowt2_fp8_512, FP8_2N) /* rows r, r + 1; K % 256 == 0 */
+ROWT(rowt2_fp8raw_512, FP8RAW_2N)
 #endif
 
 typedef float (*row_fn)(const ds_weight *, int, const float *);
@@ -641,6 +760,17 @@ static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
         }
 #endif
     (void)path, (void)kind, (void)raw;
+    return NULL;
+}
+
+/* The two-row kernel of the AVX-512 path where one exists for w (NULL otherwise). */
+static rowt_fn rowt2_for(int path, const ds_weight *w, int raw) {
+#ifdef DS_X86
+    if (path == DS_CPU_AVX512 && w->kind == DS_W_FP4 && (w->cols / DS_FP4_GROUP) % 16 == 0) return rowt2_fp4_512;
+    if (path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && w->cols % (2 * DS_FP8_BLOCK) == 0)
+        return raw ? rowt2_fp8raw_512 : rowt2_fp8_512;
+#endif
+    (void)path, (void)w, (void)raw;
     return NULL;
 }
 
@@ -697,6 +827,7 @@ typedef struct {
     float *y;
     row_fn row;     /* one token at a time ... */
     rowt_fn rowt;   /* ... or up to NT (when not NULL) */
+    rowt_fn rowt2;  /* two rows of up to NT tokens (when not NULL) */
     const float *x; /* the caller's x */
     int fmt;        /* X_* */
 } mm_prep;
@@ -733,13 +864,27 @@ static void mm_group(void *ctx, int g) {
      * re-reading x from L2 for every row halved the speed of prefill */
     int tg = (int)(DS_CPU_L1_X_BYTES / (sizeof(float) * p->xstride));
     tg = tg < 1 ? 1 : tg > NT ? NT : tg;
-    for (int t = j->t0; t < t1; t += tg)
-        for (int r = r0; r < r1; r++) {
-            int nt = t1 - t < tg ? t1 - t : tg;
+    /* from 3 tokens on, rows go in pairs that share each x load (x may then
+     * come from L2): 2 tokens of 1 row were measured faster than of 2 */
+    int pairs = p->rowt2 && t1 - j->t0 >= 3;
+    if (pairs) tg = NT;
+    for (int t = j->t0; t < t1; t += tg) {
+        int nt = t1 - t < tg ? t1 - t : tg, r = r0;
+        if (pairs && nt >= 2)
+            for (; r + 2 <= r1; r += 2) {
+                float out[2 * NT];
+                p->rowt2(w, r, p->xp + (size_t)t * p->xstride, p->xstride, nt, out);
+                for (int i = 0; i < nt; i++) {
+                    p->y[(size_t)(t + i) * (size_t)R + (size_t)r] = out[i];
+                    p->y[(size_t)(t + i) * (size_t)R + (size_t)r + 1] = out[NT + i];
+                }
+            }
+        for (; r < r1; r++) {
             float out[NT];
             p->rowt(w, r, p->xp + (size_t)t * p->xstride, p->xstride, nt, out);
             for (int i = 0; i < nt; i++) p->y[(size_t)(t + i) * (size_t)R + (size_t)r] = out[i];
         }
+    }
 }
 
 /* 1 when every x is below 2^16 in magnitude (or not finite), so x * 2^112
@@ -772,7 +917,7 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev,
                                                                                                         : X_PLAIN;
     size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
     *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + DS_CPU_ROW_GROUP - 1) / DS_CPU_ROW_GROUP : 0, jb->y, row_for(path, fmt == X_FP4),
-                   rowt_for(path, w->kind, fmt == X_RAW), jb->x, fmt};
+                   rowt_for(path, w->kind, fmt == X_RAW), rowt2_for(path, w, fmt == X_RAW), jb->x, fmt};
     *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
