@@ -29,7 +29,7 @@ typedef struct {
 
 static const cli_opt kernels_opts[] = {
     CLI_FLAG_OPT("--kernels", NULL, kernels_args, kernels, "this benchmark (instead of the model's)"),
-    CLI_LONG_OPT("--reps", NULL, kernels_args, reps, 1, 10000, "R",
+    CLI_LONG_OPT("--reps", NULL, kernels_args, reps, 1, 1000, "R",
                  "repetitions (default 3; --backend cuda: calls per product, default 20, a quarter at 512 tokens)"),
     CLI_LONG_OPT("--mib", NULL, kernels_args, mib, 64, 1 << 20, "M", "the buffer's size in MiB (default 1024)"),
     CLI_END,
