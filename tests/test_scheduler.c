@@ -305,6 +305,90 @@ int main(void) {
     CHECK(en[0] == en[1] && !memcmp(eout[0], eout[1], (size_t)en[0] * sizeof eout[0][0]),
           "reused prefix: tokens and log-probabilities differ from a fresh prefill");
 
+    /* n choices (ds_sched_submit_n, seeds 1000+i): each equals ds_generate alone with its seed */
+    {
+        ds_req_params np3[3];
+        ds_req *rs[3];
+        for (int i = 0; i < 3; i++) {
+            np3[i] = rp[1];
+            np3[i].top_logprobs = -1;
+            np3[i].sampling.seed = 1000 + (uint64_t)i;
+        }
+        CHECK(!ds_sched_submit_n(s, prompts[1], np[1], np3, 3, rs, &err), "%s", err.msg);
+        int have[3] = {0, 0, 0}, ended = 0;
+        ds_req_info ri[3];
+        while (ended < 3) {
+            int i = ds_req_wait_any(rs, have, 3, 5.0);
+            CHECK(i >= -1 && i < 3, "wait_any: %d", i);
+            if (i < 0) continue;
+            have[i] = ds_req_wait(rs[i], have[i], 0, &ri[i]);
+            if (ri[i].state >= DS_REQ_DONE_STOP) have[i] = -1, ended++;
+        }
+        for (int i = 0; i < 3; i++) {
+            ds_gen_params gp;
+            ds_gen_params_init(&gp);
+            gp.sampling = np3[i].sampling;
+            gp.max_new = np3[i].max_new;
+            gen_out g = {{0}, 0};
+            CHECK(!ds_generate(m, &be, NULL, NULL, prompts[1], np[1], 0, &gp, collect, &g, NULL, &err), "%s", err.msg);
+            ds_req_token got[64];
+            ds_req_tokens(rs[i], 0, ri[i].n_out, got);
+            int same = ri[i].n_out == g.n;
+            for (int k = 0; same && k < g.n; k++) same = got[k].id == g.ids[k];
+            CHECK(same, "choice %d of 3: tokens differ from ds_generate with seed %d", i, 1000 + i);
+            ds_req_release(rs[i]);
+        }
+    }
+
+    /* forced tokens: at the start, the reply is F then what the model
+     * generates after prompt + F; after a trigger token, the tokens up to the
+     * trigger, then F, then what follows prompt + those + F */
+    {
+        const int32_t F[3] = {prompts[2][3], prompts[2][4], prompts[2][5]};
+        for (int mode = 0; mode < 2; mode++) {
+            int32_t pre[512];
+            int n_pre = np[0], j = -1;
+            memcpy(pre, prompts[0], (size_t)np[0] * sizeof *pre);
+            ds_req_params fp = rp[0]; /* greedy */
+            fp.max_new = 20;
+            fp.n_stop = 0;
+            fp.n_force = 3;
+            memcpy(fp.force, F, sizeof F);
+            fp.force_after = -1;
+            if (mode == 1) { /* the trigger: ref[0]'s first token not seen before it */
+                for (int k = 1; k < ref[0].n && j < 0; k++) {
+                    j = k;
+                    for (int q = 0; q < k; q++)
+                        if (ref[0].ids[q] == ref[0].ids[k]) j = -1;
+                }
+                CHECK(j > 0, "no trigger token in the reference output");
+                if (j < 0) break;
+                fp.force_after = ref[0].ids[j];
+                for (int k = 0; k <= j; k++) pre[n_pre++] = ref[0].ids[k];
+            }
+            for (int k = 0; k < 3; k++) pre[n_pre++] = F[k];
+            ds_gen_params gp;
+            ds_gen_params_init(&gp);
+            gp.sampling = fp.sampling;
+            gp.max_new = fp.max_new - (n_pre - np[0]);
+            gen_out g = {{0}, 0};
+            CHECK(!ds_generate(m, &be, NULL, NULL, pre, n_pre, 0, &gp, collect, &g, NULL, &err), "%s", err.msg);
+            ds_req *r;
+            ds_req_info fi;
+            CHECK(!ds_sched_submit(s, prompts[0], np[0], &fp, &r, &err), "%s", err.msg);
+            do ds_req_wait(r, 1 << 30, 5.0, &fi);
+            while (fi.state < DS_REQ_DONE_STOP);
+            ds_req_token got[64];
+            ds_req_tokens(r, 0, fi.n_out, got);
+            int same = fi.n_out == n_pre - np[0] + g.n && fi.state == DS_REQ_DONE_LENGTH;
+            for (int k = 0; same && k < n_pre - np[0]; k++) same = got[k].id == pre[np[0] + k];
+            for (int k = 0; same && k < g.n; k++) same = got[n_pre - np[0] + k].id == g.ids[k];
+            CHECK(same, "forced tokens (%s): %d tokens, expected %d", mode ? "after a trigger" : "at the start",
+                  fi.n_out, n_pre - np[0] + g.n);
+            ds_req_release(r);
+        }
+    }
+
     /* cancel: a long request ends CANCELLED; the queue limit refuses */
     ds_req *r;
     ds_req_params lp = rp[0];

@@ -12,6 +12,12 @@
 #include "model/forward.h"
 #include "model/state.h"
 
+/* a wake-up shared by the requests of one ds_sched_submit_n (under s->mu) */
+typedef struct ds_waker {
+    pthread_cond_t cv;
+    int refs;
+} ds_waker;
+
 struct ds_req {
     /* immutable after submit */
     int32_t *hist; /* prompt + generated tokens: [n_prompt + max_new] */
@@ -23,11 +29,13 @@ struct ds_req {
     int cancel;
     ds_req_info info;
     ds_req_token *out; /* [max_new] */
-    pthread_cond_t cv;
+    ds_waker *wk;
     struct ds_req *next; /* queue link */
     /* scheduler thread only */
     ds_seq *seq;
-    int n_fed; /* prompt tokens already in seq */
+    int n_fed;       /* tokens of hist already in seq */
+    int forced;      /* the forced tokens are in hist */
+    int last_forced; /* the last token of hist was forced, not sampled */
 };
 
 typedef struct {
@@ -82,7 +90,10 @@ uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.
 
 static void req_free(ds_req *r) {
     if (!r) return;
-    pthread_cond_destroy(&r->cv);
+    if (r->wk && --r->wk->refs == 0) {
+        pthread_cond_destroy(&r->wk->cv);
+        free(r->wk);
+    }
     free(r->hist);
     free(r->out);
     free(r);
@@ -93,14 +104,8 @@ static void req_unref_locked(ds_req *r) {
     if (--r->refs == 0) req_free(r);
 }
 
-int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
-                    ds_err *err) {
-    *out = NULL;
+static int check_params(const ds_sched *s, int n_prompt, const ds_req_params *p, ds_err *err) {
     const int V = s->m->cfg.vocab_size;
-    if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return ds_fail(err, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i, (int)prompt[i], V);
     if (p->max_new < 1) return ds_fail(err, "max_tokens is %d (must be >= 1)", p->max_new);
     if ((int64_t)n_prompt + p->max_new > s->o.ctx)
         return ds_fail(err,
@@ -110,43 +115,97 @@ int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_r
     if (p->top_logprobs < -1 || p->top_logprobs > DS_SCHED_MAX_TOP)
         return ds_fail(err, "top_logprobs is %d (must be in [0, %d])", p->top_logprobs, DS_SCHED_MAX_TOP);
     if (p->n_stop < 0 || p->n_stop > 8) return ds_fail(err, "%d stop tokens (at most 8)", p->n_stop);
-    if (ds_sampling_validate(&p->sampling, err)) return -1;
-
-    ds_req *r = calloc(1, sizeof *r);
-    if (!r) return ds_fail(err, "out of memory");
-    r->hist = malloc(((size_t)n_prompt + (size_t)p->max_new) * sizeof *r->hist);
-    r->out = malloc((size_t)p->max_new * sizeof *r->out);
-    if (!r->hist || !r->out) {
-        free(r->hist);
-        free(r->out);
-        free(r);
-        return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p->max_new);
+    if (p->n_force < 0 || p->n_force > DS_SCHED_MAX_FORCE)
+        return ds_fail(err, "%d forced tokens (at most %d)", p->n_force, DS_SCHED_MAX_FORCE);
+    if (p->n_force) {
+        if (p->force_after < -1 || p->force_after >= V)
+            return ds_fail(err, "force_after is token %d (outside the vocabulary [0, %d))", (int)p->force_after, V);
+        for (int i = 0; i < p->n_force; i++)
+            if (p->force[i] < 0 || p->force[i] >= V)
+                return ds_fail(err, "forced token %d (id %d) is outside the vocabulary [0, %d)", i, (int)p->force[i],
+                               V);
+        if (p->force_after == -1 && p->n_force >= p->max_new)
+            return ds_fail(err, "max_tokens is %d; the forced start of the reply (a tool call) takes %d", p->max_new,
+                           p->n_force);
     }
-    pthread_cond_init(&r->cv, NULL);
-    memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
-    r->n_prompt = n_prompt;
-    r->p = *p;
-    r->s = s;
-    r->refs = 2;
-    r->info.state = DS_REQ_QUEUED;
-    r->info.n_prompt = n_prompt;
-    r->info.t_submit = ds_now();
+    return ds_sampling_validate(&p->sampling, err);
+}
+
+int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
+                    ds_err *err) {
+    return ds_sched_submit_n(s, prompt, n_prompt, p, 1, out, err);
+}
+
+int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, int n, ds_req **out,
+                      ds_err *err) {
+    const int V = s->m->cfg.vocab_size;
+    if (n < 1 || n > DS_SCHED_MAX_GROUP) return ds_fail(err, "%d requests at once (must be in [1, %d])", n,
+                                                        DS_SCHED_MAX_GROUP);
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return ds_fail(err, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i, (int)prompt[i], V);
+    for (int i = 0; i < n; i++)
+        if (check_params(s, n_prompt, &p[i], err)) return -1;
+
+    ds_waker *wk = calloc(1, sizeof *wk);
+    if (!wk) return ds_fail(err, "out of memory");
+    pthread_cond_init(&wk->cv, NULL);
+    ds_req *rs[DS_SCHED_MAX_GROUP];
+    double now = ds_now();
+    for (int i = 0; i < n; i++) {
+        ds_req *r = calloc(1, sizeof *r);
+        if (r) {
+            r->hist = malloc(((size_t)n_prompt + (size_t)p[i].max_new) * sizeof *r->hist);
+            r->out = malloc((size_t)p[i].max_new * sizeof *r->out);
+        }
+        if (!r || !r->hist || !r->out) {
+            if (r) free(r->hist), free(r->out), free(r);
+            for (int k = 0; k < i; k++) req_free(rs[k]);
+            if (!i) pthread_cond_destroy(&wk->cv), free(wk);
+            return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
+        }
+        r->wk = wk;
+        wk->refs++;
+        memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
+        r->n_prompt = n_prompt;
+        r->p = p[i];
+        r->s = s;
+        r->refs = 2;
+        r->info.state = DS_REQ_QUEUED;
+        r->info.n_prompt = n_prompt;
+        r->info.t_submit = now;
+        if (r->p.n_force && r->p.force_after == -1) { /* the reply starts with the forced tokens */
+            for (int k = 0; k < r->p.n_force; k++) {
+                r->hist[n_prompt + k] = r->p.force[k];
+                memset(&r->out[k], 0, sizeof r->out[k]);
+                r->out[k].id = r->p.force[k];
+            }
+            r->info.n_out = r->p.n_force;
+            r->forced = r->last_forced = 1;
+        }
+        rs[i] = r;
+    }
 
     pthread_mutex_lock(&s->mu);
-    if (s->n_queued >= s->o.max_queue || s->stop) {
+    if (s->n_queued + n > s->o.max_queue || s->stop) {
         s->st.requests_rejected++;
         pthread_mutex_unlock(&s->mu);
-        req_free(r);
+        for (int i = 0; i < n; i++) req_free(rs[i]);
         return 1;
     }
-    if (s->q_tail) s->q_tail->next = r;
-    else s->q_head = r;
-    s->q_tail = r;
-    s->n_queued++;
-    s->st.requests++;
+    for (int i = 0; i < n; i++) {
+        ds_req *r = rs[i];
+        if (s->q_tail) s->q_tail->next = r;
+        else s->q_head = r;
+        s->q_tail = r;
+        out[i] = r;
+    }
+    s->n_queued += n;
+    s->st.requests += (uint64_t)n;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
-    *out = r;
     return 0;
 }
 
@@ -161,11 +220,30 @@ int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
     ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&s->mu);
     while (r->info.n_out <= have && !req_ended(r))
-        if (pthread_cond_timedwait(&r->cv, &s->mu, &ts)) break;
+        if (pthread_cond_timedwait(&r->wk->cv, &s->mu, &ts)) break;
     int n = r->info.n_out;
     if (info) *info = r->info;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s) {
+    if (n < 1) return -1;
+    ds_sched *s = r[0]->s;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + timeout_s;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    int hit = -1;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        for (int i = 0; i < n && hit < 0; i++)
+            if (have[i] >= 0 && (r[i]->info.n_out > have[i] || req_ended(r[i]))) hit = i;
+        if (hit >= 0 || pthread_cond_timedwait(&r[0]->wk->cv, &s->mu, &ts)) break;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return hit;
 }
 
 void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out) {
@@ -269,7 +347,7 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
     if (msg) snprintf(r->info.error, sizeof r->info.error, "%s", msg);
     if (st == DS_REQ_CANCELLED) s->st.requests_cancelled++;
     if (st == DS_REQ_FAILED) s->st.requests_failed++;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(&r->wk->cv);
     req_unref_locked(r);
 }
 
@@ -374,17 +452,18 @@ static void *sched_main(void *arg) {
         int n_items = 0, n_decode = 0, n_prefill = 0;
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
-            if (r->n_fed < r->n_prompt) continue;
-            int n_hist = r->n_prompt + r->info.n_out;
-            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[n_hist - 1], 1, s->logits + (size_t)n_items * V, 0};
+            if (r->n_prompt + r->info.n_out - r->n_fed != 1) continue;
+            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[r->n_fed], 1, s->logits + (size_t)n_items * V, 0};
             s->item_req[n_items++] = r;
+            r->n_fed++;
             n_decode++;
         }
+        /* prompts, and forced tokens, in chunks */
         int budget = s->o.step_tokens - n_decode;
         for (int i = 0; i < s->n_run && budget > 0; i++) {
             ds_req *r = s->run[i];
-            int left = r->n_prompt - r->n_fed;
-            if (left <= 0) continue;
+            int left = r->n_prompt + r->info.n_out - r->n_fed;
+            if (left <= 0) continue; /* decoding: in the step already */
             int take = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
             if (take > budget) take = budget;
             int last = take == left;
@@ -422,10 +501,23 @@ static void *sched_main(void *arg) {
             if (r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, &t, r->p.top_logprobs);
             r->hist[n_hist] = t.id;
             n_gen++;
+            int n_force = 0; /* a forced continuation after this token */
+            if (r->p.n_force && !r->forced && t.id == r->p.force_after) {
+                r->forced = 1;
+                n_force = r->p.n_force;
+                if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
+                for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
+            }
+            r->last_forced = n_force > 0;
             pthread_mutex_lock(&s->mu);
             r->out[r->info.n_out++] = t;
-            if (r->info.n_out == 1) r->info.t_first = ds_now();
-            pthread_cond_broadcast(&r->cv);
+            for (int j = 0; j < n_force; j++) {
+                ds_req_token *f = &r->out[r->info.n_out++];
+                memset(f, 0, sizeof *f);
+                f->id = r->p.force[j];
+            }
+            if (!r->info.t_first) r->info.t_first = ds_now();
+            pthread_cond_broadcast(&r->wk->cv);
             pthread_mutex_unlock(&s->mu);
         }
         pthread_mutex_lock(&s->mu);
@@ -459,7 +551,7 @@ static void *sched_main(void *arg) {
                 continue;
             }
             int n_out = r->info.n_out;
-            int stop = n_out > 0 && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
+            int stop = n_out > 0 && !r->last_forced && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
             int full = n_out >= r->p.max_new || (n_out > 0 && r->seq->pos + 1 > r->seq->max_len);
             if (stop || full) {
                 park_seq(s, r, 1);
