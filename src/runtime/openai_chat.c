@@ -243,8 +243,8 @@ static int parse_sampling(const cJSON *b, ds_oai_req *r, uint64_t default_seed, 
         sp->seed = default_seed;
     }
     long long n = 1;
-    if (get_int(b, "n", 1, 1e9, &n, e) < 0) return -1;
-    if (n != 1) return BAD("n", "'n' is %lld; only n = 1 is supported", n);
+    if (get_int(b, "n", 1, DS_SCHED_MAX_GROUP, &n, e) < 0) return -1;
+    r->n_choices = (int)n;
     int st = 0;
     if (get_bool(b, "stream", &st, e) < 0) return -1;
     r->stream = st;
@@ -282,6 +282,54 @@ static int check_model(const cJSON *b, const char *model_id, ds_oai_error *e) {
         return ds_oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
                            "The model '%.100s' does not exist; this server serves '%s'", m->valuestring, model_id);
     return 0;
+}
+
+/* tool_choice "required" / a named function: the reply is forced to open a
+ * DSML tool-call block as the V4 encoder renders one ("\n\n<｜DSML｜tool_calls>
+ * \n<｜DSML｜invoke name=\"", then the name and "\">\n" when named) -- right
+ * after the prompt's </think> in chat mode, after the reasoning's </think> in
+ * thinking mode. The markup is control tokens, the name plain text. */
+static int force_tokens(ds_tokenizer *tok, const char *name, ds_oai_req *r, ds_oai_error *e) {
+    static const char OPEN[] = "\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML "invoke name=\"";
+    size_t on = sizeof OPEN - 1, nn = name ? strlen(name) : 0, n = on + (name ? nn + 3 : 0);
+    char *text = malloc(n + 1);
+    unsigned char *plain = calloc(n + 1, 1);
+    int32_t *ids = NULL;
+    size_t k = 0;
+    ds_err err = {{0}};
+    int rc = -1;
+    if (!text || !plain) {
+        BAD("tool_choice", "out of memory");
+        goto done;
+    }
+    memcpy(text, OPEN, on);
+    if (name) {
+        memcpy(text + on, name, nn);
+        memset(plain + on, 1, nn);
+        memcpy(text + on + nn, "\">\n", 3);
+    }
+    if (ds_tokenizer_encode_masked(tok, text, n, DS_TOK_PARSE_ALL, plain, &ids, &k, &err)) {
+        BAD("tool_choice", "%s", err.msg);
+        goto done;
+    }
+    if (k > DS_SCHED_MAX_FORCE) {
+        BAD("tool_choice", "the forced tool call takes %zu tokens; at most %d (a shorter function name)", k,
+            DS_SCHED_MAX_FORCE);
+        goto done;
+    }
+    memcpy(r->rp.force, ids, k * sizeof *ids);
+    r->rp.n_force = (int)k;
+    r->rp.force_after = -1;
+    if (r->thinking && (r->rp.force_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
+        BAD("tool_choice", "the tokenizer has no %s token to force a tool call after", DS_CHAT_THINK_END);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(plain);
+    free(text);
+    return rc;
 }
 
 static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
@@ -343,11 +391,35 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
             k++;
         }
     }
+    const char *force_name = NULL; /* tool_choice names a function */
+    int force = 0;                 /* tool_choice "required" or a function */
     if (tc && !cJSON_IsNull(tc)) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) use_tools = 0;
+        else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) force = 1;
+        else if (cJSON_IsObject(tc) && cJSON_IsObject(fn) && cJSON_IsString(nm)) force = 1, force_name = nm->valuestring;
         else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto"))) {
-            BAD("tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forcing a tool is not supported)");
+            BAD("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": "
+                               "\"function\", \"function\": {\"name\": ...}}");
             goto done;
+        }
+        if (force && (!use_tools || cJSON_GetArraySize(tools) == 0)) {
+            BAD("tool_choice", "'tool_choice' requires a tool call but 'tools' is empty");
+            goto done;
+        }
+        if (force_name) {
+            const cJSON *t;
+            int found = 0;
+            cJSON_ArrayForEach(t, tools) {
+                const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"),
+                                                                   "name");
+                found |= !strcmp(tn->valuestring, force_name);
+            }
+            if (!found) {
+                BAD("tool_choice", "'tool_choice' names the function '%.100s', which is not in 'tools'", force_name);
+                goto done;
+            }
         }
     }
     if (use_tools && cJSON_GetArraySize(tools) > 0) {
@@ -377,6 +449,7 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
         goto done;
     }
     r->n_prompt = (int)n_ids;
+    if (force && force_tokens(tok, force_name, r, e)) goto done;
     rc = 0;
 done:
     if (tools_json) cJSON_free(tools_json);

@@ -37,9 +37,11 @@ typedef struct ds_oai_req {
     int stream, include_usage;
     int thinking;      /* chat: thinking mode (the reply starts with reasoning) */
     int has_tools;
+    int n_choices;     /* n: choices, each its own sequence with seed seed + i */
     int32_t *prompt;   /* malloc'ed */
     int n_prompt;
-    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs */
+    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs; a forced tool call
+                          (tool_choice "required" or a function) as forced tokens */
     char *stop[DS_OAI_MAX_STOP]; /* stop strings (malloc'ed) */
     int n_stop;
 } ds_oai_req;
