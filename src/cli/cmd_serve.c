@@ -119,6 +119,7 @@ int cmd_serve(int argc, char **argv) {
     so.step_tokens = (int)step;
     so.prefill_chunk = (int)chunk;
     so.cache_seqs = (int)cache;
+    so.threads = (int)threads;
     if (ds_sched_start(m, &be, &so, &sched, &err)) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;

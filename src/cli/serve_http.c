@@ -119,6 +119,8 @@ typedef struct gen {
     char *pend;
     size_t n_pend, cap_pend, off_pend;
     int phase; /* 0 first chunks, 1 tokens, 2 done */
+    char *pfx; /* "data: " and a chunk up to the choice index (the envelope), malloc'ed */
+    size_t n_pfx;
 } gen;
 
 static void gen_free(gen *g) {
@@ -133,6 +135,7 @@ static void gen_free(gen *g) {
     free(g->ch);
     ds_oai_req_free(&g->q);
     free(g->pend);
+    free(g->pfx);
     free(g);
 }
 
@@ -374,6 +377,34 @@ static cJSON *str_n(const char *s, size_t n) {
     return j;
 }
 
+#define PEND_LIT(g, lit) pend_add(g, lit, sizeof lit - 1)
+
+/* s[0..n) as a JSON string, escaped as cJSON prints strings */
+static void pend_jstr(gen *g, const char *s, size_t n) {
+    char buf[512];
+    size_t k = 0;
+    buf[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        if (k > sizeof buf - 8) {
+            pend_add(g, buf, k);
+            k = 0;
+        }
+        unsigned char c = (unsigned char)s[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (e) {
+            buf[k++] = e[0];
+            buf[k++] = e[1];
+        } else if (c < 32) {
+            k += (size_t)snprintf(buf + k, 8, "\\u%04x", c);
+        } else {
+            buf[k++] = (char)c;
+        }
+    }
+    buf[k++] = '"';
+    pend_add(g, buf, k);
+}
+
 /* the chunk for what the choice's text released since the last call */
 static void pend_deltas(gen *g, choice *ch) {
     const char *r, *c;
@@ -381,6 +412,30 @@ static void pend_deltas(gen *g, choice *ch) {
     ds_oai_text_deltas(&ch->text, &r, &rn, &c, &cn);
     int has_lp = ch->lp != NULL;
     if (!rn && !cn && !has_lp) return;
+    if (!has_lp && g->q.rp.top_logprobs < 0 && g->pfx) {
+        /* the common chunk, printed directly (the same bytes as through cJSON, without its allocations) */
+        char num[48];
+        pend_add(g, g->pfx, g->n_pfx);
+        pend_add(g, num, (size_t)snprintf(num, sizeof num, "%d", ch->index));
+        if (g->q.chat) {
+            PEND_LIT(g, ",\"delta\":{");
+            if (rn) {
+                PEND_LIT(g, "\"reasoning_content\":");
+                pend_jstr(g, r, rn);
+            }
+            if (cn || !rn) {
+                if (rn) PEND_LIT(g, ",");
+                PEND_LIT(g, "\"content\":");
+                pend_jstr(g, c, cn);
+            }
+            PEND_LIT(g, "}");
+        } else {
+            PEND_LIT(g, ",\"text\":");
+            pend_jstr(g, c, cn);
+        }
+        PEND_LIT(g, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        return;
+    }
     cJSON *d, *j = chunk(g, ch->index, &d);
     if (g->q.chat) {
         if (rn) cJSON_AddItemToObject(d, "reasoning_content", str_n(r, rn));
@@ -556,6 +611,18 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
     }
     for (int i = 0; i < g->n_ch; i++) g->ch[i].r = rs[i];
     if (g->q.stream) {
+        /* the envelope of every chunk, printed once: "data: {...,"choices":[{"index": */
+        cJSON *d, *j = chunk(g, 0, &d);
+        char *t = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        static const char idx[] = "\"choices\":[{\"index\":";
+        char *at = t ? strstr(t, idx) : NULL;
+        if (at && (g->pfx = malloc(6 + (size_t)(at - t) + sizeof idx))) {
+            g->n_pfx = 6 + (size_t)(at - t) + sizeof idx - 1;
+            memcpy(g->pfx, "data: ", 6);
+            memcpy(g->pfx + 6, t, g->n_pfx - 6);
+        }
+        cJSON_free(t);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, g, sse_free);
         if (!r) {
             gen_free(g);

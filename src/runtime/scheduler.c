@@ -2,6 +2,7 @@
 #include "runtime/scheduler.h"
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +66,12 @@ struct ds_sched {
     ds_req **item_req;
     float *logits; /* [max_seqs][vocab] */
     double *lse_tmp;
-    ds_sample_scratch *scr;
+    ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
+    int n_scr;
+    int *samp;          /* [max_seqs]: the items with logits */
+    ds_req_token *tok;  /* [max_seqs]: each item's draw */
+    int *tok_rc;
+    ds_err *tok_err;
     /* statistics (under mu) */
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
@@ -82,6 +88,7 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->step_tokens = 256;
     o->prefill_chunk = 128;
     o->cache_seqs = 4;
+    o->threads = 0;
 }
 
 uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
@@ -480,25 +487,35 @@ static void *sched_main(void *arg) {
         int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
         double t1 = ds_now();
 
-        /* ---- sample, publish, retire */
-        int n_gen = 0;
-        for (int i = 0; i < n_items; i++) {
+        /* ---- sample (the requests in parallel: each draw depends only on its
+         * own logits, history, seed and position), publish, retire */
+        int n_samp = 0;
+        for (int i = 0; i < n_items && !frc; i++)
+            if (s->items[i].logits) s->samp[n_samp++] = i;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
+        for (int j = 0; j < n_samp; j++) {
+            int i = s->samp[j];
             ds_req *r = s->item_req[i];
-            if (frc || !s->items[i].logits) continue;
             const float *lg = s->items[i].logits;
             int n_hist = r->n_prompt + r->info.n_out;
-            ds_req_token t;
-            memset(&t, 0, sizeof t);
-            ds_err serr = {{0}};
-            int src = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr, &t.id, &serr);
-            if (src) {
-                pthread_mutex_lock(&s->mu);
+            ds_req_token *t = &s->tok[i];
+            memset(t, 0, sizeof *t);
+            s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[omp_get_thread_num()],
+                                     &t->id, &s->tok_err[i]);
+            if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
+        }
+        int n_gen = 0;
+        pthread_mutex_lock(&s->mu);
+        for (int j = 0; j < n_samp; j++) {
+            int i = s->samp[j];
+            ds_req *r = s->item_req[i];
+            int n_hist = r->n_prompt + r->info.n_out;
+            if (s->tok_rc[i]) {
                 r->cancel = 1; /* removed below */
-                snprintf(r->info.error, sizeof r->info.error, "%s", serr.msg);
-                pthread_mutex_unlock(&s->mu);
+                snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
                 continue;
             }
-            if (r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, &t, r->p.top_logprobs);
+            ds_req_token t = s->tok[i];
             r->hist[n_hist] = t.id;
             n_gen++;
             int n_force = 0; /* a forced continuation after this token */
@@ -509,16 +526,20 @@ static void *sched_main(void *arg) {
                 for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
             }
             r->last_forced = n_force > 0;
-            pthread_mutex_lock(&s->mu);
             r->out[r->info.n_out++] = t;
-            for (int j = 0; j < n_force; j++) {
+            for (int q = 0; q < n_force; q++) {
                 ds_req_token *f = &r->out[r->info.n_out++];
                 memset(f, 0, sizeof *f);
-                f->id = r->p.force[j];
+                f->id = r->p.force[q];
             }
             if (!r->info.t_first) r->info.t_first = ds_now();
-            pthread_cond_broadcast(&r->wk->cv);
-            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+        /* wake the waiters outside the lock, so they do not wake only to wait
+         * for it (the scheduler's reference keeps every request alive here) */
+        for (int j = 0; j < n_samp; j++) {
+            ds_req *r = s->item_req[s->samp[j]];
+            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) pthread_cond_broadcast(&r->wk->cv);
         }
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
@@ -598,11 +619,24 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
-    if (!(s->scr = ds_sample_scratch_create(V, err))) {
+    s->n_scr = o->threads > 0 ? o->threads : omp_get_num_procs();
+    if (s->n_scr > o->max_seqs) s->n_scr = o->max_seqs;
+    s->scr = calloc((size_t)s->n_scr, sizeof *s->scr);
+    s->samp = calloc((size_t)max_items, sizeof *s->samp);
+    s->tok = calloc((size_t)max_items, sizeof *s->tok);
+    s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
+    s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
+    if (!s->scr || !s->samp || !s->tok || !s->tok_rc || !s->tok_err) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
-        return -1;
+        return ds_fail(err, "out of memory for the scheduler's sampling buffers");
     }
+    for (int i = 0; i < s->n_scr; i++)
+        if (!(s->scr[i] = ds_sample_scratch_create(V, err))) {
+            free(s->run), s->run = NULL;
+            ds_sched_stop(s);
+            return -1;
+        }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     if (pthread_create(&s->th, NULL, sched_main, s)) {
@@ -653,7 +687,12 @@ void ds_sched_stop(ds_sched *s) {
         ds_seq_free(s->cache[i].seq);
         free(s->cache[i].toks);
     }
-    ds_sample_scratch_free(s->scr);
+    for (int i = 0; s->scr && i < s->n_scr; i++) ds_sample_scratch_free(s->scr[i]);
+    free(s->scr);
+    free(s->samp);
+    free(s->tok);
+    free(s->tok_rc);
+    free(s->tok_err);
     free(s->run);
     free(s->cache);
     free(s->items);

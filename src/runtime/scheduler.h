@@ -36,6 +36,7 @@ typedef struct ds_sched_opts {
     int step_tokens;   /* tokens per forward step at most (default 256; >= max_seqs) */
     int prefill_chunk; /* prompt tokens of one request per step at most (default 128) */
     int cache_seqs;    /* finished sequences kept for prefix reuse (default 4; 0 = off) */
+    int threads;       /* threads that sample a step's requests in parallel (0: one per core) */
 } ds_sched_opts;
 
 void ds_sched_opts_init(ds_sched_opts *o);
