@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -784,6 +785,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         k->s = s;
         *con_cls = k;
+        /* this connection's thread (one per connection) wakes once per generated
+         * token: SCHED_BATCH keeps those wake-ups from preempting the scheduler
+         * thread in the middle of a step (they run at the next slice instead) */
+        struct sched_param sp = {0};
+        pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
         return MHD_YES;
     }
     if (*upload_n) { /* body bytes: keep up to max_body, then discard */

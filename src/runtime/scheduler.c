@@ -1,9 +1,14 @@
 /* scheduler.c — see scheduler.h. */
 #include "runtime/scheduler.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +18,27 @@
 #include "model/forward.h"
 #include "model/state.h"
 
-/* a wake-up shared by the requests of one ds_sched_submit_n (under s->mu) */
+/* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
+ * scheduler bumps after publishing tokens, so waiting and reading tokens
+ * never take the scheduler's lock (a client thread preempted while holding
+ * it would stall the whole batch on a loaded machine). refs under s->mu. */
 typedef struct ds_waker {
-    pthread_cond_t cv;
+    _Atomic uint32_t seq;
     int refs;
 } ds_waker;
+
+static void waker_wake(ds_waker *w) {
+    atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* sleeps while w->seq == seen, at most timeout_s (> 0) */
+static void waker_sleep(ds_waker *w, uint32_t seen, double timeout_s) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)timeout_s;
+    ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+}
 
 struct ds_req {
     /* immutable after submit */
@@ -31,6 +52,9 @@ struct ds_req {
     ds_req_info info;
     ds_req_token *out; /* [max_new] */
     ds_waker *wk;
+    /* published for lock-free readers (release stores after out[] and info) */
+    _Atomic int n_pub;   /* out[0..n_pub) are final */
+    _Atomic int pub_state; /* ds_req_state; >= DS_REQ_DONE_STOP: info is final */
     struct ds_req *next; /* queue link */
     /* scheduler thread only */
     ds_seq *seq;
@@ -97,10 +121,7 @@ uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.
 
 static void req_free(ds_req *r) {
     if (!r) return;
-    if (r->wk && --r->wk->refs == 0) {
-        pthread_cond_destroy(&r->wk->cv);
-        free(r->wk);
-    }
+    if (r->wk && --r->wk->refs == 0) free(r->wk);
     free(r->hist);
     free(r->out);
     free(r);
@@ -158,7 +179,7 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
 
     ds_waker *wk = calloc(1, sizeof *wk);
     if (!wk) return ds_fail(err, "out of memory");
-    pthread_cond_init(&wk->cv, NULL);
+    atomic_init(&wk->seq, 0);
     ds_req *rs[DS_SCHED_MAX_GROUP];
     double now = ds_now();
     for (int i = 0; i < n; i++) {
@@ -170,7 +191,7 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
         if (!r || !r->hist || !r->out) {
             if (r) free(r->hist), free(r->out), free(r);
             for (int k = 0; k < i; k++) req_free(rs[k]);
-            if (!i) pthread_cond_destroy(&wk->cv), free(wk);
+            if (!i) free(wk);
             return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
         }
         r->wk = wk;
@@ -192,6 +213,8 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
             r->info.n_out = r->p.n_force;
             r->forced = r->last_forced = 1;
         }
+        atomic_init(&r->n_pub, r->info.n_out);
+        atomic_init(&r->pub_state, DS_REQ_QUEUED);
         rs[i] = r;
     }
 
@@ -216,47 +239,46 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     return 0;
 }
 
-static int req_ended(const ds_req *r) { return r->info.state >= DS_REQ_DONE_STOP; }
+static int pub_ended(ds_req *r) {
+    return atomic_load_explicit(&r->pub_state, memory_order_acquire) >= DS_REQ_DONE_STOP;
+}
 
 int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
-    ds_sched *s = r->s;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double t = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + timeout_s;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-    pthread_mutex_lock(&s->mu);
-    while (r->info.n_out <= have && !req_ended(r))
-        if (pthread_cond_timedwait(&r->wk->cv, &s->mu, &ts)) break;
-    int n = r->info.n_out;
-    if (info) *info = r->info;
-    pthread_mutex_unlock(&s->mu);
+    (void)ds_req_wait_any(&r, &have, 1, timeout_s);
+    int n = atomic_load_explicit(&r->n_pub, memory_order_acquire);
+    if (info) {
+        int st = atomic_load_explicit(&r->pub_state, memory_order_acquire);
+        if (st >= DS_REQ_DONE_STOP) { /* final: the scheduler writes no more */
+            *info = r->info;
+        } else {
+            memset(info, 0, sizeof *info);
+            info->state = (ds_req_state)st;
+            info->n_out = n;
+        }
+        info->n_out = n;
+    }
     return n;
 }
 
 int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s) {
     if (n < 1) return -1;
-    ds_sched *s = r[0]->s;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double t = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + timeout_s;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-    int hit = -1;
-    pthread_mutex_lock(&s->mu);
+    ds_waker *w = r[0]->wk;
+    double t_end = ds_now() + timeout_s;
     for (;;) {
-        for (int i = 0; i < n && hit < 0; i++)
-            if (have[i] >= 0 && (r[i]->info.n_out > have[i] || req_ended(r[i]))) hit = i;
-        if (hit >= 0 || pthread_cond_timedwait(&r[0]->wk->cv, &s->mu, &ts)) break;
+        uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
+        for (int i = 0; i < n; i++)
+            if (have[i] >= 0 && (atomic_load_explicit(&r[i]->n_pub, memory_order_acquire) > have[i] || pub_ended(r[i])))
+                return i;
+        double left = t_end - ds_now();
+        if (left <= 0) return -1;
+        waker_sleep(w, seen, left);
     }
-    pthread_mutex_unlock(&s->mu);
-    return hit;
 }
 
 void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out) {
-    pthread_mutex_lock(&r->s->mu);
+    /* published tokens do not change: no lock (the caller saw n_pub >= from + n) */
+    (void)atomic_load_explicit(&r->n_pub, memory_order_acquire);
     memcpy(out, r->out + from, (size_t)n * sizeof *out);
-    pthread_mutex_unlock(&r->s->mu);
 }
 
 void ds_req_cancel(ds_req *r) {
@@ -354,7 +376,9 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
     if (msg) snprintf(r->info.error, sizeof r->info.error, "%s", msg);
     if (st == DS_REQ_CANCELLED) s->st.requests_cancelled++;
     if (st == DS_REQ_FAILED) s->st.requests_failed++;
-    pthread_cond_broadcast(&r->wk->cv);
+    atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
+    atomic_store_explicit(&r->pub_state, (int)st, memory_order_release);
+    waker_wake(r->wk);
     req_unref_locked(r);
 }
 
@@ -447,6 +471,7 @@ static void *sched_main(void *arg) {
                 finish_locked(s, r, DS_REQ_FAILED, err.msg);
             } else {
                 r->info.state = DS_REQ_RUNNING;
+                atomic_store_explicit(&r->pub_state, DS_REQ_RUNNING, memory_order_release);
                 r->info.n_cached = r->n_fed;
                 s->st.cached_tokens += (uint64_t)r->n_fed;
                 s->run[s->n_run++] = r;
@@ -533,13 +558,14 @@ static void *sched_main(void *arg) {
                 f->id = r->p.force[q];
             }
             if (!r->info.t_first) r->info.t_first = ds_now();
+            atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
         }
         pthread_mutex_unlock(&s->mu);
         /* wake the waiters outside the lock, so they do not wake only to wait
          * for it (the scheduler's reference keeps every request alive here) */
         for (int j = 0; j < n_samp; j++) {
             ds_req *r = s->item_req[s->samp[j]];
-            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) pthread_cond_broadcast(&r->wk->cv);
+            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
         }
         pthread_mutex_lock(&s->mu);
         s->st.steps++;

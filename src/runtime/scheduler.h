@@ -125,7 +125,9 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
                       ds_err *err);
 
 /* Waits until the request has more than `have` tokens or has ended, or until
- * timeout_s passed. Returns the token count; *info gets the state. */
+ * timeout_s passed (0: just looks). Returns the token count; *info gets the
+ * state and n_out, and once the request has ended all its fields. Waiting and
+ * reading tokens take no lock the scheduler needs. */
 int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info);
 /* Requests of one ds_sched_submit_n: waits until some r[i] has more than
  * have[i] tokens or has ended, or until timeout_s passed; a negative have[i]
