@@ -408,6 +408,24 @@ int main(void) {
     CHECK(ds_sched_submit(s, prompts[0], np[0], &lp, &r2, &err) == -1 && strstr(err.msg, "context"),
           "over the context: %s", err.msg);
     ds_sched_stop(s);
+    /* masked ids (no token in the tokenizer) are never sampled: mask the
+     * greedy request's first token; it must not appear */
+    {
+        int32_t mk[1] = {ref[0].ids[0]};
+        o.mask_ids = mk;
+        o.n_mask = 1;
+        CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
+        ds_req_token mo[1][64];
+        int mn[1];
+        ds_req_info mi[1];
+        run_all(s, prompts, np, rp, 1, mo, mn, mi);
+        int seen = 0;
+        for (int k = 0; k < mn[0]; k++) seen |= mo[0][k].id == mk[0];
+        CHECK(mn[0] > 0 && !seen, "a masked id was sampled (%d tokens)", mn[0]);
+        ds_sched_stop(s);
+        o.mask_ids = NULL;
+        o.n_mask = 0;
+    }
     o.max_queue = 0;
     CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
     lp.max_new = 4;

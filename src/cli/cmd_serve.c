@@ -11,6 +11,7 @@
 #include "cli/util.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
+#include "runtime/generate.h"
 #include "runtime/scheduler.h"
 
 static void serve_usage(FILE *f) {
@@ -120,7 +121,17 @@ int cmd_serve(int argc, char **argv) {
     so.prefill_chunk = (int)chunk;
     so.cache_seqs = (int)cache;
     so.threads = (int)threads;
-    if (ds_sched_start(m, &be, &so, &sched, &err)) {
+    int32_t *mask = NULL; /* ids without a token (a model vocabulary larger than the tokenizer's) */
+    int n_mask = 0;
+    if (ds_gen_unsampled_ids(tok, m->cfg.vocab_size, &mask, &n_mask, &err)) {
+        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
+        goto out;
+    }
+    so.mask_ids = mask;
+    so.n_mask = n_mask;
+    int src = ds_sched_start(m, &be, &so, &sched, &err);
+    free(mask);
+    if (src) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;
     }

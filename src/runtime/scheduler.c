@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "model/forward.h"
 #include "model/state.h"
+#include "runtime/generate.h"
 
 /* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
  * scheduler bumps after publishing tokens, so waiting and reading tokens
@@ -96,6 +97,8 @@ struct ds_sched {
     ds_req_token *tok;  /* [max_seqs]: each item's draw */
     int *tok_rc;
     ds_err *tok_err;
+    int32_t *mask; /* [n_mask]: ids never sampled */
+    int n_mask;
     /* statistics (under mu) */
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
@@ -113,6 +116,8 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->prefill_chunk = 128;
     o->cache_seqs = 4;
     o->threads = 0;
+    o->mask_ids = NULL;
+    o->n_mask = 0;
 }
 
 uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
@@ -521,9 +526,10 @@ static void *sched_main(void *arg) {
         for (int j = 0; j < n_samp; j++) {
             int i = s->samp[j];
             ds_req *r = s->item_req[i];
-            const float *lg = s->items[i].logits;
+            float *lg = s->items[i].logits;
             int n_hist = r->n_prompt + r->info.n_out;
             ds_req_token *t = &s->tok[i];
+            ds_gen_mask_logits(lg, s->mask, s->n_mask);
             memset(t, 0, sizeof *t);
             s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[omp_get_thread_num()],
                                      &t->id, &s->tok_err[i]);
@@ -645,6 +651,22 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
+    if (o->n_mask > 0) {
+        if (!(s->mask = malloc((size_t)o->n_mask * sizeof *s->mask))) {
+            free(s->run), s->run = NULL;
+            ds_sched_stop(s);
+            return ds_fail(err, "out of memory");
+        }
+        for (int i = 0; i < o->n_mask; i++) {
+            if (o->mask_ids[i] < 0 || o->mask_ids[i] >= V) {
+                free(s->run), s->run = NULL;
+                ds_sched_stop(s);
+                return ds_fail(err, "masked id %d is outside the vocabulary [0, %d)", (int)o->mask_ids[i], V);
+            }
+            s->mask[i] = o->mask_ids[i];
+        }
+        s->n_mask = o->n_mask;
+    }
     s->n_scr = o->threads > 0 ? o->threads : omp_get_num_procs();
     if (s->n_scr > o->max_seqs) s->n_scr = o->max_seqs;
     s->scr = calloc((size_t)s->n_scr, sizeof *s->scr);
@@ -719,6 +741,7 @@ void ds_sched_stop(ds_sched *s) {
     free(s->tok);
     free(s->tok_rc);
     free(s->tok_err);
+    free(s->mask);
     free(s->run);
     free(s->cache);
     free(s->items);

@@ -37,6 +37,8 @@ typedef struct ds_sched_opts {
     int prefill_chunk; /* prompt tokens of one request per step at most (default 128) */
     int cache_seqs;    /* finished sequences kept for prefix reuse (default 4; 0 = off) */
     int threads;       /* threads that sample a step's requests in parallel (0: one per core) */
+    const int32_t *mask_ids; /* ids never sampled (ds_gen_unsampled_ids: no token in the tokenizer); copied */
+    int n_mask;
 } ds_sched_opts;
 
 void ds_sched_opts_init(ds_sched_opts *o);
