@@ -38,6 +38,7 @@ async function one(i) {
     }
   }
   const t1 = performance.now();
+  if (!first) first = t1; // no text at all (every token held back or empty): all of it was waiting
   return {ttft: (first - t0) / 1000, tpot: n > 1 ? (t1 - first) / 1000 / (n - 1) : 0, n, t0, first, t1};
 }
 
