@@ -46,6 +46,10 @@ async function complStream(req) {
 const user = (t) => [{role: 'user', content: t}];
 
 async function api() {
+  const expectErr = async (p, status, what) => {
+    try { await p; } catch (e) { assert.equal(e.status, status, what + ': ' + e.message); assert.ok(e.error?.message || e.message); return; }
+    assert.fail(what + ': no error');
+  };
   // chat, non-streaming and streaming: same seed -> same text; usage adds up
   const req = {messages: [{role: 'system', content: 'Answer in the words of scripture.'}, ...user('Who made the heaven?')],
                max_tokens: 24, seed: 7, temperature: 0.8};
@@ -113,6 +117,72 @@ async function api() {
   const ts = await chatStream({messages: tmsgs, tools, max_tokens: 16, seed: 1});
   assert.equal(ts.content, t.choices[0].message.content ?? '');
 
+  // tool_choice "required" / a named function: the reply opens a DSML tool-call block (as the V4
+  // encoder renders an assistant's calls); parsed back into tool_calls when the model closes it,
+  // else it stays content. Either way the forced opening is there, streamed or not.
+  const OPEN = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="';
+  const forced = async (tool_choice, extra = {}) => {
+    const q = {messages: user('Read me John 3'), tools, tool_choice, max_tokens: 40, seed: 3, ...extra};
+    const a = await chatText(q);
+    const s = await chatStream(q);
+    const m = a.choices[0].message;
+    if (m.tool_calls) {
+      assert.equal(a.choices[0].finish_reason, 'tool_calls');
+      assert.equal(m.content, null);
+      assert.ok(m.tool_calls[0].id && m.tool_calls[0].type === 'function');
+      assert.equal(s.calls[0].function.name, m.tool_calls[0].function.name, 'streamed tool call');
+    } else {
+      assert.equal(s.content, m.content, 'streamed content = content (forced call not closed)');
+    }
+    return {a, m};
+  };
+  const req1 = await forced('required');
+  const text1 = req1.m.tool_calls ? OPEN : req1.m.content;
+  assert.ok(text1.startsWith(OPEN), 'required: the reply opens a tool call: ' + JSON.stringify(text1));
+  const named = await forced({type: 'function', function: {name: 'get_verse'}});
+  if (named.m.tool_calls) assert.equal(named.m.tool_calls[0].function.name, 'get_verse');
+  else assert.ok(named.m.content.startsWith(OPEN + 'get_verse">\n'), 'named: ' + JSON.stringify(named.m.content));
+  const auto = await chatText({messages: user('Read me John 3'), tools, max_tokens: 24, seed: 3});
+  assert.equal(named.a.usage.prompt_tokens, auto.usage.prompt_tokens, 'the forced call is part of the completion');
+  const thr = await forced('required', {reasoning_effort: 'high'});
+  assert.equal(typeof thr.m.reasoning_content, 'string', 'thinking + required: reasoning first');
+  await expectErr(client.chat.completions.create({model, messages: user('hi'), tools,
+    tool_choice: {type: 'function', function: {name: 'nope'}}}), 400, 'unknown forced function');
+  await expectErr(client.chat.completions.create({model, messages: user('hi'), tool_choice: 'required'}), 400,
+    'required without tools');
+
+  // n choices: choice i is the request alone with seed + i, streamed or not, chat and completions
+  const nreq = {messages: user('Who made the heaven?'), max_tokens: 12, seed: 40, temperature: 0.9};
+  const three = await chatText({...nreq, n: 3});
+  assert.equal(three.choices.length, 3);
+  let sum = 0;
+  for (let i = 0; i < 3; i++) {
+    assert.equal(three.choices[i].index, i);
+    const one = await chatText({...nreq, seed: 40 + i});
+    assert.equal(three.choices[i].message.content, one.choices[0].message.content, 'choice ' + i + ' = seed + ' + i);
+    assert.equal(three.choices[i].finish_reason, one.choices[0].finish_reason);
+    sum += one.usage.completion_tokens;
+  }
+  assert.equal(three.usage.completion_tokens, sum, 'usage adds the choices');
+  assert.equal(three.usage.prompt_tokens, (await chatText(nreq)).usage.prompt_tokens, 'the prompt counted once');
+  const ns = await client.chat.completions.create({model, ...nreq, n: 3, stream: true});
+  const got = ['', '', ''], fin = [null, null, null];
+  for await (const c of ns) for (const ch of c.choices) {
+    if (ch.delta.content) got[ch.index] += ch.delta.content;
+    if (ch.finish_reason) fin[ch.index] = ch.finish_reason;
+  }
+  for (let i = 0; i < 3; i++) {
+    assert.equal(got[i], three.choices[i].message.content, 'streamed choice ' + i);
+    assert.equal(fin[i], three.choices[i].finish_reason);
+  }
+  const cn = await client.completions.create({model, prompt: 'And God said', max_tokens: 8, seed: 9, temperature: 0.9, n: 2});
+  assert.equal(cn.choices.length, 2);
+  for (let i = 0; i < 2; i++)
+    assert.equal(cn.choices[i].text, (await client.completions.create({model, prompt: 'And God said', max_tokens: 8,
+      seed: 9 + i, temperature: 0.9})).choices[0].text, 'completion choice ' + i);
+  assert.notEqual(three.choices[0].message.content + three.choices[1].message.content + three.choices[2].message.content,
+    three.choices[0].message.content.repeat(3), 'the choices are not all the same');
+
   // thinking: reasoning_content in the reply, streamed as reasoning deltas
   const th = await chatText({messages: user('Why?'), reasoning_effort: 'high', max_tokens: 16, seed: 2});
   const tm = th.choices[0].message;
@@ -126,10 +196,6 @@ async function api() {
   assert.equal(th.usage.prompt_tokens, nt.usage.prompt_tokens, 'the prompt ends in <think> instead of </think>');
 
   // errors the client sees as typed exceptions
-  const expectErr = async (p, status, what) => {
-    try { await p; } catch (e) { assert.equal(e.status, status, what + ': ' + e.message); assert.ok(e.error?.message || e.message); return; }
-    assert.fail(what + ': no error');
-  };
   await expectErr(client.chat.completions.create({model: 'gpt-4o', messages: user('hi')}), 404, 'unknown model');
   await expectErr(client.chat.completions.create({model, messages: user('hi'), temperature: 'hot'}), 400, 'wrong type');
   await expectErr(client.chat.completions.create({model, messages: user('hi'), max_tokens: 1e9}), 400, 'absurd max_tokens');

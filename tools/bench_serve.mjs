@@ -1,10 +1,11 @@
 // bench_serve.mjs — load generator for `dsv4 serve` (Node 18+, no packages).
-//   node tools/bench_serve.mjs URL [--conc 1,8,32] [--tokens 64] [--rounds 2] [--key KEY]
+//   node tools/bench_serve.mjs URL [--conc 1,8,32] [--tokens 64] [--rounds 2] [--key KEY] [--json]
 // At each concurrency C, C workers each send `rounds` streaming completions
 // (different prompts, max_tokens = tokens) one after the other. Reports output
 // tokens/s over the level's wall time, decode tokens/s of the running phase
 // (tokens after each stream's first / time while all C streams decode), time
-// to first token and time per output token (p50 / p99).
+// to first token and time per output token (p50 / p99). --json: one JSON
+// object per level instead of the table (scripts/bench-serve.sh reads it).
 const args = process.argv.slice(2);
 const url = args[0];
 const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
@@ -12,6 +13,7 @@ const levels = opt('--conc', '1,8,32').split(',').map(Number);
 const tokens = Number(opt('--tokens', '64'));
 const rounds = Number(opt('--rounds', '2'));
 const key = opt('--key', process.env.DSV4_API_KEY || '');
+const json = args.includes('--json');
 const prompts = ['In the beginning God created', 'And the LORD spake unto Moses, saying', 'Blessed are the poor in spirit',
   'The LORD is my shepherd', 'And it came to pass in those days', 'For God so loved the world'];
 
@@ -36,11 +38,12 @@ async function one(i) {
     }
   }
   const t1 = performance.now();
+  if (!first) first = t1; // no text at all (every token held back or empty): all of it was waiting
   return {ttft: (first - t0) / 1000, tpot: n > 1 ? (t1 - first) / 1000 / (n - 1) : 0, n, t0, first, t1};
 }
 
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p / 100 * s.length))]; };
-console.log('conc  requests  out_tok/s  decode_tok/s  ttft_p50  ttft_p99  tpot_p50  tpot_p99   (seconds)');
+if (!json) console.log('conc  requests  out_tok/s  decode_tok/s  ttft_p50  ttft_p99  tpot_p50  tpot_p99   (seconds)');
 for (const c of levels) {
   await Promise.all(Array.from({length: c}, (_, w) => one(w))); // warm-up round
   const t0 = performance.now();
@@ -54,6 +57,12 @@ for (const c of levels) {
   // decode rate: tokens after the first of each stream over the summed per-stream decode time, times C
   const dec = all.reduce((s, r) => s + (r.n - 1), 0) / all.reduce((s, r) => s + (r.t1 - r.first) / 1000, 0) * c;
   const f = (x) => x.toFixed(4).padStart(8);
+  if (json) {
+    console.log(JSON.stringify({conc: c, requests: all.length, out_tok_s: total / wall, decode_tok_s: dec,
+      ttft_p50: pct(all.map((r) => r.ttft), 50), ttft_p99: pct(all.map((r) => r.ttft), 99),
+      tpot_p50: pct(all.map((r) => r.tpot), 50), tpot_p99: pct(all.map((r) => r.tpot), 99)}));
+    continue;
+  }
   console.log(`${String(c).padStart(4)}  ${String(all.length).padStart(8)}  ${(total / wall).toFixed(1).padStart(9)}  ` +
     `${dec.toFixed(1).padStart(12)}  ${f(pct(all.map((r) => r.ttft), 50))}  ${f(pct(all.map((r) => r.ttft), 99))}  ` +
     `${f(pct(all.map((r) => r.tpot), 50))}  ${f(pct(all.map((r) => r.tpot), 99))}`);

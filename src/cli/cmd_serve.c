@@ -13,6 +13,7 @@
 #include "cli/util.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
+#include "runtime/generate.h"
 #include "runtime/scheduler.h"
 
 typedef struct {
@@ -99,7 +100,18 @@ int cmd_serve(int argc, char **argv) {
     so.step_tokens = (int)step;
     so.prefill_chunk = (int)chunk;
     so.cache_seqs = (int)cache;
-    if (ds_sched_start(m, &be, &so, &sched, &err)) {
+    so.threads = (int)threads;
+    int32_t *mask = NULL; /* ids without a token (a model vocabulary larger than the tokenizer's) */
+    int n_mask = 0;
+    if (ds_gen_unsampled_ids(tok, m->cfg.vocab_size, &mask, &n_mask, &err)) {
+        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
+        goto out;
+    }
+    so.mask_ids = mask;
+    so.n_mask = n_mask;
+    int src = ds_sched_start(m, &be, &so, &sched, &err);
+    free(mask);
+    if (src) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;
     }

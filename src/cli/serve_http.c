@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,32 +96,47 @@ static int peer_gone(struct MHD_Connection *c) {
 
 /* ------------------------------------------------------------ generation */
 
+/* one choice of a request: its own sequence, text and log-probabilities */
+typedef struct choice {
+    int index;
+    ds_req *r;
+    ds_oai_text text;
+    ds_detok_stream *ds;
+    int n_seen, eos, ended, final_sent;
+    ds_req_info info;
+    cJSON *lp; /* logprobs entries not yet sent (chat: content list; completions: parallel arrays) */
+    char hex[40]; /* tool call ids: call_<hex>_<i> */
+} choice;
+
 typedef struct gen {
     serve *s;
     struct MHD_Connection *c;
     ds_oai_req q;
-    ds_req *r;
-    ds_oai_text text;
-    ds_detok_stream *ds;
-    int n_seen, eos, ended;
-    ds_req_info info;
-    cJSON *lp; /* logprobs entries not yet sent (chat: content list; completions: parallel arrays) */
+    int n_ch;
+    choice *ch;
     char id[48], hex[20];
     long long created;
     /* streaming */
     char *pend;
     size_t n_pend, cap_pend, off_pend;
-    int phase; /* 0 first chunk, 1 tokens, 2 done */
+    int phase; /* 0 first chunks, 1 tokens, 2 done */
+    char *pfx; /* "data: " and a chunk up to the choice index (the envelope), malloc'ed */
+    size_t n_pfx;
 } gen;
 
 static void gen_free(gen *g) {
     if (!g) return;
-    ds_req_release(g->r);
-    ds_detok_stream_free(g->ds);
-    ds_oai_text_free(&g->text);
+    for (int i = 0; g->ch && i < g->n_ch; i++) {
+        choice *ch = &g->ch[i];
+        ds_req_release(ch->r);
+        ds_detok_stream_free(ch->ds);
+        ds_oai_text_free(&ch->text);
+        cJSON_Delete(ch->lp);
+    }
+    free(g->ch);
     ds_oai_req_free(&g->q);
-    cJSON_Delete(g->lp);
     free(g->pend);
+    free(g->pfx);
     free(g);
 }
 
@@ -139,10 +155,10 @@ static cJSON *token_str(const ds_tokenizer *tok, int32_t id, cJSON **bytes) {
     return s;
 }
 
-static void add_logprob(gen *g, const ds_req_token *t) {
+static void add_logprob(gen *g, choice *ch, const ds_req_token *t) {
     const ds_tokenizer *tok = g->s->tok;
     if (g->q.chat) {
-        if (!g->lp) g->lp = cJSON_CreateArray();
+        if (!ch->lp) ch->lp = cJSON_CreateArray();
         cJSON *e = cJSON_CreateObject(), *by;
         cJSON_AddItemToObject(e, "token", token_str(tok, t->id, &by));
         cJSON_AddNumberToObject(e, "logprob", (double)t->logprob);
@@ -156,16 +172,16 @@ static void add_logprob(gen *g, const ds_req_token *t) {
             cJSON_AddItemToArray(tops, x);
         }
         cJSON_AddItemToObject(e, "top_logprobs", tops);
-        cJSON_AddItemToArray(g->lp, e);
+        cJSON_AddItemToArray(ch->lp, e);
     } else {
-        if (!g->lp) {
-            g->lp = cJSON_CreateObject();
-            cJSON_AddItemToObject(g->lp, "tokens", cJSON_CreateArray());
-            cJSON_AddItemToObject(g->lp, "token_logprobs", cJSON_CreateArray());
-            cJSON_AddItemToObject(g->lp, "top_logprobs", cJSON_CreateArray());
+        if (!ch->lp) {
+            ch->lp = cJSON_CreateObject();
+            cJSON_AddItemToObject(ch->lp, "tokens", cJSON_CreateArray());
+            cJSON_AddItemToObject(ch->lp, "token_logprobs", cJSON_CreateArray());
+            cJSON_AddItemToObject(ch->lp, "top_logprobs", cJSON_CreateArray());
         }
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "tokens"), token_str(tok, t->id, NULL));
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "token_logprobs"), cJSON_CreateNumber((double)t->logprob));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, "tokens"), token_str(tok, t->id, NULL));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, "token_logprobs"), cJSON_CreateNumber((double)t->logprob));
         cJSON *tops = cJSON_CreateObject();
         for (int k = 0; k < t->n_top; k++) {
             cJSON *ts = token_str(tok, t->top_id[k], NULL);
@@ -173,49 +189,47 @@ static void add_logprob(gen *g, const ds_req_token *t) {
                 cJSON_AddNumberToObject(tops, ts->valuestring, (double)t->top_logprob[k]);
             cJSON_Delete(ts);
         }
-        cJSON_AddItemToArray(cJSON_GetObjectItem(g->lp, "top_logprobs"), tops);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, "top_logprobs"), tops);
     }
 }
 
-/* Waits up to timeout_s for tokens and feeds them to the text. Returns 1 when
- * the generation has ended (g->ended), 0 otherwise, -1 when the client left. */
-static int gen_advance(gen *g, double timeout_s) {
-    if (g->ended) return 1;
-    int n = ds_req_wait(g->r, g->n_seen, timeout_s, &g->info);
-    if (n == g->n_seen && g->info.state < DS_REQ_DONE_STOP && peer_gone(g->c)) {
-        ds_req_cancel(g->r);
-        return -1;
-    }
-    ds_req_token t;
-    for (; g->n_seen < n && !g->text.stop_hit; g->n_seen++) {
-        ds_req_tokens(g->r, g->n_seen, 1, &t);
-        if (g->q.rp.top_logprobs >= 0) add_logprob(g, &t);
-        if (ds_stop_check(g->q.rp.stop_ids, g->q.rp.n_stop, t.id)) {
-            g->eos = 1;
-            continue;
+/* Feeds the choice's new tokens (without waiting) to its text. Returns 1 when
+ * it has ended (ch->ended), 0 otherwise, -1 when it was cancelled or failed. */
+static int choice_take(gen *g, choice *ch) {
+    if (ch->ended) return 1;
+    int n = ds_req_wait(ch->r, ch->n_seen, 0, &ch->info);
+    ds_req_token t[16];
+    while (ch->n_seen < n && !ch->text.stop_hit) {
+        int k = n - ch->n_seen < 16 ? n - ch->n_seen : 16;
+        ds_req_tokens(ch->r, ch->n_seen, k, t);
+        for (int i = 0; i < k && !ch->text.stop_hit; i++, ch->n_seen++) {
+            if (g->q.rp.top_logprobs >= 0) add_logprob(g, ch, &t[i]);
+            if (ds_stop_check(g->q.rp.stop_ids, g->q.rp.n_stop, t[i].id)) {
+                ch->eos = 1;
+                continue;
+            }
+            const char *txt = "";
+            size_t tn = 0, bl;
+            ds_err err;
+            if (t[i].id < ds_tokenizer_vocab_size(g->s->tok) && ds_tokenizer_token_bytes(g->s->tok, t[i].id, &bl) &&
+                ds_detok_stream_push(ch->ds, t[i].id, &txt, &tn, &err))
+                tn = 0;
+            if (ds_oai_text_push(&ch->text, txt, tn) == 1) ds_req_cancel(ch->r); /* a stop string */
         }
-        const char *txt = "";
-        size_t tn = 0;
-        ds_err err;
-        size_t bl;
-        if (t.id < ds_tokenizer_vocab_size(g->s->tok) && ds_tokenizer_token_bytes(g->s->tok, t.id, &bl) &&
-            ds_detok_stream_push(g->ds, t.id, &txt, &tn, &err))
-            tn = 0;
-        if (ds_oai_text_push(&g->text, txt, tn) == 1) ds_req_cancel(g->r); /* a stop string */
     }
-    if (g->text.stop_hit || g->info.state >= DS_REQ_DONE_STOP) {
-        if (!g->text.stop_hit) {
+    if (ch->text.stop_hit || ch->info.state >= DS_REQ_DONE_STOP) {
+        if (!ch->text.stop_hit) {
             const char *txt;
             size_t tn;
-            ds_detok_stream_flush(g->ds, &txt, &tn);
-            ds_oai_text_push(&g->text, txt, tn);
+            ds_detok_stream_flush(ch->ds, &txt, &tn);
+            ds_oai_text_push(&ch->text, txt, tn);
         }
-        if (!g->text.stop_hit && (g->info.state == DS_REQ_CANCELLED || g->info.state == DS_REQ_FAILED)) return -1;
-        ds_oai_text_end(&g->text);
-        g->ended = 1;
-        if (g->info.t_first > 0) {
+        if (!ch->text.stop_hit && (ch->info.state == DS_REQ_CANCELLED || ch->info.state == DS_REQ_FAILED)) return -1;
+        ds_oai_text_end(&ch->text);
+        ch->ended = 1;
+        if (ch->info.t_first > 0) {
             pthread_mutex_lock(&g->s->mu);
-            g->s->ttft_sum += g->info.t_first - g->info.t_submit;
+            g->s->ttft_sum += ch->info.t_first - ch->info.t_submit;
             g->s->ttft_n++;
             pthread_mutex_unlock(&g->s->mu);
         }
@@ -224,19 +238,42 @@ static int gen_advance(gen *g, double timeout_s) {
     return 0;
 }
 
-static const char *finish_reason(const gen *g, int n_calls) {
+/* Waits up to timeout_s for news on any choice still going. Returns 0, or -1
+ * when nothing came and the client has left (every choice is cancelled). */
+static int gen_wait(gen *g, double timeout_s) {
+    ds_req *rs[DS_SCHED_MAX_GROUP];
+    int have[DS_SCHED_MAX_GROUP];
+    for (int i = 0; i < g->n_ch; i++) {
+        rs[i] = g->ch[i].r;
+        have[i] = g->ch[i].ended ? -1 : g->ch[i].n_seen;
+    }
+    if (ds_req_wait_any(rs, have, g->n_ch, timeout_s) >= 0 || !peer_gone(g->c)) return 0;
+    for (int i = 0; i < g->n_ch; i++) ds_req_cancel(g->ch[i].r);
+    return -1;
+}
+
+/* the first choice that failed in the engine, or NULL */
+static const choice *failed_choice(const gen *g) {
+    for (int i = 0; i < g->n_ch; i++)
+        if (g->ch[i].info.state == DS_REQ_FAILED) return &g->ch[i];
+    return NULL;
+}
+
+static const char *finish_reason(const choice *ch, int n_calls) {
     if (n_calls) return "tool_calls";
-    if (g->text.stop_hit || g->eos) return "stop";
+    if (ch->text.stop_hit || ch->eos) return "stop";
     return "length";
 }
 
 static cJSON *usage_json(const gen *g) {
+    int n_out = 0;
+    for (int i = 0; i < g->n_ch; i++) n_out += g->ch[i].n_seen;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", g->q.n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", g->n_seen);
-    cJSON_AddNumberToObject(u, "total_tokens", g->q.n_prompt + g->n_seen);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_out);
+    cJSON_AddNumberToObject(u, "total_tokens", g->q.n_prompt + n_out);
     cJSON *d = cJSON_CreateObject();
-    cJSON_AddNumberToObject(d, "cached_tokens", g->info.n_cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", g->ch[0].info.n_cached);
     cJSON_AddItemToObject(u, "prompt_tokens_details", d);
     return u;
 }
@@ -251,36 +288,40 @@ static cJSON *envelope(const gen *g, const char *object) {
     return j;
 }
 
-static cJSON *take_logprobs(gen *g) {
+static cJSON *take_logprobs(const gen *g, choice *ch) {
     cJSON *l = NULL;
     if (g->q.rp.top_logprobs < 0) return cJSON_CreateNull();
     if (g->q.chat) {
         l = cJSON_CreateObject();
-        cJSON_AddItemToObject(l, "content", g->lp ? g->lp : cJSON_CreateArray());
+        cJSON_AddItemToObject(l, "content", ch->lp ? ch->lp : cJSON_CreateArray());
     } else {
-        l = g->lp ? g->lp : cJSON_CreateNull();
+        l = ch->lp ? ch->lp : cJSON_CreateNull();
     }
-    g->lp = NULL;
+    ch->lp = NULL;
     return l;
 }
 
 /* the whole (non-streaming) response */
 static cJSON *final_json(gen *g) {
     cJSON *j = envelope(g, g->q.chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
-    int n_calls = 0;
-    if (g->q.chat) {
-        cJSON *msg = cJSON_CreateObject();
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        n_calls = ds_oai_text_message(&g->text, g->eos, g->hex, msg);
-        cJSON_AddItemToObject(c, "message", msg);
-    } else {
-        cJSON_AddStringToObject(c, "text", g->text.raw ? g->text.raw : "");
+    cJSON *choices = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < g->n_ch; i++) {
+        choice *ch = &g->ch[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", i);
+        int n_calls = 0;
+        if (g->q.chat) {
+            cJSON *msg = cJSON_CreateObject();
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            n_calls = ds_oai_text_message(&ch->text, ch->eos, ch->hex, msg);
+            cJSON_AddItemToObject(c, "message", msg);
+        } else {
+            cJSON_AddStringToObject(c, "text", ch->text.raw ? ch->text.raw : "");
+        }
+        cJSON_AddItemToObject(c, "logprobs", take_logprobs(g, ch));
+        cJSON_AddStringToObject(c, "finish_reason", finish_reason(ch, n_calls));
+        cJSON_AddItemToArray(choices, c);
     }
-    cJSON_AddItemToObject(c, "logprobs", take_logprobs(g));
-    cJSON_AddStringToObject(c, "finish_reason", finish_reason(g, n_calls));
-    cJSON_AddItemToArray(choices, c);
     cJSON_AddItemToObject(j, "usage", usage_json(g));
     return j;
 }
@@ -310,10 +351,11 @@ static void pend_event(gen *g, cJSON *j) {
     cJSON_free(t);
 }
 
-static cJSON *chunk(gen *g, cJSON **delta_or_choice) {
+/* a chunk for choice `index`: *delta_or_choice is its delta (chat) or the choice (completions) */
+static cJSON *chunk(const gen *g, int index, cJSON **delta_or_choice) {
     cJSON *j = envelope(g, g->q.chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index);
     cJSON_AddItemToArray(choices, c);
     if (g->q.chat) {
         *delta_or_choice = cJSON_CreateObject();
@@ -336,32 +378,89 @@ static cJSON *str_n(const char *s, size_t n) {
     return j;
 }
 
-/* the chunks for what the text released since the last call */
-static void pend_deltas(gen *g) {
+#define PEND_LIT(g, lit) pend_add(g, lit, sizeof lit - 1)
+
+/* s[0..n) as a JSON string, escaped as cJSON prints strings */
+static void pend_jstr(gen *g, const char *s, size_t n) {
+    char buf[512];
+    size_t k = 0;
+    buf[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        if (k > sizeof buf - 8) {
+            pend_add(g, buf, k);
+            k = 0;
+        }
+        unsigned char c = (unsigned char)s[i];
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b" : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (e) {
+            buf[k++] = e[0];
+            buf[k++] = e[1];
+        } else if (c < 32) {
+            k += (size_t)snprintf(buf + k, 8, "\\u%04x", c);
+        } else {
+            buf[k++] = (char)c;
+        }
+    }
+    buf[k++] = '"';
+    pend_add(g, buf, k);
+}
+
+/* the chunk for what the choice's text released since the last call */
+static void pend_deltas(gen *g, choice *ch) {
     const char *r, *c;
     size_t rn, cn;
-    ds_oai_text_deltas(&g->text, &r, &rn, &c, &cn);
-    int has_lp = g->lp != NULL;
+    ds_oai_text_deltas(&ch->text, &r, &rn, &c, &cn);
+    int has_lp = ch->lp != NULL;
     if (!rn && !cn && !has_lp) return;
-    cJSON *d, *j = chunk(g, &d);
+    if (!has_lp && g->q.rp.top_logprobs < 0 && g->pfx) {
+        /* the common chunk, printed directly (the same bytes as through cJSON, without its allocations) */
+        char num[48];
+        pend_add(g, g->pfx, g->n_pfx);
+        pend_add(g, num, (size_t)snprintf(num, sizeof num, "%d", ch->index));
+        if (g->q.chat) {
+            PEND_LIT(g, ",\"delta\":{");
+            if (rn) {
+                PEND_LIT(g, "\"reasoning_content\":");
+                pend_jstr(g, r, rn);
+            }
+            if (cn || !rn) {
+                if (rn) PEND_LIT(g, ",");
+                PEND_LIT(g, "\"content\":");
+                pend_jstr(g, c, cn);
+            }
+            PEND_LIT(g, "}");
+        } else {
+            PEND_LIT(g, ",\"text\":");
+            pend_jstr(g, c, cn);
+        }
+        PEND_LIT(g, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        return;
+    }
+    cJSON *d, *j = chunk(g, ch->index, &d);
     if (g->q.chat) {
         if (rn) cJSON_AddItemToObject(d, "reasoning_content", str_n(r, rn));
         if (cn || !rn) cJSON_AddItemToObject(d, "content", str_n(c, cn));
     } else {
         cJSON_AddItemToObject(d, "text", str_n(c, cn));
     }
-    cJSON_AddItemToObject(choice_of(j), "logprobs", take_logprobs(g));
+    cJSON_AddItemToObject(choice_of(j), "logprobs", take_logprobs(g, ch));
     cJSON_AddNullToObject(choice_of(j), "finish_reason");
     pend_event(g, j);
 }
 
-static void pend_final(gen *g) {
-    pend_deltas(g);
+/* the last chunk of an ended choice: tool calls and finish_reason */
+static void pend_final(gen *g, choice *ch) {
+    pend_deltas(g, ch);
     int n_calls = 0;
-    cJSON *d, *j = chunk(g, &d);
+    cJSON *d, *j = chunk(g, ch->index, &d);
     if (g->q.chat) {
         cJSON *msg = cJSON_CreateObject();
-        n_calls = ds_oai_text_message(&g->text, g->eos, g->hex, msg);
+        n_calls = ds_oai_text_message(&ch->text, ch->eos, ch->hex, msg);
+        /* a tool-call block that did not parse is content: send what was held back */
+        const cJSON *content = cJSON_GetObjectItem(msg, "content");
+        if (!n_calls && cJSON_IsString(content) && strlen(content->valuestring) > ch->text.sent_content)
+            cJSON_AddStringToObject(d, "content", content->valuestring + ch->text.sent_content);
         cJSON *calls = cJSON_DetachItemFromObject(msg, "tool_calls");
         if (calls) {
             int i = 0;
@@ -374,9 +473,13 @@ static void pend_final(gen *g) {
         cJSON_AddStringToObject(d, "text", "");
     }
     cJSON_AddNullToObject(choice_of(j), "logprobs");
-    cJSON_AddStringToObject(choice_of(j), "finish_reason", finish_reason(g, n_calls));
+    cJSON_AddStringToObject(choice_of(j), "finish_reason", finish_reason(ch, n_calls));
     if (g->q.include_usage) cJSON_AddNullToObject(j, "usage");
     pend_event(g, j);
+    ch->final_sent = 1;
+}
+
+static void pend_done(gen *g) {
     if (g->q.include_usage) {
         cJSON *u = envelope(g, g->q.chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(u, "choices");
@@ -401,32 +504,47 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (g->phase == 0) {
             g->phase = 1;
             if (g->q.chat) {
-                cJSON *d, *j = chunk(g, &d);
-                cJSON_AddStringToObject(d, "role", "assistant");
-                cJSON_AddStringToObject(d, "content", "");
-                cJSON_AddNullToObject(choice_of(j), "logprobs");
-                cJSON_AddNullToObject(choice_of(j), "finish_reason");
-                pend_event(g, j);
+                for (int i = 0; i < g->n_ch; i++) {
+                    cJSON *d, *j = chunk(g, i, &d);
+                    cJSON_AddStringToObject(d, "role", "assistant");
+                    cJSON_AddStringToObject(d, "content", "");
+                    cJSON_AddNullToObject(choice_of(j), "logprobs");
+                    cJSON_AddNullToObject(choice_of(j), "finish_reason");
+                    pend_event(g, j);
+                }
                 continue;
             }
         }
-        int r = gen_advance(g, 0.25);
-        if (r < 0) {
-            if (g->info.state == DS_REQ_FAILED) { /* tell the client, then end */
+        int all = 1, gone = 0;
+        for (int i = 0; i < g->n_ch; i++) {
+            choice *ch = &g->ch[i];
+            if (ch->final_sent) continue;
+            int r = choice_take(g, ch);
+            if (r < 0) {
+                gone = 1;
+                break;
+            }
+            if (r == 1) pend_final(g, ch);
+            else pend_deltas(g, ch), all = 0;
+        }
+        if (gone) {
+            const choice *f = failed_choice(g);
+            for (int i = 0; i < g->n_ch; i++) ds_req_cancel(g->ch[i].r);
+            if (f) { /* tell the client, then end */
                 ds_oai_error e;
-                ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g->info.error);
+                ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", f->info.error);
                 pend_event(g, error_json(&e));
                 g->phase = 2;
                 continue;
             }
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (r == 1) {
-            pend_final(g);
+        if (all) {
+            pend_done(g);
             g->phase = 2;
-        } else {
-            pend_deltas(g);
+            continue;
         }
+        if (g->n_pend == 0 && gen_wait(g, 0.25) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -460,13 +578,29 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
      * peer_gone); the idle timeout guards only the reading of requests */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
     ds_err err = {{0}};
-    if (ds_detok_stream_new(s->tok, DS_DECODE_SKIP_SPECIAL, &g->ds, &err)) {
+    g->n_ch = g->q.n_choices;
+    g->ch = calloc((size_t)g->n_ch, sizeof *g->ch);
+    ds_req_params rp[DS_SCHED_MAX_GROUP];
+    ds_req *rs[DS_SCHED_MAX_GROUP];
+    if (!g->ch) {
         gen_free(g);
-        ds_oai_fail(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
-        return send_error(s, c, &e);
+        return MHD_NO;
     }
-    ds_oai_text_init(&g->text, chat, g->q.thinking, (const char *const *)g->q.stop, g->q.n_stop);
-    int rc = ds_sched_submit(s->sched, g->q.prompt, g->q.n_prompt, &g->q.rp, &g->r, &err);
+    for (int i = 0; i < g->n_ch; i++) {
+        choice *ch = &g->ch[i];
+        ch->index = i;
+        if (g->n_ch == 1) snprintf(ch->hex, sizeof ch->hex, "%s", g->hex);
+        else snprintf(ch->hex, sizeof ch->hex, "%s_%d", g->hex, i);
+        if (ds_detok_stream_new(s->tok, DS_DECODE_SKIP_SPECIAL, &ch->ds, &err)) {
+            gen_free(g);
+            ds_oai_fail(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
+            return send_error(s, c, &e);
+        }
+        ds_oai_text_init(&ch->text, chat, g->q.thinking, (const char *const *)g->q.stop, g->q.n_stop);
+        rp[i] = g->q.rp;
+        rp[i].sampling.seed = g->q.rp.sampling.seed + (uint64_t)i; /* choice i: seed + i */
+    }
+    int rc = ds_sched_submit_n(s->sched, g->q.prompt, g->q.n_prompt, rp, g->n_ch, rs, &err);
     if (rc) {
         gen_free(g);
         if (rc == 1)
@@ -476,7 +610,20 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
             ds_oai_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
         return send_error(s, c, &e);
     }
+    for (int i = 0; i < g->n_ch; i++) g->ch[i].r = rs[i];
     if (g->q.stream) {
+        /* the envelope of every chunk, printed once: "data: {...,"choices":[{"index": */
+        cJSON *d, *j = chunk(g, 0, &d);
+        char *t = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        static const char idx[] = "\"choices\":[{\"index\":";
+        char *at = t ? strstr(t, idx) : NULL;
+        if (at && (g->pfx = malloc(6 + (size_t)(at - t) + sizeof idx))) {
+            g->n_pfx = 6 + (size_t)(at - t) + sizeof idx - 1;
+            memcpy(g->pfx, "data: ", 6);
+            memcpy(g->pfx + 6, t, g->n_pfx - 6);
+        }
+        cJSON_free(t);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, g, sse_free);
         if (!r) {
             gen_free(g);
@@ -489,13 +636,23 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
         count_status(s, 200);
         return qr;
     }
-    int a;
-    while ((a = gen_advance(g, 0.25)) == 0) {
+    int gone = 0;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < g->n_ch && !gone; i++) {
+            int a = choice_take(g, &g->ch[i]);
+            gone = a < 0;
+            all &= a == 1;
+        }
+        if (gone || all) break;
+        if (gen_wait(g, 0.25) < 0) gone = 1;
     }
-    if (a < 0) {
+    if (gone) {
         enum MHD_Result res = MHD_NO; /* the client is gone: close */
-        if (g->info.state == DS_REQ_FAILED) {
-            ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", g->info.error);
+        const choice *f = failed_choice(g);
+        for (int i = 0; i < g->n_ch; i++) ds_req_cancel(g->ch[i].r);
+        if (f) {
+            ds_oai_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", f->info.error);
             res = send_error(s, c, &e);
         }
         gen_free(g);
@@ -628,6 +785,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         k->s = s;
         *con_cls = k;
+        /* this connection's thread (one per connection) wakes once per generated
+         * token: SCHED_BATCH keeps those wake-ups from preempting the scheduler
+         * thread in the middle of a step (they run at the next slice instead) */
+        struct sched_param sp = {0};
+        pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
         return MHD_YES;
     }
     if (*upload_n) { /* body bytes: keep up to max_body, then discard */

@@ -25,158 +25,9 @@ int ds_oai_fail(ds_oai_error *e, int status, const char *type, const char *param
 
 /* ------------------------------------------------------- chat prompt tokens */
 
-typedef struct {
-    int32_t *v;
-    size_t n, cap;
-} ids_buf;
-
-static int ids_add(ids_buf *b, const int32_t *ids, size_t n) {
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n) c *= 2;
-        int32_t *nv = realloc(b->v, c * sizeof *nv);
-        if (!nv) return -1;
-        b->v = nv;
-        b->cap = c;
-    }
-    if (n) memcpy(b->v + b->n, ids, n * sizeof *ids);
-    b->n += n;
-    return 0;
-}
-
-static int plain_add(ds_tokenizer *tok, ids_buf *b, const char *s, size_t n, ds_err *err) {
-    if (!n) return 0;
-    int32_t *ids = NULL;
-    size_t k = 0;
-    if (ds_tokenizer_encode(tok, s, n, DS_TOK_PARSE_NONE, &ids, &k, err)) return -1;
-    int rc = ids_add(b, ids, k);
-    free(ids);
-    return rc ? ds_fail(err, "out of memory") : 0;
-}
-
-static int has_byte(const char *s, unsigned char c) { return s && strchr(s, c) != NULL; }
-
 int ds_oai_encode_chat(ds_tokenizer *tok, const ds_chat_msg *msgs, size_t n, const ds_chat_opts *o, int32_t **ids,
                        size_t *n_ids, ds_err *err) {
-    *ids = NULL;
-    *n_ids = 0;
-    /* a marker byte that no client string holds */
-    unsigned char mk = 0;
-    for (unsigned char c = 1; c < 9 && !mk; c++) {
-        int used = 0;
-        for (size_t i = 0; i < n && !used; i++) {
-            const ds_chat_msg *m = &msgs[i];
-            used = has_byte(m->content, c) || has_byte(m->reasoning_content, c) || has_byte(m->tools, c) ||
-                   has_byte(m->tool_call_id, c) || has_byte(m->response_format, c);
-            for (size_t k = 0; k < m->n_tool_calls && !used; k++)
-                used = has_byte(m->tool_calls[k].name, c) || has_byte(m->tool_calls[k].arguments, c) ||
-                       has_byte(m->tool_calls[k].id, c);
-        }
-        if (!used) mk = c;
-    }
-    if (!mk) return ds_fail(err, "the messages hold every control byte 0x01-0x08; cannot mark them");
-    /* each client text -> marker <mk>index<mk> */
-    ds_chat_msg *cp = malloc((n ? n : 1) * sizeof *cp);
-    char(*marks)[24] = malloc((2 * n + 1) * sizeof *marks);
-    const char **texts = malloc((2 * n + 1) * sizeof *texts);
-    char *prompt = NULL;
-    ids_buf out = {0};
-    int rc = -1;
-    if (!cp || !marks || !texts) {
-        ds_fail(err, "out of memory");
-        goto done;
-    }
-    size_t nt = 0;
-    for (size_t i = 0; i < n; i++) {
-        cp[i] = msgs[i];
-        if (cp[i].content && cp[i].content[0]) {
-            snprintf(marks[nt], sizeof marks[nt], "%c%zu%c", mk, nt, mk);
-            texts[nt] = cp[i].content;
-            cp[i].content = marks[nt++];
-        }
-        if (cp[i].reasoning_content && cp[i].reasoning_content[0]) {
-            snprintf(marks[nt], sizeof marks[nt], "%c%zu%c", mk, nt, mk);
-            texts[nt] = cp[i].reasoning_content;
-            cp[i].reasoning_content = marks[nt++];
-        }
-    }
-    size_t pn;
-    if (ds_chat_encode(cp, n, o, &prompt, &pn, err)) goto done;
-    /* template pieces: added tokens become control tokens, the text between
-     * them (template text and client text together) plain BPE */
-    int V = ds_tokenizer_vocab_size(tok);
-    int32_t *added = malloc((size_t)V * sizeof *added);
-    int n_added = 0;
-    char *txt = NULL;
-    if (!added) goto oom;
-    for (int32_t id = 0; id < V; id++)
-        if (ds_tokenizer_is_added(tok, id)) added[n_added++] = id;
-    size_t tn = 0, tcap = 0;
-    for (size_t i = 0; i < pn;) {
-        if ((unsigned char)prompt[i] == mk) { /* a client text */
-            size_t j = i + 1;
-            size_t idx = 0;
-            while (j < pn && (unsigned char)prompt[j] != mk) idx = idx * 10 + (size_t)(prompt[j++] - '0');
-            const char *s = idx < nt ? texts[idx] : "";
-            size_t sn = strlen(s);
-            if (tn + sn + 1 > tcap) {
-                size_t c = (tn + sn + 1) * 2;
-                char *nb = realloc(txt, c);
-                if (!nb) goto oom;
-                txt = nb;
-                tcap = c;
-            }
-            memcpy(txt + tn, s, sn);
-            tn += sn;
-            i = j + 1;
-            continue;
-        }
-        /* the longest added token starting here */
-        int32_t best = -1;
-        size_t best_n = 0;
-        for (int a = 0; a < n_added; a++) {
-            int32_t id = added[a];
-            size_t ln;
-            const char *b = ds_tokenizer_token_bytes(tok, id, &ln);
-            if (b && ln > best_n && ln <= pn - i && !memcmp(prompt + i, b, ln)) {
-                best = id;
-                best_n = ln;
-            }
-        }
-        if (best >= 0) {
-            if (plain_add(tok, &out, txt, tn, err)) goto done_txt;
-            tn = 0;
-            if (ids_add(&out, &best, 1)) goto oom;
-            i += best_n;
-        } else {
-            if (tn + 2 > tcap) {
-                size_t c = (tn + 2) * 2 + 64;
-                char *nb = realloc(txt, c);
-                if (!nb) goto oom;
-                txt = nb;
-                tcap = c;
-            }
-            txt[tn++] = prompt[i++];
-        }
-    }
-    if (plain_add(tok, &out, txt, tn, err)) goto done_txt;
-    *ids = out.v;
-    *n_ids = out.n;
-    out.v = NULL;
-    rc = 0;
-    goto done_txt;
-oom:
-    ds_fail(err, "out of memory");
-done_txt:
-    free(txt);
-    free(added);
-done:
-    free(out.v);
-    free(prompt);
-    free(texts);
-    free(marks);
-    free(cp);
-    return rc;
+    return ds_chat_tokenize(tok, msgs, n, o, 0, ids, n_ids, err);
 }
 
 /* ---------------------------------------------------------- request parsing */
@@ -392,8 +243,8 @@ static int parse_sampling(const cJSON *b, ds_oai_req *r, uint64_t default_seed, 
         sp->seed = default_seed;
     }
     long long n = 1;
-    if (get_int(b, "n", 1, 1e9, &n, e) < 0) return -1;
-    if (n != 1) return BAD("n", "'n' is %lld; only n = 1 is supported", n);
+    if (get_int(b, "n", 1, DS_SCHED_MAX_GROUP, &n, e) < 0) return -1;
+    r->n_choices = (int)n;
     int st = 0;
     if (get_bool(b, "stream", &st, e) < 0) return -1;
     r->stream = st;
@@ -431,6 +282,54 @@ static int check_model(const cJSON *b, const char *model_id, ds_oai_error *e) {
         return ds_oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
                            "The model '%.100s' does not exist; this server serves '%s'", m->valuestring, model_id);
     return 0;
+}
+
+/* tool_choice "required" / a named function: the reply is forced to open a
+ * DSML tool-call block as the V4 encoder renders one ("\n\n<｜DSML｜tool_calls>
+ * \n<｜DSML｜invoke name=\"", then the name and "\">\n" when named) -- right
+ * after the prompt's </think> in chat mode, after the reasoning's </think> in
+ * thinking mode. The markup is control tokens, the name plain text. */
+static int force_tokens(ds_tokenizer *tok, const char *name, ds_oai_req *r, ds_oai_error *e) {
+    static const char OPEN[] = "\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML "invoke name=\"";
+    size_t on = sizeof OPEN - 1, nn = name ? strlen(name) : 0, n = on + (name ? nn + 3 : 0);
+    char *text = malloc(n + 1);
+    unsigned char *plain = calloc(n + 1, 1);
+    int32_t *ids = NULL;
+    size_t k = 0;
+    ds_err err = {{0}};
+    int rc = -1;
+    if (!text || !plain) {
+        BAD("tool_choice", "out of memory");
+        goto done;
+    }
+    memcpy(text, OPEN, on);
+    if (name) {
+        memcpy(text + on, name, nn);
+        memset(plain + on, 1, nn);
+        memcpy(text + on + nn, "\">\n", 3);
+    }
+    if (ds_tokenizer_encode_masked(tok, text, n, DS_TOK_PARSE_ALL, plain, &ids, &k, &err)) {
+        BAD("tool_choice", "%s", err.msg);
+        goto done;
+    }
+    if (k > DS_SCHED_MAX_FORCE) {
+        BAD("tool_choice", "the forced tool call takes %zu tokens; at most %d (a shorter function name)", k,
+            DS_SCHED_MAX_FORCE);
+        goto done;
+    }
+    memcpy(r->rp.force, ids, k * sizeof *ids);
+    r->rp.n_force = (int)k;
+    r->rp.force_after = -1;
+    if (r->thinking && (r->rp.force_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
+        BAD("tool_choice", "the tokenizer has no %s token to force a tool call after", DS_CHAT_THINK_END);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(plain);
+    free(text);
+    return rc;
 }
 
 static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
@@ -492,11 +391,35 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
             k++;
         }
     }
+    const char *force_name = NULL; /* tool_choice names a function */
+    int force = 0;                 /* tool_choice "required" or a function */
     if (tc && !cJSON_IsNull(tc)) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) use_tools = 0;
+        else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) force = 1;
+        else if (cJSON_IsObject(tc) && cJSON_IsObject(fn) && cJSON_IsString(nm)) force = 1, force_name = nm->valuestring;
         else if (!(cJSON_IsString(tc) && !strcmp(tc->valuestring, "auto"))) {
-            BAD("tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forcing a tool is not supported)");
+            BAD("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": "
+                               "\"function\", \"function\": {\"name\": ...}}");
             goto done;
+        }
+        if (force && (!use_tools || cJSON_GetArraySize(tools) == 0)) {
+            BAD("tool_choice", "'tool_choice' requires a tool call but 'tools' is empty");
+            goto done;
+        }
+        if (force_name) {
+            const cJSON *t;
+            int found = 0;
+            cJSON_ArrayForEach(t, tools) {
+                const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"),
+                                                                   "name");
+                found |= !strcmp(tn->valuestring, force_name);
+            }
+            if (!found) {
+                BAD("tool_choice", "'tool_choice' names the function '%.100s', which is not in 'tools'", force_name);
+                goto done;
+            }
         }
     }
     if (use_tools && cJSON_GetArraySize(tools) > 0) {
@@ -526,6 +449,7 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
         goto done;
     }
     r->n_prompt = (int)n_ids;
+    if (force && force_tokens(tok, force_name, r, e)) goto done;
     rc = 0;
 done:
     if (tools_json) cJSON_free(tools_json);

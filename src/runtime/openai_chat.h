@@ -2,10 +2,11 @@
  * completions JSON body becomes prompt tokens and request parameters; the
  * generated text becomes reasoning_content / content / tool_calls.
  *
- * Prompt rule: text a client sends (message contents, reasoning, a
- * completions prompt) is tokenized as plain text — a "<｜User｜>" typed by a
- * user stays text. Only the chat encoder's own template text yields control
- * tokens (ds_oai_encode_chat). */
+ * Prompt rule: every string a client sends (message contents, reasoning,
+ * tool schemas, tool call names and arguments, tool results, a completions
+ * prompt) is tokenized as plain text — a "<｜User｜>" typed by a user stays
+ * text. Only the chat encoder's own template text yields control tokens
+ * (ds_oai_encode_chat, which is the CLI's ds_chat_tokenize). */
 #ifndef DS_OPENAI_CHAT_H
 #define DS_OPENAI_CHAT_H
 
@@ -36,9 +37,11 @@ typedef struct ds_oai_req {
     int stream, include_usage;
     int thinking;      /* chat: thinking mode (the reply starts with reasoning) */
     int has_tools;
+    int n_choices;     /* n: choices, each its own sequence with seed seed + i */
     int32_t *prompt;   /* malloc'ed */
     int n_prompt;
-    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs */
+    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs; a forced tool call
+                          (tool_choice "required" or a function) as forced tokens */
     char *stop[DS_OAI_MAX_STOP]; /* stop strings (malloc'ed) */
     int n_stop;
 } ds_oai_req;
@@ -52,9 +55,10 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
                  const char *body, size_t n, ds_oai_req *out, ds_oai_error *e);
 void ds_oai_req_free(ds_oai_req *r);
 
-/* The chat prompt of msgs (ds_chat_encode) as token ids, with every message's
- * content and reasoning_content tokenized as plain text (DS_TOK_PARSE_NONE)
- * and only the template's own added-token strings as control tokens. */
+/* The chat prompt of msgs (ds_chat_encode) as token ids: ds_chat_tokenize
+ * with every message field (content, reasoning_content, tools, tool call
+ * names and arguments, response_format) plain text and only the template's
+ * own added-token strings as control tokens. */
 int ds_oai_encode_chat(ds_tokenizer *tok, const ds_chat_msg *msgs, size_t n, const ds_chat_opts *o, int32_t **ids,
                        size_t *n_ids, ds_err *err);
 

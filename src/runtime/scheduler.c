@@ -1,8 +1,14 @@
 /* scheduler.c — see scheduler.h. */
 #include "runtime/scheduler.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +17,29 @@
 #include "common/clock.h"
 #include "model/forward.h"
 #include "model/state.h"
+#include "runtime/generate.h"
+
+/* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
+ * scheduler bumps after publishing tokens, so waiting and reading tokens
+ * never take the scheduler's lock (a client thread preempted while holding
+ * it would stall the whole batch on a loaded machine). refs under s->mu. */
+typedef struct ds_waker {
+    _Atomic uint32_t seq;
+    int refs;
+} ds_waker;
+
+static void waker_wake(ds_waker *w) {
+    atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* sleeps while w->seq == seen, at most timeout_s (> 0) */
+static void waker_sleep(ds_waker *w, uint32_t seen, double timeout_s) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)timeout_s;
+    ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+}
 
 struct ds_req {
     /* immutable after submit */
@@ -23,11 +52,16 @@ struct ds_req {
     int cancel;
     ds_req_info info;
     ds_req_token *out; /* [max_new] */
-    pthread_cond_t cv;
+    ds_waker *wk;
+    /* published for lock-free readers (release stores after out[] and info) */
+    _Atomic int n_pub;   /* out[0..n_pub) are final */
+    _Atomic int pub_state; /* ds_req_state; >= DS_REQ_DONE_STOP: info is final */
     struct ds_req *next; /* queue link */
     /* scheduler thread only */
     ds_seq *seq;
-    int n_fed; /* prompt tokens already in seq */
+    int n_fed;       /* tokens of hist already in seq */
+    int forced;      /* the forced tokens are in hist */
+    int last_forced; /* the last token of hist was forced, not sampled */
 };
 
 typedef struct {
@@ -57,7 +91,14 @@ struct ds_sched {
     ds_req **item_req;
     float *logits; /* [max_seqs][vocab] */
     double *lse_tmp;
-    ds_sample_scratch *scr;
+    ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
+    int n_scr;
+    int *samp;          /* [max_seqs]: the items with logits */
+    ds_req_token *tok;  /* [max_seqs]: each item's draw */
+    int *tok_rc;
+    ds_err *tok_err;
+    int32_t *mask; /* [n_mask]: ids never sampled */
+    int n_mask;
     /* statistics (under mu) */
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
@@ -74,6 +115,9 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->step_tokens = 256;
     o->prefill_chunk = 128;
     o->cache_seqs = 4;
+    o->threads = 0;
+    o->mask_ids = NULL;
+    o->n_mask = 0;
 }
 
 uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
@@ -82,7 +126,7 @@ uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.
 
 static void req_free(ds_req *r) {
     if (!r) return;
-    pthread_cond_destroy(&r->cv);
+    if (r->wk && --r->wk->refs == 0) free(r->wk);
     free(r->hist);
     free(r->out);
     free(r);
@@ -93,14 +137,8 @@ static void req_unref_locked(ds_req *r) {
     if (--r->refs == 0) req_free(r);
 }
 
-int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
-                    ds_err *err) {
-    *out = NULL;
+static int check_params(const ds_sched *s, int n_prompt, const ds_req_params *p, ds_err *err) {
     const int V = s->m->cfg.vocab_size;
-    if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return ds_fail(err, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i, (int)prompt[i], V);
     if (p->max_new < 1) return ds_fail(err, "max_tokens is %d (must be >= 1)", p->max_new);
     if ((int64_t)n_prompt + p->max_new > s->o.ctx)
         return ds_fail(err,
@@ -110,68 +148,142 @@ int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_r
     if (p->top_logprobs < -1 || p->top_logprobs > DS_SCHED_MAX_TOP)
         return ds_fail(err, "top_logprobs is %d (must be in [0, %d])", p->top_logprobs, DS_SCHED_MAX_TOP);
     if (p->n_stop < 0 || p->n_stop > 8) return ds_fail(err, "%d stop tokens (at most 8)", p->n_stop);
-    if (ds_sampling_validate(&p->sampling, err)) return -1;
-
-    ds_req *r = calloc(1, sizeof *r);
-    if (!r) return ds_fail(err, "out of memory");
-    r->hist = malloc(((size_t)n_prompt + (size_t)p->max_new) * sizeof *r->hist);
-    r->out = malloc((size_t)p->max_new * sizeof *r->out);
-    if (!r->hist || !r->out) {
-        free(r->hist);
-        free(r->out);
-        free(r);
-        return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p->max_new);
+    if (p->n_force < 0 || p->n_force > DS_SCHED_MAX_FORCE)
+        return ds_fail(err, "%d forced tokens (at most %d)", p->n_force, DS_SCHED_MAX_FORCE);
+    if (p->n_force) {
+        if (p->force_after < -1 || p->force_after >= V)
+            return ds_fail(err, "force_after is token %d (outside the vocabulary [0, %d))", (int)p->force_after, V);
+        for (int i = 0; i < p->n_force; i++)
+            if (p->force[i] < 0 || p->force[i] >= V)
+                return ds_fail(err, "forced token %d (id %d) is outside the vocabulary [0, %d)", i, (int)p->force[i],
+                               V);
+        if (p->force_after == -1 && p->n_force >= p->max_new)
+            return ds_fail(err, "max_tokens is %d; the forced start of the reply (a tool call) takes %d", p->max_new,
+                           p->n_force);
     }
-    pthread_cond_init(&r->cv, NULL);
-    memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
-    r->n_prompt = n_prompt;
-    r->p = *p;
-    r->s = s;
-    r->refs = 2;
-    r->info.state = DS_REQ_QUEUED;
-    r->info.n_prompt = n_prompt;
-    r->info.t_submit = ds_now();
+    return ds_sampling_validate(&p->sampling, err);
+}
+
+int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
+                    ds_err *err) {
+    return ds_sched_submit_n(s, prompt, n_prompt, p, 1, out, err);
+}
+
+int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, int n, ds_req **out,
+                      ds_err *err) {
+    const int V = s->m->cfg.vocab_size;
+    if (n < 1 || n > DS_SCHED_MAX_GROUP) return ds_fail(err, "%d requests at once (must be in [1, %d])", n,
+                                                        DS_SCHED_MAX_GROUP);
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return ds_fail(err, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i, (int)prompt[i], V);
+    for (int i = 0; i < n; i++)
+        if (check_params(s, n_prompt, &p[i], err)) return -1;
+
+    ds_waker *wk = calloc(1, sizeof *wk);
+    if (!wk) return ds_fail(err, "out of memory");
+    atomic_init(&wk->seq, 0);
+    ds_req *rs[DS_SCHED_MAX_GROUP];
+    double now = ds_now();
+    for (int i = 0; i < n; i++) {
+        ds_req *r = calloc(1, sizeof *r);
+        if (r) {
+            r->hist = malloc(((size_t)n_prompt + (size_t)p[i].max_new) * sizeof *r->hist);
+            r->out = malloc((size_t)p[i].max_new * sizeof *r->out);
+        }
+        if (!r || !r->hist || !r->out) {
+            if (r) free(r->hist), free(r->out), free(r);
+            for (int k = 0; k < i; k++) req_free(rs[k]);
+            if (!i) free(wk);
+            return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
+        }
+        r->wk = wk;
+        wk->refs++;
+        memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
+        r->n_prompt = n_prompt;
+        r->p = p[i];
+        r->s = s;
+        r->refs = 2;
+        r->info.state = DS_REQ_QUEUED;
+        r->info.n_prompt = n_prompt;
+        r->info.t_submit = now;
+        if (r->p.n_force && r->p.force_after == -1) { /* the reply starts with the forced tokens */
+            for (int k = 0; k < r->p.n_force; k++) {
+                r->hist[n_prompt + k] = r->p.force[k];
+                memset(&r->out[k], 0, sizeof r->out[k]);
+                r->out[k].id = r->p.force[k];
+            }
+            r->info.n_out = r->p.n_force;
+            r->forced = r->last_forced = 1;
+        }
+        atomic_init(&r->n_pub, r->info.n_out);
+        atomic_init(&r->pub_state, DS_REQ_QUEUED);
+        rs[i] = r;
+    }
 
     pthread_mutex_lock(&s->mu);
-    if (s->n_queued >= s->o.max_queue || s->stop) {
+    if (s->n_queued + n > s->o.max_queue || s->stop) {
         s->st.requests_rejected++;
         pthread_mutex_unlock(&s->mu);
-        req_free(r);
+        for (int i = 0; i < n; i++) req_free(rs[i]);
         return 1;
     }
-    if (s->q_tail) s->q_tail->next = r;
-    else s->q_head = r;
-    s->q_tail = r;
-    s->n_queued++;
-    s->st.requests++;
+    for (int i = 0; i < n; i++) {
+        ds_req *r = rs[i];
+        if (s->q_tail) s->q_tail->next = r;
+        else s->q_head = r;
+        s->q_tail = r;
+        out[i] = r;
+    }
+    s->n_queued += n;
+    s->st.requests += (uint64_t)n;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
-    *out = r;
     return 0;
 }
 
-static int req_ended(const ds_req *r) { return r->info.state >= DS_REQ_DONE_STOP; }
+static int pub_ended(ds_req *r) {
+    return atomic_load_explicit(&r->pub_state, memory_order_acquire) >= DS_REQ_DONE_STOP;
+}
 
 int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
-    ds_sched *s = r->s;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double t = (double)ts.tv_sec + 1e-9 * ts.tv_nsec + timeout_s;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-    pthread_mutex_lock(&s->mu);
-    while (r->info.n_out <= have && !req_ended(r))
-        if (pthread_cond_timedwait(&r->cv, &s->mu, &ts)) break;
-    int n = r->info.n_out;
-    if (info) *info = r->info;
-    pthread_mutex_unlock(&s->mu);
+    (void)ds_req_wait_any(&r, &have, 1, timeout_s);
+    int n = atomic_load_explicit(&r->n_pub, memory_order_acquire);
+    if (info) {
+        int st = atomic_load_explicit(&r->pub_state, memory_order_acquire);
+        if (st >= DS_REQ_DONE_STOP) { /* final: the scheduler writes no more */
+            *info = r->info;
+        } else {
+            memset(info, 0, sizeof *info);
+            info->state = (ds_req_state)st;
+            info->n_out = n;
+        }
+        info->n_out = n;
+    }
     return n;
 }
 
+int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s) {
+    if (n < 1) return -1;
+    ds_waker *w = r[0]->wk;
+    double t_end = ds_now() + timeout_s;
+    for (;;) {
+        uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
+        for (int i = 0; i < n; i++)
+            if (have[i] >= 0 && (atomic_load_explicit(&r[i]->n_pub, memory_order_acquire) > have[i] || pub_ended(r[i])))
+                return i;
+        double left = t_end - ds_now();
+        if (left <= 0) return -1;
+        waker_sleep(w, seen, left);
+    }
+}
+
 void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out) {
-    pthread_mutex_lock(&r->s->mu);
+    /* published tokens do not change: no lock (the caller saw n_pub >= from + n) */
+    (void)atomic_load_explicit(&r->n_pub, memory_order_acquire);
     memcpy(out, r->out + from, (size_t)n * sizeof *out);
-    pthread_mutex_unlock(&r->s->mu);
 }
 
 void ds_req_cancel(ds_req *r) {
@@ -269,7 +381,9 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
     if (msg) snprintf(r->info.error, sizeof r->info.error, "%s", msg);
     if (st == DS_REQ_CANCELLED) s->st.requests_cancelled++;
     if (st == DS_REQ_FAILED) s->st.requests_failed++;
-    pthread_cond_broadcast(&r->cv);
+    atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
+    atomic_store_explicit(&r->pub_state, (int)st, memory_order_release);
+    waker_wake(r->wk);
     req_unref_locked(r);
 }
 
@@ -362,6 +476,7 @@ static void *sched_main(void *arg) {
                 finish_locked(s, r, DS_REQ_FAILED, err.msg);
             } else {
                 r->info.state = DS_REQ_RUNNING;
+                atomic_store_explicit(&r->pub_state, DS_REQ_RUNNING, memory_order_release);
                 r->info.n_cached = r->n_fed;
                 s->st.cached_tokens += (uint64_t)r->n_fed;
                 s->run[s->n_run++] = r;
@@ -374,17 +489,18 @@ static void *sched_main(void *arg) {
         int n_items = 0, n_decode = 0, n_prefill = 0;
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
-            if (r->n_fed < r->n_prompt) continue;
-            int n_hist = r->n_prompt + r->info.n_out;
-            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[n_hist - 1], 1, s->logits + (size_t)n_items * V, 0};
+            if (r->n_prompt + r->info.n_out - r->n_fed != 1) continue;
+            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[r->n_fed], 1, s->logits + (size_t)n_items * V, 0};
             s->item_req[n_items++] = r;
+            r->n_fed++;
             n_decode++;
         }
+        /* prompts, and forced tokens, in chunks */
         int budget = s->o.step_tokens - n_decode;
         for (int i = 0; i < s->n_run && budget > 0; i++) {
             ds_req *r = s->run[i];
-            int left = r->n_prompt - r->n_fed;
-            if (left <= 0) continue;
+            int left = r->n_prompt + r->info.n_out - r->n_fed;
+            if (left <= 0) continue; /* decoding: in the step already */
             int take = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
             if (take > budget) take = budget;
             int last = take == left;
@@ -401,32 +517,61 @@ static void *sched_main(void *arg) {
         int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
         double t1 = ds_now();
 
-        /* ---- sample, publish, retire */
-        int n_gen = 0;
-        for (int i = 0; i < n_items; i++) {
+        /* ---- sample (the requests in parallel: each draw depends only on its
+         * own logits, history, seed and position), publish, retire */
+        int n_samp = 0;
+        for (int i = 0; i < n_items && !frc; i++)
+            if (s->items[i].logits) s->samp[n_samp++] = i;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
+        for (int j = 0; j < n_samp; j++) {
+            int i = s->samp[j];
             ds_req *r = s->item_req[i];
-            if (frc || !s->items[i].logits) continue;
-            const float *lg = s->items[i].logits;
+            float *lg = s->items[i].logits;
             int n_hist = r->n_prompt + r->info.n_out;
-            ds_req_token t;
-            memset(&t, 0, sizeof t);
-            ds_err serr = {{0}};
-            int src = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr, &t.id, &serr);
-            if (src) {
-                pthread_mutex_lock(&s->mu);
+            ds_req_token *t = &s->tok[i];
+            ds_gen_mask_logits(lg, s->mask, s->n_mask);
+            memset(t, 0, sizeof *t);
+            s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[omp_get_thread_num()],
+                                     &t->id, &s->tok_err[i]);
+            if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
+        }
+        int n_gen = 0;
+        pthread_mutex_lock(&s->mu);
+        for (int j = 0; j < n_samp; j++) {
+            int i = s->samp[j];
+            ds_req *r = s->item_req[i];
+            int n_hist = r->n_prompt + r->info.n_out;
+            if (s->tok_rc[i]) {
                 r->cancel = 1; /* removed below */
-                snprintf(r->info.error, sizeof r->info.error, "%s", serr.msg);
-                pthread_mutex_unlock(&s->mu);
+                snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
                 continue;
             }
-            if (r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, &t, r->p.top_logprobs);
+            ds_req_token t = s->tok[i];
             r->hist[n_hist] = t.id;
             n_gen++;
-            pthread_mutex_lock(&s->mu);
+            int n_force = 0; /* a forced continuation after this token */
+            if (r->p.n_force && !r->forced && t.id == r->p.force_after) {
+                r->forced = 1;
+                n_force = r->p.n_force;
+                if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
+                for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
+            }
+            r->last_forced = n_force > 0;
             r->out[r->info.n_out++] = t;
-            if (r->info.n_out == 1) r->info.t_first = ds_now();
-            pthread_cond_broadcast(&r->cv);
-            pthread_mutex_unlock(&s->mu);
+            for (int q = 0; q < n_force; q++) {
+                ds_req_token *f = &r->out[r->info.n_out++];
+                memset(f, 0, sizeof *f);
+                f->id = r->p.force[q];
+            }
+            if (!r->info.t_first) r->info.t_first = ds_now();
+            atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
+        }
+        pthread_mutex_unlock(&s->mu);
+        /* wake the waiters outside the lock, so they do not wake only to wait
+         * for it (the scheduler's reference keeps every request alive here) */
+        for (int j = 0; j < n_samp; j++) {
+            ds_req *r = s->item_req[s->samp[j]];
+            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
         }
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
@@ -459,7 +604,7 @@ static void *sched_main(void *arg) {
                 continue;
             }
             int n_out = r->info.n_out;
-            int stop = n_out > 0 && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
+            int stop = n_out > 0 && !r->last_forced && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
             int full = n_out >= r->p.max_new || (n_out > 0 && r->seq->pos + 1 > r->seq->max_len);
             if (stop || full) {
                 park_seq(s, r, 1);
@@ -506,11 +651,40 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
-    if (!(s->scr = ds_sample_scratch_create(V, err))) {
+    if (o->n_mask > 0) {
+        if (!(s->mask = malloc((size_t)o->n_mask * sizeof *s->mask))) {
+            free(s->run), s->run = NULL;
+            ds_sched_stop(s);
+            return ds_fail(err, "out of memory");
+        }
+        for (int i = 0; i < o->n_mask; i++) {
+            if (o->mask_ids[i] < 0 || o->mask_ids[i] >= V) {
+                free(s->run), s->run = NULL;
+                ds_sched_stop(s);
+                return ds_fail(err, "masked id %d is outside the vocabulary [0, %d)", (int)o->mask_ids[i], V);
+            }
+            s->mask[i] = o->mask_ids[i];
+        }
+        s->n_mask = o->n_mask;
+    }
+    s->n_scr = o->threads > 0 ? o->threads : omp_get_num_procs();
+    if (s->n_scr > o->max_seqs) s->n_scr = o->max_seqs;
+    s->scr = calloc((size_t)s->n_scr, sizeof *s->scr);
+    s->samp = calloc((size_t)max_items, sizeof *s->samp);
+    s->tok = calloc((size_t)max_items, sizeof *s->tok);
+    s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
+    s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
+    if (!s->scr || !s->samp || !s->tok || !s->tok_rc || !s->tok_err) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
-        return -1;
+        return ds_fail(err, "out of memory for the scheduler's sampling buffers");
     }
+    for (int i = 0; i < s->n_scr; i++)
+        if (!(s->scr[i] = ds_sample_scratch_create(V, err))) {
+            free(s->run), s->run = NULL;
+            ds_sched_stop(s);
+            return -1;
+        }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     if (pthread_create(&s->th, NULL, sched_main, s)) {
@@ -561,7 +735,13 @@ void ds_sched_stop(ds_sched *s) {
         ds_seq_free(s->cache[i].seq);
         free(s->cache[i].toks);
     }
-    ds_sample_scratch_free(s->scr);
+    for (int i = 0; s->scr && i < s->n_scr; i++) ds_sample_scratch_free(s->scr[i]);
+    free(s->scr);
+    free(s->samp);
+    free(s->tok);
+    free(s->tok_rc);
+    free(s->tok_err);
+    free(s->mask);
     free(s->run);
     free(s->cache);
     free(s->items);

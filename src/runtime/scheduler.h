@@ -25,7 +25,9 @@
 #include "model/model.h"
 #include "runtime/sampler.h"
 
-#define DS_SCHED_MAX_TOP 20 /* top_logprobs at most */
+#define DS_SCHED_MAX_TOP 20    /* top_logprobs at most */
+#define DS_SCHED_MAX_FORCE 128 /* forced tokens at most */
+#define DS_SCHED_MAX_GROUP 64  /* requests submitted together at most (ds_sched_submit_n) */
 
 typedef struct ds_sched_opts {
     int max_seqs;      /* requests in the running batch at most (default 16) */
@@ -34,6 +36,9 @@ typedef struct ds_sched_opts {
     int step_tokens;   /* tokens per forward step at most (default 256; >= max_seqs) */
     int prefill_chunk; /* prompt tokens of one request per step at most (default 128) */
     int cache_seqs;    /* finished sequences kept for prefix reuse (default 4; 0 = off) */
+    int threads;       /* threads that sample a step's requests in parallel (0: one per core) */
+    const int32_t *mask_ids; /* ids never sampled (ds_gen_unsampled_ids: no token in the tokenizer); copied */
+    int n_mask;
 } ds_sched_opts;
 
 void ds_sched_opts_init(ds_sched_opts *o);
@@ -45,6 +50,15 @@ typedef struct ds_req_params {
     int n_stop;
     int top_logprobs;    /* -1: no log-probabilities; 0..DS_SCHED_MAX_TOP: the chosen token's and this many
                             alternatives' */
+    /* Forced tokens (a tool call the client requires): n_force > 0 makes
+     * force[0..n_force) part of the reply as if generated -- at its start
+     * when force_after is -1, else right after the first sampled token
+     * force_after (</think> in thinking mode) -- and generation goes on after
+     * them. They count against max_new, are not checked against stop_ids and
+     * carry logprob 0 with no alternatives. */
+    int n_force;
+    int32_t force_after;
+    int32_t force[DS_SCHED_MAX_FORCE];
 } ds_req_params;
 
 typedef enum {
@@ -105,9 +119,22 @@ void ds_sched_stop(ds_sched *s);
 int ds_sched_submit(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, ds_req **out,
                     ds_err *err);
 
+/* Queues n requests (p[0..n), one per choice of a client request) on the
+ * same prompt, all or none: 1 when the queue has no room for all n. They
+ * share one wake-up, so ds_req_wait_any can wait for any of them. out[i]
+ * gets request i; release each. */
+int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds_req_params *p, int n, ds_req **out,
+                      ds_err *err);
+
 /* Waits until the request has more than `have` tokens or has ended, or until
- * timeout_s passed. Returns the token count; *info gets the state. */
+ * timeout_s passed (0: just looks). Returns the token count; *info gets the
+ * state and n_out, and once the request has ended all its fields. Waiting and
+ * reading tokens take no lock the scheduler needs. */
 int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info);
+/* Requests of one ds_sched_submit_n: waits until some r[i] has more than
+ * have[i] tokens or has ended, or until timeout_s passed; a negative have[i]
+ * leaves r[i] out. Returns such an i, or -1 on timeout. */
+int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s);
 /* Copies tokens [from, from + n) (they must exist). */
 void ds_req_tokens(ds_req *r, int from, int n, ds_req_token *out);
 /* Asks the scheduler to drop the request at the next step boundary (its
