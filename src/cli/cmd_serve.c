@@ -100,7 +100,7 @@ int cmd_serve(int argc, char **argv) {
     so.step_tokens = (int)step;
     so.prefill_chunk = (int)chunk;
     so.cache_seqs = (int)cache;
-    so.threads = (int)threads;
+    so.threads = bo.threads;
     int32_t *mask = NULL; /* ids without a token (a model vocabulary larger than the tokenizer's) */
     int n_mask = 0;
     if (ds_gen_unsampled_ids(tok, m->cfg.vocab_size, &mask, &n_mask, &err)) {
