@@ -164,12 +164,13 @@ grep -q '^dsv4_running_requests 0$' "$work/metrics" && grep -q '^dsv4_queue_dept
 live=$(sed -n 's/^dsv4_live_sequences //p' "$work/metrics")
 [ "$live" -le 4 ] || fail "$live sequences left in memory (cache holds 4)"
 
-# ---- a full queue answers 429; a queued stream waits longer than the idle
+# ---- a full queue answers 429 (the first stream, 3000 tokens, keeps the one slot busy
+# for seconds even on a quiet machine); a queued stream waits longer than the idle
 # timeout (--timeout 1) and still completes
 stop_server "$A_pid"
 start_server c --max-seqs 1 --max-queue 2 --timeout 1
 sse() { curl -sN "${auth[@]}" "$url/v1/completions" -d "{\"prompt\":\"And\",\"max_tokens\":$1,\"stream\":true}"; }
-sse 600 >"$work/c1" &
+sse 3000 >"$work/c1" &
 c1=$!
 sleep 0.3
 sse 10 >"$work/c2" &
