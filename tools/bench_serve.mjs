@@ -6,6 +6,8 @@
 // (tokens after each stream's first / time while all C streams decode), time
 // to first token and time per output token (p50 / p99). --json: one JSON
 // object per level instead of the table (scripts/bench-serve.sh reads it).
+import http from 'node:http';
+
 const args = process.argv.slice(2);
 const url = args[0];
 const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
@@ -14,32 +16,51 @@ const tokens = Number(opt('--tokens', '64'));
 const rounds = Number(opt('--rounds', '2'));
 const key = opt('--key', process.env.DSV4_API_KEY || '');
 const json = args.includes('--json');
+const agent = new http.Agent({keepAlive: true, maxSockets: 1024});
 const prompts = ['In the beginning God created', 'And the LORD spake unto Moses, saying', 'Blessed are the poor in spirit',
   'The LORD is my shepherd', 'And it came to pass in those days', 'For God so loved the world'];
 
-async function one(i) {
+// One streaming completion over node:http (not fetch: its web streams cost
+// several times more CPU per event, and on a small machine the client shares
+// the cores with the server it measures). Per event only a cheap scan: the
+// first event whose text is non-empty stamps the first token; the usage event
+// (include_usage) gives the token count. No JSON.parse but for that one event.
+function one(i) {
+  const body = JSON.stringify({prompt: prompts[i % prompts.length], max_tokens: tokens, temperature: 0.8, seed: i,
+                               stream: true, stream_options: {include_usage: true}});
   const t0 = performance.now();
-  const res = await fetch(url + '/v1/completions', {method: 'POST',
-    headers: {'Content-Type': 'application/json', ...(key ? {Authorization: 'Bearer ' + key} : {})},
-    body: JSON.stringify({prompt: prompts[i % prompts.length], max_tokens: tokens, temperature: 0.8, seed: i,
-                          stream: true, stream_options: {include_usage: true}})});
-  if (!res.ok) throw new Error('HTTP ' + res.status + ': ' + await res.text());
-  const dec = new TextDecoder();
-  let buf = '', first = 0, n = 0;
-  for await (const chunk of res.body) {
-    buf += dec.decode(chunk, {stream: true});
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(0, k); buf = buf.slice(k + 2);
-      if (!ev.startsWith('data: {')) continue;
-      const j = JSON.parse(ev.slice(6));
-      if (j.usage) n = j.usage.completion_tokens;
-      else if (!first && j.choices[0] && j.choices[0].text) first = performance.now();
-    }
-  }
-  const t1 = performance.now();
-  if (!first) first = t1; // no text at all (every token held back or empty): all of it was waiting
-  return {ttft: (first - t0) / 1000, tpot: n > 1 ? (t1 - first) / 1000 / (n - 1) : 0, n, t0, first, t1};
+  return new Promise((resolve, reject) => {
+    const req = http.request(url + '/v1/completions', {method: 'POST', agent,
+      headers: {'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body),
+                ...(key ? {Authorization: 'Bearer ' + key} : {})}}, (res) => {
+      res.setEncoding('utf8');
+      if (res.statusCode !== 200) {
+        let e = '';
+        res.on('data', (d) => { e += d; });
+        res.on('end', () => reject(new Error('HTTP ' + res.statusCode + ': ' + e)));
+        return;
+      }
+      let buf = '', first = 0, n = 0;
+      res.on('data', (d) => {
+        buf += d;
+        let k;
+        while ((k = buf.indexOf('\n\n')) >= 0) {
+          const ev = buf.slice(0, k); buf = buf.slice(k + 2);
+          if (!first && ev.startsWith('data: {') && !ev.includes('"text":""') && ev.includes('"text":"'))
+            first = performance.now();
+          if (ev.startsWith('data: {') && ev.includes('"usage":{')) n = JSON.parse(ev.slice(6)).usage.completion_tokens;
+        }
+      });
+      res.on('end', () => {
+        const t1 = performance.now();
+        if (!first) first = t1; // no text at all (every token held back or empty): all of it was waiting
+        resolve({ttft: (first - t0) / 1000, tpot: n > 1 ? (t1 - first) / 1000 / (n - 1) : 0, n, t0, first, t1});
+      });
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
 
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p / 100 * s.length))]; };

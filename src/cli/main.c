@@ -1,7 +1,9 @@
 /* main.c — the dsv4 command-line entry point: dispatches to cmd_<name>. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "dist/ep.h"
@@ -74,9 +76,27 @@ static int run(int argc, char **argv) {
     return 2;
 }
 
+/* The server shares its cores with connection threads (one wake-up per
+ * streamed token) and, on a small machine, with its clients. libgomp's idle
+ * workers spin up to GOMP_SPINCOUNT (300,000 by default) polls after each
+ * parallel region before they sleep: enough to hold both cores of a 2-core
+ * machine between steps, so every token's HTTP write waited for a scheduler
+ * tick (server decode at batch 1 was 0.4 of `bench`). A short spin still
+ * covers the gaps between the parallel regions of one step. libgomp reads the
+ * variable when it loads, before main: so `serve` sets it and executes itself
+ * again, unless the user chose a wait policy (GOMP_SPINCOUNT / OMP_WAIT_POLICY). */
+#define DS_SERVE_SPINCOUNT "10000"
+static void serve_spin_policy(char **argv) {
+    if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY")) return;
+    if (setenv("GOMP_SPINCOUNT", DS_SERVE_SPINCOUNT, 1)) return;
+    execv("/proc/self/exe", argv);
+    /* not re-executed (no /proc): serve with the default policy */
+}
+
 /* Under mpirun every rank runs the command; rank 0 leads, the others follow
  * from cli_bind on (docs/ep.md). */
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "serve")) serve_spin_policy(argv);
     if (ds_ep_session_start(&argc, &argv)) return 1;
     return ds_ep_session_end(run(argc, argv));
 }

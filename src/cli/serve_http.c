@@ -787,9 +787,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = k;
         /* this connection's thread (one per connection) wakes once per generated
          * token: SCHED_BATCH keeps those wake-ups from preempting the scheduler
-         * thread in the middle of a step (they run at the next slice instead) */
+         * thread in the middle of a step (they run at the next slice instead).
+         * A server started under a real-time policy (chrt) keeps it: there
+         * SCHED_BATCH would demote these threads below every other process. */
+        int pol;
         struct sched_param sp = {0};
-        pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+        if (!pthread_getschedparam(pthread_self(), &pol, &sp) && pol == SCHED_OTHER) {
+            sp.sched_priority = 0;
+            pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+        }
         return MHD_YES;
     }
     if (*upload_n) { /* body bytes: keep up to max_body, then discard */
