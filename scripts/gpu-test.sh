@@ -11,11 +11,13 @@
 #      request) and repeatability across processes;
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
 #   5. bad input: no such GPU, a sequence larger than GPU memory;
+#   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
 #      layers, written here) and the kernel timings;
 # and prints a summary. Variables:
 #   DSV4_CUDA_BUILD=DIR  a build made elsewhere (skip the build; the lease
 #                        machine may lack libcjson: put it in DIR/lib)
+#   DSV4_MPI_ROOT=DIR    an Open MPI tree copied from a Debian machine (6b)
 #   BENCH=1              also the benchmarks (needs ~45 GB of disk for the synth models)
 #   TESTS=0              skip 1-5 (the benchmarks alone)
 #   JOBS (default 8)
@@ -33,6 +35,16 @@ else
   cmake --build "$B" -j"$JOBS" || { echo "gpu-test: build failed"; exit 1; }
 fi
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# an Open MPI copied from another machine (the lease machine has none): the
+# tree of Debian's openmpi-bin / libopenmpi3 / libpmix2 under DSV4_MPI_ROOT
+# (usr/, etc/, lib/ with their shared libraries), relocated by OPAL_PREFIX
+if [ -n "${DSV4_MPI_ROOT:-}" ]; then
+  R=$DSV4_MPI_ROOT
+  export OPAL_PREFIX=$R/usr OPAL_SYSCONFDIR=$R/etc/openmpi PMIX_INSTALL_PREFIX=$R/usr/lib/x86_64-linux-gnu/pmix2
+  export PATH=$R/usr/bin:$PATH LD_LIBRARY_PATH=$R/lib:$R/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+  export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx
+  [ -e "$R/usr/bin/mpirun" ] || ln -s orterun "$R/usr/bin/mpirun"
+fi
 export DSV4_SOURCE_DIR=$root
 bin=$B/dsv4
 T=$(mktemp -d)
@@ -112,6 +124,40 @@ bad_input() {
   [ "$f" -eq 0 ]
 }
 run bad_input bad_input
+# 6b. expert parallelism on the GPU (docs/ep.md): mpirun -np 2 and 3 with the
+#     CUDA backend (a host's rank r on GPU r mod the GPUs present) give the
+#     single-process GPU logits bit for bit: fixtures and the bundled model,
+#     two sequences in one step, chunked prefill
+ep_gpu() {
+  local n=0 f=0 spec dir a b r
+  for spec in "tests/fixtures/q128 512" "tests/fixtures/tiny 331" "models/kjv 6000"; do
+    set -- $spec
+    dir=$1
+    a=$(awk -v V="$2" 'BEGIN { s = 17; for (i = 0; i < 200; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(s / 65536) % V } }')
+    b=$(awk -v V="$2" 'BEGIN { s = 99; for (i = 0; i < 41; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(s / 65536) % V } }')
+    "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.one" --backend cuda >/dev/null 2>&1 ||
+      { f=$((f + 1)); echo "FAIL $dir: single-process logits"; continue; }
+    for r in 2 3; do
+      if ! timeout 600 mpirun -np "$r" "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.np$r" \
+        --backend cuda --prefill-chunk 7 >"$T/ep.out" 2>"$T/ep.err"; then
+        f=$((f + 1)); echo "FAIL $dir: mpirun -np $r"; tail -20 "$T/ep.err"; continue
+      fi
+      grep -q "expert parallel over $r ranks" "$T/ep.err" || { f=$((f + 1)); echo "FAIL $dir: not expert parallel"; continue; }
+      for i in 0 1; do
+        if cmp -s "$T/ep.one.$i.f32" "$T/ep.np$r.$i.f32"; then n=$((n + 1)); echo "ok   $dir seq $i: EP=$r on the GPU = one process (bits)"
+        else f=$((f + 1)); echo "FAIL $dir seq $i: EP=$r logits differ from one process"; fi
+      done
+    done
+  done
+  echo "$n passed, $f failed"
+  [ "$f" -eq 0 ]
+}
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  run ep_gpu ep_gpu
+else
+  summary+=("SKIP ep_gpu (no mpirun: set PATH / DSV4_MPI_ROOT)")
+fi
 fi
 # 6. speed
 if [ -n "${BENCH:-}" ]; then

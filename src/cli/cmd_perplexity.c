@@ -238,7 +238,7 @@ int cmd_perplexity(int argc, char **argv) {
     batch_bufs bb = {0};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads};
+    ds_backend_opts bo = {NULL, 0, o.threads, 0};
     if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const int V = m->cfg.vocab_size;
     for (size_t i = 0; i < w.n_ids; i++)
@@ -355,7 +355,7 @@ int cmd_stats(int argc, char **argv) {
     route_counts cnt = {0, NULL};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads};
+    ds_backend_opts bo = {NULL, 0, o.threads, 0};
     if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const ds_config *c = &m->cfg;
     for (size_t i = 0; i < w.n_ids; i++)

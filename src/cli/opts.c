@@ -29,7 +29,8 @@ const cli_opt cli_model_req_opts[] = {
 const cli_opt cli_backend_opts[] = {
     CLI_STRING_OPT("--backend", NULL, ds_backend_opts, name, "NAME",
                    "compute backend: cpu (default) or cuda (builds with the CUDA backend; dsv4 info lists them)"),
-    CLI_INT_OPT("--gpu", NULL, ds_backend_opts, gpu, 0, 1024, "N", "CUDA device (default 0)"),
+    CLI_INT_OPT("--gpu", NULL, ds_backend_opts, gpu, 0, 1024, "N",
+                "CUDA device (default 0; under mpirun a host's rank r drives GPU (N + r) mod the GPUs present)"),
     CLI_END,
 };
 

@@ -111,7 +111,9 @@ static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds
         ok = 0, ds_fail(&err, "DSV4_EP_FAIL_RANK=%s: this rank fails to load (a test)", fail_env);
     if (ok && ds_ep_new(&ep, m->cfg.n_layers, m->cfg.n_routed_experts, m->cfg.n_active_experts, ds_ep_session_opts(), &err)) ok = 0;
     if (ok) ds_model_set_ep(m, ep);
-    if (ok && (ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err))) ok = 0;
+    ds_backend_opts ro = *o; /* one GPU per rank of a host: --gpu N is the first */
+    ro.rank = ds_ep_session_local_rank();
+    if (ok && (ds_backend_open(&ro, be, &err) || ds_model_bind(m, be, &err))) ok = 0;
     int rc = ds_ep_session_ready(ok, err.msg, &herr);
     if (rc || !ok) {
         if (ds_ep_session_rank() == 0) fprintf(stderr, "dsv4 %s: %s\n", cmd, ok ? herr.msg : err.msg);

@@ -15,17 +15,18 @@
 
 /* The process's MPI session: MPI_COMM_WORLD is per process, so is this. */
 static struct {
-    int started, rank, size, ready_done, ready_ok;
+    int started, rank, size, local_rank, ready_done, ready_ok;
     int err_fd;     /* the real standard error (followers, until the handshake) */
     FILE *captured; /* followers: what the process printed on stderr before it */
     ds_ep *ep;      /* the model's EP, for the leader's quit at the end */
     ds_ep_opts opts;
-} S = {0, 0, 1, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
+} S = {0, 0, 1, 0, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
 
 ds_ep_opts *ds_ep_session_opts(void) { return &S.opts; }
 
 int ds_ep_session_rank(void) { return S.rank; }
 int ds_ep_session_size(void) { return S.size; }
+int ds_ep_session_local_rank(void) { return S.local_rank; }
 
 int ds_ep_session_start(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -42,6 +43,14 @@ int ds_ep_session_start(int *argc, char ***argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &S.size);
     /* errors come back as return codes (turned into messages naming the rank) */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    /* the rank among those of this host: which GPU it drives */
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, S.rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &S.local_rank);
+        MPI_Comm_free(&node);
+    } else {
+        S.local_rank = S.rank;
+    }
     if (S.rank > 0) {
         fflush(stdout);
         fflush(stderr);

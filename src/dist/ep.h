@@ -65,6 +65,9 @@ int ds_ep_session_start(int *argc, char ***argv);
 ds_ep_opts *ds_ep_session_opts(void);
 int ds_ep_session_rank(void);
 int ds_ep_session_size(void);
+/* This rank's index among the ranks on its host (0 without MPI): a rank
+ * of the CUDA backend drives GPU --gpu + local rank. */
+int ds_ep_session_local_rank(void);
 /* The load handshake, collective, once: every rank says whether it loaded
  * and bound its part of the model (ok) and why not (msg). 0 when every rank
  * did; else -1 with err naming the first rank that failed and its message.

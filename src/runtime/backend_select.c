@@ -25,7 +25,9 @@ int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err) {
     }
     if (!strcmp(name, "cuda")) {
 #ifdef DSV4_HAVE_CUDA
-        return ds_backend_cuda_init(be, o ? o->gpu : 0, err);
+        int gpu = o ? o->gpu : 0, n = ds_backend_cuda_count();
+        if (o && o->rank > 0 && n > 0) gpu = (gpu + o->rank) % n;
+        return ds_backend_cuda_init(be, gpu, err);
 #else
         return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
                        ds_backends_built());

@@ -12,6 +12,8 @@ typedef struct ds_backend_opts {
     const char *name; /* NULL or "cpu": the CPU backend; "cuda" */
     int gpu;          /* CUDA device index */
     int threads;      /* CPU threads (<= 0: all cores) */
+    int rank;         /* > 0: an expert-parallel rank of this host; CUDA takes
+                       * GPU (gpu + rank) mod the GPUs present (ranks may share one) */
 } ds_backend_opts;
 
 /* Opens the backend o names (o may be NULL: the CPU with all cores). Errors

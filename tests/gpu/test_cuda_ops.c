@@ -1077,6 +1077,41 @@ static void moe_routing(ctx *C, int T, int32_t *idx, float *wts) {
     }
 }
 
+/* Expert parallelism over R simulated ranks (docs/ep.md): each rank runs
+ * moe_experts on the pairs it owns (owner = a random rank per pair), the
+ * rows are merged from their owners as the exchange does, and moe_combine
+ * sums them: the output must be the fused moe's, bit for bit. */
+static float *moe_ep_run(ctx *C, moe_w *M, int MD, int T, const float *x, const int32_t *idx, const float *wts,
+                         int R) {
+    size_t P = (size_t)T * MK, rowb = sizeof(float) * MD;
+    float *dx = dput(C, x, sizeof(float) * T * MD), *dout = dput(C, NULL, sizeof(float) * T * MD);
+    int32_t *di = dput(C, idx, sizeof(int32_t) * P);
+    float *dw = dput(C, wts, sizeof(float) * P);
+    float *dslot = dput(C, NULL, rowb * P), *dsh = dput(C, NULL, rowb * T);
+    float *slot = malloc(rowb * P), *mine = malloc(rowb * P), *sh = NULL;
+    unsigned char *owner = malloc(P), *sel = malloc(P);
+    for (size_t i = 0; i < P; i++) owner[i] = (unsigned char)(rnd(C) % (uint32_t)R);
+    for (int r = 0; r < R; r++) {
+        for (size_t i = 0; i < P; i++) sel[i] = owner[i] == r;
+        ds_moe_experts_params xp = {dx,    T,     MD,        ME,        MK,        di,        sel,  M->d1,
+                                    M->d2, M->d3, &M->s1.d, &M->s2.d, &M->s3.d, 1.0f, dslot, dsh};
+        die_if(C, C->be.moe_experts(&C->be, &xp, &C->err), "moe_experts");
+        dget(C, mine, dslot, rowb * P);
+        for (size_t i = 0; i < P; i++)
+            if (owner[i] == r) memcpy(slot + i * MD, mine + i * MD, rowb);
+        if (r == 0) sh = fget(C, dsh, (size_t)T * MD);
+    }
+    die_if(C, C->be.upload(&C->be, dslot, slot, rowb * P, &C->err), "upload");
+    die_if(C, C->be.upload(&C->be, dsh, sh, rowb * T, &C->err), "upload");
+    ds_moe_combine_params cp = {T, MD, MK, di, dw, dslot, dsh, dout};
+    die_if(C, C->be.moe_combine(&C->be, &cp, &C->err), "moe_combine");
+    float *out = fget(C, dout, (size_t)T * MD);
+    void *ps[] = {dx, dout, di, dw, dslot, dsh};
+    for (int i = 0; i < 6; i++) C->be.free(&C->be, ps[i]);
+    free(slot), free(mine), free(sh), free(owner), free(sel);
+    return out;
+}
+
 static void test_moe(ctx *C, int MD, int MI) {
     moe_w *M = calloc(1, sizeof *M);
     for (int e = 0; e < ME; e++) {
@@ -1151,6 +1186,18 @@ static void test_moe(ctx *C, int MD, int MI) {
             free(ob);
         }
         check(C, ok, "moe D=%d: a token's output in a batch of 64 = in a batch of %d (bits)", MD, n);
+    }
+    for (int R = 1; R <= 3; R++) {
+        int tn[2] = {1, T};
+        for (int q = 0; q < 2; q++) {
+            float *oe = moe_ep_run(C, M, MD, tn[q], x, idx, wts, R);
+            float *of = tn[q] == T ? NULL : moe_run(C, M, MD, tn[q], x, idx, wts);
+            check(C, !memcmp(oe, of ? of : out, sizeof(float) * (size_t)tn[q] * MD),
+                  "moe D=%d over %d simulated EP ranks (moe_experts + exchange + moe_combine), %d token(s) = "
+                  "the fused moe (bits)", MD, R, tn[q]);
+            free(oe);
+            free(of);
+        }
     }
     free(x);
     free(out);

@@ -23,6 +23,8 @@ int dsc_attention(const ds_backend *be, const ds_attention_params *p, ds_err *er
 int dsc_window_store(const ds_backend *be, const ds_window_store_params *p, ds_err *err);
 int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err *err);
 int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err);
+int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
+int dsc_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -304,6 +306,15 @@ static void c_close(ds_backend *be) {
     be->impl = NULL;
 }
 
+extern "C" int ds_backend_cuda_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 extern "C" int ds_backend_cuda_available(char *desc, size_t n) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -388,6 +399,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->window_store = dsc_window_store;
     be->route = dsc_route;
     be->moe = dsc_moe;
+    be->moe_experts = dsc_moe_experts;
+    be->moe_combine = dsc_moe_combine;
     be->close = c_close;
     return 0;
 }

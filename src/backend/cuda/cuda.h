@@ -18,6 +18,9 @@ extern "C" {
  * Returns 0, or -1 with the cause in err (no device, bad index, driver). */
 int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err);
 
+/* The number of CUDA devices (0 when none can be used). */
+int ds_backend_cuda_count(void);
+
 /* 1 and "NVIDIA H200, 139.8 GiB, sm_90 (device 0 of 1)" when a GPU can be
  * used; 0 and the reason when not. desc may be NULL. */
 int ds_backend_cuda_available(char *desc, size_t n);

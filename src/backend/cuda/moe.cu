@@ -17,6 +17,7 @@
  *   4 shared expert: matmul, SwiGLU, matmul over all T rows.
  *   5 combine: per token, y = 0; y = y + o_slot * w over its slots in
  *     ascending (expert id, slot); then y = y + shared. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -508,12 +509,17 @@ static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float 
     return dsc_launch_matmul(I->stream, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
 }
 
-extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err) {
-    const char *op = "moe";
-    if (dsc_use(be, err, op)) return -1;
-    dsc_impl *I = dsc_of(be);
+/* What the experts leave for the combine: every routed pair's output in
+ * rows grouped by expert (y2, row slot_pos[pair]; pairs whose id is outside
+ * [0, E) have none) and the shared expert's (ys, NULL without one). */
+typedef struct moe_out {
+    const float *y2, *ys;
+    const int *slot_pos;
+} moe_out;
+
+/* The experts of the pairs p->idx names (p->wts and p->out unused). */
+static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_err *err, moe_out *o) {
     int T = p->T, k = p->k, E = p->E, D = p->D;
-    if (T <= 0) return 0;
     if (k <= 0 || k > 32 || E <= 0) return dsc_failmsg(err, op, "top-%d of %d experts (k <= 32)", k, E);
     if (T > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", T);
     const ds_weight *w1 = &p->w1[0], *w2 = &p->w2[0];
@@ -615,7 +621,94 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
         if (launch_shared(I, p, hs1, hs3, ys)) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
         if (dsc_check_launch(err, op)) return -1;
     }
-    dim3 gc((unsigned)((D + 255) / 256), (unsigned)T);
-    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, slot_pos, y2, ys, k, D, E, p->out);
+    *o = moe_out{y2, ys, slot_pos};
+    return 0;
+}
+
+extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err) {
+    const char *op = "moe";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (p->T <= 0) return 0;
+    moe_out o;
+    if (moe_compute(I, p, op, err, &o)) return -1;
+    dim3 gc((unsigned)((p->D + 255) / 256), (unsigned)p->T);
+    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, o.slot_pos, o.y2, o.ys, p->k, p->D, p->E, p->out);
+    return dsc_check_launch(err, op);
+}
+
+/* ---- expert parallelism (docs/ep.md): moe in two halves ------------------ */
+
+/* idx_m[i] = sel[i] ? idx[i] : -1 (no expert: the sort skips it) */
+__global__ void moe_mask_kernel(const int32_t *__restrict__ idx, const unsigned char *__restrict__ sel, int P,
+                                int32_t *__restrict__ idx_m) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < P) idx_m[i] = sel[i] ? idx[i] : -1;
+}
+
+/* slot_out[pair] = y2[slot_pos[pair]] for the pairs run here */
+__global__ void moe_scatter_kernel(const int32_t *__restrict__ idx_m, const int *__restrict__ slot_pos,
+                                   const float *__restrict__ y2, int E, int D, float *__restrict__ slot_out) {
+    int pr = blockIdx.y, e = idx_m[pr];
+    if (e < 0 || e >= E) return;
+    const float *src = y2 + (size_t)slot_pos[pr] * D;
+    float *dst = slot_out + (size_t)pr * D;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) dst[c] = src[c];
+}
+
+extern "C" int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err) {
+    const char *op = "moe_experts";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    int T = p->T, k = p->k, D = p->D;
+    if (T <= 0) return 0;
+    if (k <= 0 || k > 32) return dsc_failmsg(err, op, "top-%d experts (k <= 32)", k);
+    size_t P = (size_t)T * k;
+    if (P > 65535) return dsc_failmsg(err, op, "%zu (token, slot) pairs exceed the grid", P);
+    const int32_t *idx = p->idx;
+    if (p->sel) { /* the pairs of this rank: the others get no expert */
+        int32_t *idx_m = (int32_t *)dsc_scratch(I, DSC_S_MOE6, P * sizeof(int32_t) + P, err, op);
+        if (!idx_m) return -1;
+        unsigned char *sel = (unsigned char *)(idx_m + P);
+        cudaError_t ce = cudaMemcpyAsync(sel, p->sel, P, cudaMemcpyHostToDevice, I->stream);
+        if (ce != cudaSuccess) return dsc_fail(err, op, "the pair selection upload", ce);
+        moe_mask_kernel<<<(unsigned)((P + 255) / 256), 256, 0, I->stream>>>(p->idx, sel, (int)P, idx_m);
+        if (dsc_check_launch(err, op)) return -1;
+        idx = idx_m;
+    }
+    ds_moe_params mp = {p->x,  T,      D,      p->E,   k,      idx,    NULL,     p->w1,
+                        p->w2, p->w3, p->sw1, p->sw2, p->sw3, p->limit, NULL};
+    moe_out o;
+    if (moe_compute(I, &mp, op, err, &o)) return -1;
+    dim3 gs((unsigned)((D + 255) / 256 < 8 ? (D + 255) / 256 : 8), (unsigned)P);
+    moe_scatter_kernel<<<gs, 256, 0, I->stream>>>(idx, o.slot_pos, o.y2, p->E, D, p->slot_out);
+    if (dsc_check_launch(err, op)) return -1;
+    cudaError_t ce = o.ys ? cudaMemcpyAsync(p->shared_out, o.ys, (size_t)T * D * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, I->stream)
+                          : cudaMemsetAsync(p->shared_out, 0, (size_t)T * D * sizeof(float), I->stream);
+    return ce == cudaSuccess ? 0 : dsc_fail(err, op, "the shared expert's rows", ce);
+}
+
+/* moe's combine over slot_out rows [T][k][D] (the same arithmetic, so EP
+ * over any number of ranks gives moe's bits; a zero shared_out adds +0) */
+__global__ void moe_identity_kernel(int *pos, int P) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < P) pos[i] = i;
+}
+
+extern "C" int dsc_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err) {
+    const char *op = "moe_combine";
+    if (dsc_use(be, err, op)) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (p->T <= 0) return 0;
+    if (p->k <= 0 || p->k > 32) return dsc_failmsg(err, op, "top-%d experts (k <= 32)", p->k);
+    if (p->T > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", p->T);
+    size_t P = (size_t)p->T * p->k;
+    int *pos = (int *)dsc_scratch(I, DSC_S_MOE7, P * sizeof(int), err, op);
+    if (!pos) return -1;
+    moe_identity_kernel<<<(unsigned)((P + 255) / 256), 256, 0, I->stream>>>(pos, (int)P);
+    dim3 gc((unsigned)((p->D + 255) / 256), (unsigned)p->T);
+    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, pos, p->slot_out, p->shared_out, p->k, p->D,
+                                                  INT_MAX, p->out);
     return dsc_check_launch(err, op);
 }
