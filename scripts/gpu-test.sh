@@ -20,6 +20,7 @@
 #   DSV4_MPI_ROOT=DIR    an Open MPI tree copied from a Debian machine (6b)
 #   BENCH=1              also the benchmarks (needs ~45 GB of disk for the synth models)
 #   TESTS=0              skip 1-5 (the benchmarks alone)
+#   ONLY="a b"           run only the named parts (test_cuda_ops, ep_gpu, ...)
 #   JOBS (default 8)
 set -u
 cd "$(dirname "$0")/.."
@@ -54,6 +55,7 @@ failed=0
 summary=()
 run() { # name command...
   local name=$1; shift
+  if [ -n "${ONLY:-}" ] && ! [[ " $ONLY " == *" $name "* ]]; then summary+=("skip $name (ONLY=$ONLY)"); return; fi
   local log=$T/log.$name t0=$SECONDS
   "$@" >"$log" 2>&1
   local rc=$?

@@ -323,6 +323,16 @@ struct ds_backend {
     /* moe in two halves, for expert parallelism (NULL: not supported) */
     int (*moe_experts)(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
     int (*moe_combine)(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
+    /* Expert parallelism between devices (docs/ep.md; NULL: rows go through
+     * host memory and the transport of dist/). ep_comm_id: rank 0 makes the
+     * id of a communicator (at most cap bytes, its size in *n); every rank
+     * then joins with ep_comm_init (the id came over MPI). ep_exchange: rows
+     * [n_pairs][D] in device memory, each rank holding the rows of the pairs
+     * it owns (owner: host [n_pairs], a rank each); afterwards every rank
+     * holds every row, bit for bit as its owner computed it. */
+    int (*ep_comm_id)(const ds_backend *be, void *id, size_t cap, size_t *n, ds_err *err);
+    int (*ep_comm_init)(const ds_backend *be, const void *id, size_t n, int rank, int size, ds_err *err);
+    int (*ep_exchange)(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err);
 
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);

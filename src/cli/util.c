@@ -124,6 +124,31 @@ static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds
         if (ds_ep_session_rank() != 0) exit(ds_ep_session_end(1));
         return -1;
     }
+    /* the exchange between GPUs: NCCL when the backend has one and every rank
+     * of every host has a GPU of its own (NCCL takes one rank per GPU); else
+     * MPI through host memory. Failures here end the job (MPI_Abort). */
+    int nccl = be->ep_comm_init && ds_ep_session_local_size() <= ds_backend_gpu_count();
+    if (ds_ep_session_all(nccl)) {
+        struct {
+            int ok;
+            unsigned n;
+            char id[512];
+            char msg[sizeof err.msg];
+        } b = {1, 0, {0}, {0}};
+        size_t n = 0;
+        if (ds_ep_session_rank() == 0 && be->ep_comm_id(be, b.id, sizeof b.id, &n, &err))
+            b.ok = 0, snprintf(b.msg, sizeof b.msg, "%s", err.msg);
+        b.n = (unsigned)n;
+        ds_ep_session_bcast(&b, sizeof b);
+        if (!b.ok) {
+            if (ds_ep_session_rank() == 0) ds_ep_session_fatal(b.msg);
+            ds_ep_session_end(1); /* rank 0 aborts the job */
+            exit(1);
+        }
+        if (be->ep_comm_init(be, b.id, b.n, ds_ep_session_rank(), ds_ep_session_size(), &err))
+            ds_ep_session_fatal(err.msg);
+        ds_ep_set_transport(ep, "NCCL");
+    }
     if (ds_ep_session_rank() == 0) {
         uint64_t ex, rest;
         ds_model_expert_bytes(m, 0, &ex, &rest);
@@ -133,7 +158,8 @@ static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds
             ds_model_expert_bytes(m, r, &ex, &rest);
             fprintf(stderr, " %.1f", (double)ex / (1 << 20));
         }
-        fprintf(stderr, "\n");
+        fprintf(stderr, "; exchange: %s\n",
+                ds_ep_transport(ep) ? "NCCL, device to device" : "MPI through host memory");
         return 0;
     }
     int frc = ds_ep_follow(m, be);

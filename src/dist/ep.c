@@ -15,18 +15,40 @@
 
 /* The process's MPI session: MPI_COMM_WORLD is per process, so is this. */
 static struct {
-    int started, rank, size, local_rank, ready_done, ready_ok;
+    int started, rank, size, local_rank, local_size, ready_done, ready_ok;
     int err_fd;     /* the real standard error (followers, until the handshake) */
     FILE *captured; /* followers: what the process printed on stderr before it */
     ds_ep *ep;      /* the model's EP, for the leader's quit at the end */
     ds_ep_opts opts;
-} S = {0, 0, 1, 0, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
+} S = {0, 0, 1, 0, 1, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
 
 ds_ep_opts *ds_ep_session_opts(void) { return &S.opts; }
 
 int ds_ep_session_rank(void) { return S.rank; }
 int ds_ep_session_size(void) { return S.size; }
 int ds_ep_session_local_rank(void) { return S.local_rank; }
+int ds_ep_session_local_size(void) { return S.local_size; }
+
+int ds_ep_session_all(int ok) {
+#ifdef DSV4_HAVE_MPI
+    if (S.started) {
+        int all = 0;
+        if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+            ds_ep_session_fatal("MPI_Allreduce failed (ds_ep_session_all)");
+        return all;
+    }
+#endif
+    return ok;
+}
+
+void ds_ep_session_bcast(void *buf, size_t n) {
+#ifdef DSV4_HAVE_MPI
+    if (S.started && n <= 0x7fffffff && MPI_Bcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        ds_ep_session_fatal("MPI_Bcast failed (ds_ep_session_bcast)");
+#else
+    (void)buf, (void)n;
+#endif
+}
 
 int ds_ep_session_start(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -47,6 +69,7 @@ int ds_ep_session_start(int *argc, char ***argv) {
     MPI_Comm node;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, S.rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_rank(node, &S.local_rank);
+        MPI_Comm_size(node, &S.local_size);
         MPI_Comm_free(&node);
     } else {
         S.local_rank = S.rank;
@@ -175,6 +198,7 @@ int ds_ep_session_end(int rc) {
 
 struct ds_ep {
     int rank, size, layers, experts, k, next_id, quit;
+    const char *transport; /* "NCCL" (the backend's ep_exchange) or NULL: MPI through host memory */
     ds_placement pl;
     int *owner;           /* [pairs] */
     unsigned char *sel;   /* [pairs] */
@@ -191,6 +215,9 @@ int ds_ep_rank(const ds_ep *ep) { return ep->rank; }
 int ds_ep_size(const ds_ep *ep) { return ep->size; }
 const ds_placement *ds_ep_placement(const ds_ep *ep) { return &ep->pl; }
 const uint64_t *ds_ep_served(const ds_ep *ep) { return ep->served; }
+const int *ds_ep_owner(const ds_ep *ep) { return ep->owner; }
+void ds_ep_set_transport(ds_ep *ep, const char *name) { ep->transport = name; }
+const char *ds_ep_transport(const ds_ep *ep) { return ep->transport; }
 
 int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, ds_err *err) {
     *out = NULL;

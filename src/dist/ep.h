@@ -68,6 +68,12 @@ int ds_ep_session_size(void);
 /* This rank's index among the ranks on its host (0 without MPI): a rank
  * of the CUDA backend drives GPU --gpu + local rank. */
 int ds_ep_session_local_rank(void);
+/* The number of ranks on this rank's host (1 without MPI). */
+int ds_ep_session_local_size(void);
+/* Collective: 1 when every rank passes ok != 0, else 0. */
+int ds_ep_session_all(int ok);
+/* Collective: rank 0's n bytes of buf to every rank (an MPI failure ends the job). */
+void ds_ep_session_bcast(void *buf, size_t n);
 /* The load handshake, collective, once: every rank says whether it loaded
  * and bound its part of the model (ok) and why not (msg). 0 when every rank
  * did; else -1 with err naming the first rank that failed and its message.
@@ -119,6 +125,12 @@ int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err);
 int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err);
 /* rows: [n_pairs][D] host rows, this rank's own filled in; on return every row. */
 int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
+/* The owner rank of each pair of the last ds_ep_route. */
+const int *ds_ep_owner(const ds_ep *ep);
+/* The exchange between devices: name (e.g. "NCCL") when the backend's
+ * ep_exchange moves the rows, NULL (the default) for ds_ep_exchange. */
+void ds_ep_set_transport(ds_ep *ep, const char *name);
+const char *ds_ep_transport(const ds_ep *ep);
 /* Pairs served so far, [layers][ranks] (every rank counts all ranks). */
 const uint64_t *ds_ep_served(const ds_ep *ep);
 /* One line: pairs served, and per layer the busiest rank's pairs over the

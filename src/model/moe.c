@@ -44,6 +44,12 @@ static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err 
                                 sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL, c->swiglu_limit,
                                 rs->slot_out, rs->shared_out};
     ds_moe_combine_params cp = {T, D, k, rs->idx, rs->wts, rs->slot_out, rs->shared_out, out};
+    if (ds_ep_transport(m->ep)) /* device to device (the backend's communicator) */
+        return be->moe_experts(be, &xp, err) ||
+                       be->ep_exchange(be, rs->slot_out, (int)n_pairs, D, ds_ep_owner(m->ep), err) ||
+                       be->moe_combine(be, &cp, err)
+                   ? -1
+                   : 0;
     if (be->moe_experts(be, &xp, err) || be->download(be, rs->ep_rows, rs->slot_out, bytes, err) ||
         ds_ep_exchange(m->ep, rs->ep_rows, (int)n_pairs, D, err) ||
         be->upload(be, rs->slot_out, rs->ep_rows, bytes, err) || be->moe_combine(be, &cp, err))

@@ -16,6 +16,14 @@ const char *ds_backends_built(void) {
 #endif
 }
 
+int ds_backend_gpu_count(void) {
+#ifdef DSV4_HAVE_CUDA
+    return ds_backend_cuda_count();
+#else
+    return 0;
+#endif
+}
+
 int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err) {
     memset(be, 0, sizeof *be);
     const char *name = o && o->name ? o->name : "cpu";

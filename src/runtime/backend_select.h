@@ -21,6 +21,8 @@ typedef struct ds_backend_opts {
 int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err);
 /* Releases an opened backend (a zeroed struct: nothing to do). */
 void ds_backend_close(ds_backend *be);
+/* The CUDA devices this process can use (0 in a build without CUDA). */
+int ds_backend_gpu_count(void);
 /* The backends this build has, e.g. "cpu" or "cpu cuda". */
 const char *ds_backends_built(void);
 

@@ -25,6 +25,9 @@ int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err *err);
 int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err);
 int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
 int dsc_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
+int dsc_ep_comm_id(const ds_backend *be, void *id, size_t cap, size_t *n, ds_err *err);
+int dsc_ep_comm_init(const ds_backend *be, const void *id, size_t n, int rank, int size, ds_err *err);
+int dsc_ep_exchange(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err);
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -292,6 +295,7 @@ static void c_close(ds_backend *be) {
     if (!I) return;
     cudaSetDevice(I->gpu);
     cudaStreamSynchronize(I->stream);
+    dsc_nccl_close(I);
     for (int i = 0; i < DSC_S_N; i++) cudaFree(I->scratch[i].p);
     for (int i = 0; i < I->n_moe; i++) {
         cudaFree(I->moe[i].dev);
@@ -401,6 +405,9 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->moe = dsc_moe;
     be->moe_experts = dsc_moe_experts;
     be->moe_combine = dsc_moe_combine;
+    be->ep_comm_id = dsc_ep_comm_id;
+    be->ep_comm_init = dsc_ep_comm_init;
+    be->ep_exchange = dsc_ep_exchange;
     be->close = c_close;
     return 0;
 }

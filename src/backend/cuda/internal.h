@@ -49,6 +49,7 @@ enum {
     DSC_S_A, DSC_S_B,             /* op scratch */
     DSC_S_ATT,                    /* attention block partials */
     DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7,
+    DSC_S_EP0, DSC_S_EP1, DSC_S_EP2, /* expert exchange (ep_nccl.cu): own rows, received rows, row map */
     DSC_S_N
 };
 
@@ -65,7 +66,11 @@ typedef struct dsc_impl {
     dsc_moe_table *moe;         /* per MoE layer */
     int n_moe, cap_moe;
     void *ballast;              /* DSV4_CUDA_FREE_MIB: device memory held so that only that much stays free */
+    struct dsc_nccl *nccl;      /* expert parallelism between GPUs (ep_nccl.cu), or NULL */
 } dsc_impl;
+
+/* ep_nccl.cu */
+void dsc_nccl_close(dsc_impl *I);
 
 static inline dsc_impl *dsc_of(const ds_backend *be) { return (dsc_impl *)be->impl; }
 
