@@ -36,7 +36,7 @@ enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
 template <int KIND> struct mk;
 /* CPT: 16-byte chunks per thread per row per group; RB: row bytes per group;
  * GW: groups per warp per round in the decode kernel (not ORDER) */
-template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = 1 }; };
+template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW }; };
 template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW }; };
 template <> struct mk<DS_W_FP4> { enum { CPT = 1, RB = 64, GW = DSC_MMA_GW }; };
 
@@ -193,8 +193,7 @@ template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, c
 /* ---- few tokens ------------------------------------------------------------ */
 
 /* One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
- * (DSC_MMA_DW warps, mk::GW groups each per round, the next round's
- * weights loading while this one computes); partials p_g in
+ * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
  * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
  * the round's partials in group order. */
 template <int KIND, int MODE, int NB>
@@ -228,32 +227,19 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_dec_kernel(mma_args a) {
     float tot[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) tot[i] = 0.0f;
-    /* the next round's weights are loaded while this round computes */
-    uint4 na[GW][CPT], nb[GW][CPT];
-    auto ldq = [&](int gr) {
+    for (int g0 = 0; g0 < ng; g0 += SLOTS) {
+        uint4 qa[GW][CPT], qb[GW][CPT];
 #pragma unroll
         for (int u = 0; u < GW; u++) {
-            int g = gr + warp * GW + u;
+            int g = g0 + warp * GW + u;
 #pragma unroll
             for (int c = 0; c < CPT; c++) {
                 int ch = g * 4 * CPT + tig * CPT + c;
                 bool ok = g < ng && ch < nchr;
-                na[u][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
-                nb[u][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                qa[u][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                qb[u][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
             }
         }
-    };
-    ldq(0);
-    for (int g0 = 0; g0 < ng; g0 += SLOTS) {
-        uint4 qa[GW][CPT], qb[GW][CPT];
-#pragma unroll
-        for (int u = 0; u < GW; u++)
-#pragma unroll
-            for (int c = 0; c < CPT; c++) {
-                qa[u][c] = na[u][c];
-                qb[u][c] = nb[u][c];
-            }
-        if (g0 + SLOTS < ng) ldq(g0 + SLOTS);
 #pragma unroll
         for (int u = 0; u < GW; u++) {
             int slot = warp * GW + u, g = g0 + slot;
