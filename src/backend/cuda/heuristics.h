@@ -28,6 +28,24 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MOE_NT 8            /* tokens per weight load in the experts (not ORDER:
                                  * a token's fmaf chain is the same for any tile) */
 
+/* tensor-core products (mma.cu): BF16, FP8 and FP4 (E8M0 scales) weights,
+ * shapes with 16-byte rows. ORDER: K in groups of DSC_MMA_G columns, each
+ * group a fresh fp32 MMA accumulator (8 steps of m16n8k16, x_hi then x_lo),
+ * the groups' partials (times the FP8 scale) added in ascending order; inside
+ * a step thread tig's 4 fragment slots hold columns tig*32 + kk*4 + 0..3 of
+ * the group (mma.cu). */
+#define DSC_MMA_G 128           /* ORDER */
+#define DSC_MMA_BM 64           /* tile kernel: rows per block (not ORDER; the
+                                 * kernel's 2 x 2 warps of 32 x 32 assume 64) */
+#define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
+#define DSC_MMA_DW 8            /* decode kernel: warps per 16-row tile (not ORDER) */
+#define DSC_MMA_GW 2            /* decode kernel: groups per warp per round (not ORDER).
+                                 * Measured (flash, 4 layers, b1): loading the next
+                                 * round during this one, BF16 at 1, was slower (2.59
+                                 * ms/token against 2.40) */
+#define DSC_MMA_DEC_MAX_T 32    /* up to this many tokens: the decode kernel (not ORDER:
+                                 * both kernels give the same bits) */
+
 /* row reductions (rmsnorm, hc mixes): ORDER: thread i sums elements
  * i, i+256, ... then a fixed tree over the block. */
 #define DSC_ROW_THREADS 256

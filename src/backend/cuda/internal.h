@@ -48,7 +48,8 @@ enum {
     DSC_S_STEP = 0,               /* step blob (device) */
     DSC_S_A, DSC_S_B,             /* op scratch */
     DSC_S_ATT,                    /* attention block partials */
-    DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7,
+    DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7, DSC_S_MOE8,
+    DSC_S_XHL,                    /* activations split into bf16 hi / lo (mma.cu) */
     DSC_S_EP0, DSC_S_EP1, DSC_S_EP2, /* expert exchange (ep_nccl.cu): own rows, received rows, row map */
     DSC_S_N
 };
@@ -102,9 +103,20 @@ static inline dsc_w dsc_wdesc(const ds_weight *w) {
 
 /* ---- launchers (device pointers, the backend's stream) ---------------- */
 
-/* y[t*ys + r] = w[r] . x[t*xs + (r / rpg) * xg ...] for r < rows, t < T */
-int dsc_launch_matmul(cudaStream_t st, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
-                      int ys);
+/* y[t*ys + r] = w[r] . x[t*xs + (r / rpg) * xg ...] for r < rows, t < T.
+ * xhl: a grow-only buffer for the tensor-core path's split activations. */
+int dsc_launch_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
+                      int T, float *y, int ys);
+/* mma.cu: whether a matrix takes the tensor-core path (by kind and shape
+ * only, never by T), and the products there. */
+int dsc_mma_fits(int kind, const dsc_w &w, int rpg);
+int dsc_mma_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
+                   float *y, int ys);
+/* The experts' up (w1 rows then w3 rows: y[m][0, 2I)) or down product over
+ * the sorted pairs; x: up [T][xs] (token members[m] / k), down [m][xs]. */
+int dsc_mma_experts(cudaStream_t st, dsc_buf *xhl, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
+                    const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
+                    const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys);
 int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps);
 
 /* ---- device code ------------------------------------------------------ */

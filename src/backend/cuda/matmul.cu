@@ -1,5 +1,7 @@
 /* matmul.cu — products y = w x for every storage kind (weights dequantized in
  * registers, fp32 accumulation), and the grouped output projection.
+ * BF16, FP8 and FP4-E8M0 matrices with 16-byte rows go to the tensor cores
+ * (mma.cu) for every T; the SIMT kernels below serve the other kinds/shapes.
  *
  * One warp per weight row r; lane l reads the row's 16-byte chunks l, l+32,
  * ... (coalesced 512-byte warp loads, DSC_MM_UNROLL in flight) and FMAs them
@@ -126,9 +128,11 @@ static void launch(cudaStream_t st, dsc_w w, const float *x, int xs, int xg, int
     mm_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec);
 }
 
-int dsc_launch_matmul(cudaStream_t st, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
-                      int ys) {
+int dsc_launch_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
+                      int T, float *y, int ys) {
     if (T <= 0 || w.rows <= 0) return 0;
+    /* BF16 / FP8 / FP4-E8M0 matrices with 16-byte rows: tensor cores, for every T */
+    if (dsc_mma_fits(kind, w, rpg)) return dsc_mma_matmul(st, xhl, kind, w, x, xs, xg, rpg, T, y, ys);
     int xvec = ((uintptr_t)x & 15) == 0 && xs % 4 == 0 && xg % 4 == 0;
     switch (kind) {
     case DS_W_F32: launch<DS_W_F32>(st, w, x, xs, xg, rpg, T, y, ys, xvec); break;
@@ -190,9 +194,9 @@ extern "C" int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, 
     for (int i = 0; i < n; i++) {
         const ds_matmul_job *j = &jobs[i];
         if (check_weight(j->w, err, op)) return -1;
-        if (dsc_launch_matmul(I->stream, j->w->kind, dsc_wdesc(j->w), j->x, j->w->cols, 0, 1 << 30, j->T, j->y,
-                              j->w->rows))
-            return dsc_failmsg(err, op, "weight '%s': unsupported kind", j->w->name ? j->w->name : "?");
+        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], j->w->kind, dsc_wdesc(j->w), j->x, j->w->cols, 0,
+                              1 << 30, j->T, j->y, j->w->rows))
+            return dsc_failmsg(err, op, "weight '%s': unsupported kind or out of device memory", j->w->name ? j->w->name : "?");
         if (dsc_check_launch(err, op)) return -1;
     }
     if (be->profile && n > 0) {
@@ -219,8 +223,9 @@ extern "C" int dsc_matmul_grouped(const ds_backend *be, const ds_matmul_grouped 
     }
     int K = p->w->cols, Rg = p->w->rows / p->G;
     /* row r reads x columns [(r / Rg) * K, +K) of a [T][G*K] row */
-    if (dsc_launch_matmul(I->stream, p->w->kind, dsc_wdesc(p->w), p->x, p->G * K, K, Rg, p->T, p->y, p->w->rows))
-        return dsc_failmsg(err, op, "unsupported kind");
+    if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], p->w->kind, dsc_wdesc(p->w), p->x, p->G * K, K, Rg, p->T,
+                          p->y, p->w->rows))
+        return dsc_failmsg(err, op, "unsupported kind or out of device memory");
     if (dsc_check_launch(err, op)) return -1;
     if (be->profile) {
         const ds_weight *ws[1] = {p->w};

@@ -190,7 +190,7 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     case DS_W_BF16: hc_mix_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
     case DS_W_F16: hc_mix_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
     default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
-        if (dsc_launch_matmul(I->stream, hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
+        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
             dsc_failmsg(err, op, "fn: unknown storage kind");
             return NULL;
         }

@@ -502,11 +502,32 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
 
 static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float *hs3, float *ys) {
     int T = p->T, Is = p->sw1->rows;
-    if (dsc_launch_matmul(I->stream, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
-    if (dsc_launch_matmul(I->stream, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
+    dsc_buf *xhl = &I->scratch[DSC_S_XHL];
+    if (dsc_launch_matmul(I->stream, xhl, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
+    if (dsc_launch_matmul(I->stream, xhl, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
     size_t n = (size_t)T * Is, b = (n + 255) / 256;
     swiglu_kernel<<<(unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream>>>(hs1, hs3, n, p->limit);
-    return dsc_launch_matmul(I->stream, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
+    return dsc_launch_matmul(I->stream, xhl, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
+}
+
+/* The tensor-core path (mma.cu): the experts' kinds and shapes fit it, w1 / w3
+ * rows split into whole tiles, every expert 16-byte aligned. By shape only. */
+static int moe_mma_ok(const ds_moe_params *p) {
+    dsc_w a = dsc_wdesc(&p->w1[0]), b = dsc_wdesc(&p->w2[0]);
+    if (!dsc_mma_fits(p->w1[0].kind, a, 1 << 30) || !dsc_mma_fits(p->w2[0].kind, b, 1 << 30)) return 0;
+    if (p->w1[0].rows % DSC_MMA_BM) return 0;
+    for (int e = 0; e < p->E; e++)
+        if (((uintptr_t)p->w1[e].data & 15) || ((uintptr_t)p->w3[e].data & 15) || ((uintptr_t)p->w2[e].data & 15))
+            return 0;
+    return 1;
+}
+
+/* h[m][r] = SwiGLU(u[m][r], u[m][I + r]) (u: the up product's w1 then w3 rows). */
+__global__ void swiglu_pairs_kernel(const float *__restrict__ u, float *__restrict__ h, size_t n, int I, float L) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t m = i / (size_t)I, r = i % (size_t)I;
+        h[i] = dsc_swiglu(u[m * 2 * I + r], u[m * 2 * I + I + r], L);
+    }
 }
 
 /* What the experts leave for the combine: every routed pair's output in
@@ -552,6 +573,21 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
     if (dsc_check_launch(err, op)) return -1;
 
     unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
+    if (moe_mma_ok(p)) {
+        /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down */
+        float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
+        if (!u) return -1;
+        dsc_buf *xhl = &I->scratch[DSC_S_XHL];
+        if (dsc_mma_experts(I->stream, xhl, 1, w1->kind, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off,
+                            active, n_active, members, k, ny, u, 2 * (int)Ie))
+            return dsc_failmsg(err, op, "out of device memory for the split activations");
+        size_t n = P * Ie, b = (n + 255) / 256;
+        swiglu_pairs_kernel<<<(unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream>>>(u, h, n, (int)Ie, p->limit);
+        if (dsc_mma_experts(I->stream, xhl, 0, w2->kind, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, T,
+                            T, off, active, n_active, members, k, ny, y2, D))
+            return dsc_failmsg(err, op, "out of device memory for the split activations");
+        if (dsc_check_launch(err, op)) return -1;
+    } else {
     up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
     int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
     if (gemv) {
@@ -617,6 +653,7 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
     case DS_W_FP4: moe_down_kernel<DS_W_FP4><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
     }
     if (dsc_check_launch(err, op)) return -1;
+    }
     if (p->sw1) {
         if (launch_shared(I, p, hs1, hs3, ys)) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
         if (dsc_check_launch(err, op)) return -1;
@@ -667,7 +704,7 @@ extern "C" int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params
     if (P > 65535) return dsc_failmsg(err, op, "%zu (token, slot) pairs exceed the grid", P);
     const int32_t *idx = p->idx;
     if (p->sel) { /* the pairs of this rank: the others get no expert */
-        int32_t *idx_m = (int32_t *)dsc_scratch(I, DSC_S_MOE6, P * sizeof(int32_t) + P, err, op);
+        int32_t *idx_m = (int32_t *)dsc_scratch(I, DSC_S_MOE8, P * sizeof(int32_t) + P, err, op);
         if (!idx_m) return -1;
         unsigned char *sel = (unsigned char *)(idx_m + P);
         cudaError_t ce = cudaMemcpyAsync(sel, p->sel, P, cudaMemcpyHostToDevice, I->stream);

@@ -1,0 +1,597 @@
+/* mma.cu — the tensor-core products (mma.sync m16n8k16, bf16 x bf16 -> fp32):
+ * matmul / grouped matmul of BF16, FP8 (E8M0 or F32 scales) and FP4 (E8M0
+ * scales) weights, and the routed experts' up / down projections.
+ *
+ * Weight ROWS are the MMA's M side, TOKENS its N side; a column of an MMA
+ * depends only on its own B column, so a token's bits do not depend on the
+ * other tokens of the step, its column in the tile, or the kernel (design.md
+ * §1). Numerics (docs/cuda.md):
+ *   weights: e4m3 / e2m1 / bf16 values are exact in bf16; FP4's E8M0 scale is
+ *     a power of two and is applied to the bf16 value (exact); FP8's scale
+ *     (E8M0 or F32) multiplies the group's fp32 partial (promotion).
+ *   activations: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x - hi) (x - hi is
+ *     exact in fp32): ~16 significant bits of x; two MMAs per fragment.
+ * ORDER of y[t][r] (a function of the matrix shape only):
+ *   K in groups of DSC_MMA_G = 128 columns; group g's partial b_g is a fresh
+ *   fp32 accumulator through the group's 8 MMA steps kk = 0..7 ascending, each
+ *   step mma(A, x_hi) then mma(A, x_lo). Step kk of group g pairs thread
+ *   (gid, tig)'s fragment slots (k = 2tig, 2tig+1, 2tig+8, 2tig+9) with the
+ *   columns g*128 + tig*32 + kk*4 + 0..3 (a fixed permutation of K inside the
+ *   step, the same for A and B). Columns past K are zeros (exact).
+ *   y = (((0 + p_0) + p_1) + ...) over groups ascending, p_g = b_g * s_g for
+ *   FP8 (s_g the row's scale of columns g*128..), p_g = b_g otherwise.
+ * Two kernels give those bits: mma_dec_kernel (few tokens: the warps of a
+ * block take different groups of one 16-row tile, partials meet in shared
+ * memory and one thread per output adds them in group order) and
+ * mma_tile_kernel (many tokens: 64 x 64 tiles staged in shared memory by
+ * cp.async, a warp walks the groups in order). Which one runs never changes a
+ * bit. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/internal.h"
+
+enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
+
+template <int KIND> struct mk;
+/* CPT: 16-byte chunks per thread per row per group; RB: row bytes per group;
+ * GW: groups per warp per round in the decode kernel (not ORDER) */
+template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW }; };
+template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW }; };
+template <> struct mk<DS_W_FP4> { enum { CPT = 1, RB = 64, GW = DSC_MMA_GW }; };
+
+__device__ __forceinline__ uint32_t u4w(const uint4 &q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
+
+__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* bf16x2 of two floats (round to nearest even): lo in bits 0..15. */
+__device__ __forceinline__ uint32_t bf2(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+/* Two floats that are exact in bf16: their top halves. */
+__device__ __forceinline__ uint32_t bf2_exact(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
+/* x = hi + lo for 4 activations: b[0] = hi01, b[1] = hi23, b[2] = lo01, b[3] = lo23. */
+__device__ __forceinline__ void split4(float4 v, uint32_t *b) {
+    b[0] = bf2(v.x, v.y);
+    b[1] = bf2(v.z, v.w);
+    float h0 = __uint_as_float(b[0] << 16), h1 = __uint_as_float(b[0] & 0xffff0000u);
+    float h2 = __uint_as_float(b[1] << 16), h3 = __uint_as_float(b[1] & 0xffff0000u);
+    b[2] = bf2(__fsub_rn(v.x, h0), __fsub_rn(v.y, h1));
+    b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
+}
+
+/* e4m3 byte p of w, exact as a float (dsc_chunk_elem's identity, no scale). */
+__device__ __forceinline__ float e4m3_at(uint32_t w, int p) {
+    uint32_t mag = p <= 2 ? w << (20 - 8 * p) : w >> (8 * p - 20);
+    uint32_t sgn = w << (24 - 8 * p);
+    return __fmul_rn(__uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u)),
+                     1.329227995784915872903807060280344576e36f); /* 2^120 */
+}
+
+/* e2m1 nibble p of w times s (a power of two: exact in bf16). */
+__device__ __forceinline__ float e2m1_at(uint32_t w, int p, float s) {
+    uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
+    uint32_t sgn = w << (28 - 4 * p);
+    float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
+    return __fmul_rn(__fmul_rn(v, 8.5070591730234615865843651857942052864e37f), s); /* 2^126 */
+}
+
+/* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
+ * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns. */
+template <int KIND>
+__device__ __forceinline__ void afrag(const uint4 &q, int s, float sc, uint32_t &p01, uint32_t &p23) {
+    if (KIND == DS_W_BF16) {
+        p01 = u4w(q, 2 * s);
+        p23 = u4w(q, 2 * s + 1);
+    } else if (KIND == DS_W_FP8) {
+        uint32_t w = u4w(q, s);
+        if (dsc_fp8_nan4(w)) {
+            float f[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) f[i] = dsc_fp8((uint8_t)(w >> (8 * i)));
+            p01 = bf2(f[0], f[1]);
+            p23 = bf2(f[2], f[3]);
+        } else {
+            p01 = bf2_exact(e4m3_at(w, 0), e4m3_at(w, 1));
+            p23 = bf2_exact(e4m3_at(w, 2), e4m3_at(w, 3));
+        }
+    } else {
+        uint32_t w = u4w(q, s >> 1);
+        int b = (s & 1) * 4;
+        p01 = bf2_exact(e2m1_at(w, b, sc), e2m1_at(w, b + 1, sc));
+        p23 = bf2_exact(e2m1_at(w, b + 2, sc), e2m1_at(w, b + 3, sc));
+    }
+}
+
+struct mma_args {
+    dsc_w w;                         /* kind-wide fields; rows = rows of one matrix */
+    const float *x;                  /* fp32 activations (decode kernel) */
+    const uint4 *xhl;                /* the same activations split (tile kernel): 16 bytes per 4 */
+    int xs, xg, rpg, T;              /* plain: token j, row r reads x + j*xs + (r/rpg)*xg */
+    float *y;
+    int ys;                          /* plain: y[j*ys + r]; experts: y[m*ys + r] */
+    const dsc_expert_ptrs *t1, *t3;  /* experts: up w1, w3 (rows [0, half), [half, 2 half)); down w2 */
+    const int *off, *active, *n_active, *members;
+    int k, half;
+};
+
+/* This block's matrix (a group's row block for the grouped product: a view,
+ * as if it were its own matrix), its first local row rl0, the output row of
+ * local row 0 (yb), the x offset of the row block (xq) and the token range;
+ * false: nothing to do. */
+template <int MODE>
+__device__ __forceinline__ bool mma_setup(const mma_args &a, int r0, dsc_w &w, int &rl0, int &yb, size_t &xq, int &cnt,
+                                          int &m0) {
+    w = a.w;
+    rl0 = r0;
+    yb = 0;
+    xq = 0;
+    cnt = a.T;
+    m0 = 0;
+    if (MODE == MMA_PLAIN) {
+        if (a.rpg < w.rows) {
+            int q = blockIdx.z;
+            yb = q * a.rpg;
+            xq = (size_t)q * (size_t)a.xg;
+            w.rows = min(a.rpg, w.rows - yb);
+        }
+        return rl0 < w.rows;
+    }
+    if (blockIdx.z >= (unsigned)*a.n_active) return false;
+    int e = a.active[blockIdx.z];
+    const dsc_expert_ptrs *t = a.t1;
+    if (MODE == MMA_UP && r0 >= a.half) {
+        t = a.t3;
+        rl0 = r0 - a.half;
+        yb = a.half;
+    }
+    w.data = t[e].data;
+    w.scale = t[e].scale;
+    w.srow0 = t[e].srow0;
+    m0 = a.off[e];
+    cnt = a.off[e + 1] - m0;
+    return rl0 < w.rows;
+}
+
+/* The row view of a group (PLAIN with rpg < rows): data, scales moved to row yb. */
+template <int KIND> __device__ __forceinline__ void mma_view(dsc_w &w, int yb) {
+    if (!yb) return;
+    w.data += (size_t)yb * ((size_t)w.cols * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN);
+    if (KIND == DS_W_FP8) w.srow0 += yb;
+    if (KIND == DS_W_FP4) w.scale += (size_t)yb * (size_t)w.scale_cols * (w.scale_f32 ? 4 : 1);
+}
+
+template <int MODE> __device__ __forceinline__ size_t mma_xoff(const mma_args &a, int m0, int j, size_t xq) {
+    if (MODE == MMA_PLAIN) return (size_t)j * (size_t)a.xs + xq;
+    if (MODE == MMA_UP) return (size_t)(a.members[m0 + j] / a.k) * (size_t)a.xs;
+    return (size_t)(m0 + j) * (size_t)a.xs;
+}
+
+template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a, int m0, int j, int r) {
+    return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
+}
+
+/* Row r's FP8 scale of group g / FP4 scale of 32-column group q. */
+template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, const uint8_t *sp, int i) {
+    if (KIND == DS_W_BF16) return 1.0f;
+    if (KIND == DS_W_FP4 && i >= w.scale_cols) return 1.0f; /* columns past K: zero codes */
+    return w.scale_f32 ? ((const float *)sp)[i] : dsc_e8m0(sp[i]);
+}
+
+/* ---- few tokens ------------------------------------------------------------ */
+
+/* One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
+ * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
+ * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
+ * the round's partials in group order. */
+template <int KIND, int MODE, int NB>
+__global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_dec_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, SPC = 8 / CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
+    const int NOUT = 16 * NTOK, PER = (NOUT + DSC_MMA_DW * 32 - 1) / (DSC_MMA_DW * 32);
+    extern __shared__ float part[]; /* [SLOTS][16][NTOK] */
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    int r0 = blockIdx.x * 16;
+    dsc_w w;
+    int rl0, yb, cnt, m0;
+    size_t xq;
+    if (!mma_setup<MODE>(a, r0, w, rl0, yb, xq, cnt, m0)) return;
+    if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
+    for (int j0 = blockIdx.y * NTOK; j0 < cnt; j0 += gridDim.y * NTOK) {
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G;
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nchr = (int)(rowbytes / 16);
+    int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
+    const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
+    const uint8_t *sa = dsc_row_scales(w, KIND, ra), *sb = dsc_row_scales(w, KIND, rb);
+    const float *xr[NB];
+    bool xv[NB];
+    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++) {
+        int j = j0 + ni * 8 + gid;
+        xv[ni] = j < cnt;
+        xr[ni] = a.x + (xv[ni] ? mma_xoff<MODE>(a, m0, j, xq) : 0);
+    }
+    float tot[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) tot[i] = 0.0f;
+    for (int g0 = 0; g0 < ng; g0 += SLOTS) {
+        uint4 qa[GW][CPT], qb[GW][CPT];
+#pragma unroll
+        for (int u = 0; u < GW; u++) {
+            int g = g0 + warp * GW + u;
+#pragma unroll
+            for (int c = 0; c < CPT; c++) {
+                int ch = g * 4 * CPT + tig * CPT + c;
+                bool ok = g < ng && ch < nchr;
+                qa[u][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                qb[u][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GW; u++) {
+            int slot = warp * GW + u, g = g0 + slot;
+            if (g >= ng) break;
+            float sca = 1.0f, scb = 1.0f;
+            if (KIND == DS_W_FP4) {
+                sca = mma_scale<KIND>(w, sa, g * 4 + tig);
+                scb = mma_scale<KIND>(w, sb, g * 4 + tig);
+            }
+            float acc[NB][4];
+#pragma unroll
+            for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                uint32_t a0, a1, a2, a3;
+                afrag<KIND>(qa[u][kk / SPC], kk % SPC, sca, a0, a2);
+                afrag<KIND>(qb[u][kk / SPC], kk % SPC, scb, a1, a3);
+                int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++) {
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (xv[ni] && col < K) {
+                        const float *p = xr[ni] + col;
+                        if (xal) v = *(const float4 *)p;
+                        else v = make_float4(p[0], p[1], p[2], p[3]);
+                    }
+                    uint32_t b[4];
+                    split4(v, b);
+                    mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
+                    mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
+                }
+            }
+            if (KIND == DS_W_FP8) {
+                float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++) {
+                    acc[ni][0] = __fmul_rn(acc[ni][0], s0);
+                    acc[ni][1] = __fmul_rn(acc[ni][1], s0);
+                    acc[ni][2] = __fmul_rn(acc[ni][2], s1);
+                    acc[ni][3] = __fmul_rn(acc[ni][3], s1);
+                }
+            }
+            float *ps = part + (size_t)slot * 16 * NTOK;
+#pragma unroll
+            for (int ni = 0; ni < NB; ni++) {
+                ps[gid * NTOK + ni * 8 + tig * 2] = acc[ni][0];
+                ps[gid * NTOK + ni * 8 + tig * 2 + 1] = acc[ni][1];
+                ps[(gid + 8) * NTOK + ni * 8 + tig * 2] = acc[ni][2];
+                ps[(gid + 8) * NTOK + ni * 8 + tig * 2 + 1] = acc[ni][3];
+            }
+        }
+        __syncthreads();
+        int nv = ng - g0 < SLOTS ? ng - g0 : SLOTS;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            int o = threadIdx.x + i * DSC_MMA_DW * 32;
+            if (o < NOUT)
+                for (int s = 0; s < nv; s++) tot[i] = __fadd_rn(tot[i], part[(size_t)s * NOUT + o]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        int o = threadIdx.x + i * DSC_MMA_DW * 32, row = o / NTOK, j = j0 + o % NTOK;
+        if (o < NOUT && j < cnt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + row)] = tot[i];
+    }
+    }
+}
+
+/* ---- many tokens ------------------------------------------------------------ */
+
+__device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
+}
+
+template <int KIND> struct mt {
+    enum {
+        ASTR = mk<KIND>::RB + (mk<KIND>::RB == 64 ? 0 : 64), /* row stride: mod 128 = 64, no bank conflicts */
+        BSTR = 32 * 16 + 64,
+        ABYTES = DSC_MMA_BM * ASTR,
+        BBYTES = DSC_MMA_BN * BSTR,
+        STAGE = ABYTES + BBYTES,
+        SMEM = 2 * STAGE + DSC_MMA_BN * 8
+    };
+};
+
+/* One block: DSC_MMA_BM rows x DSC_MMA_BN tokens, 4 warps of 32 x 32 (2 m16
+ * tiles x 4 n8 tiles); groups staged by cp.async (2 stages). Shared layout of
+ * a stage: A row r, thread-chunk (tig, c) at position c*4 + tig; B token j,
+ * chunk (tig, kk) (columns tig*32 + kk*4 ..) at position kk*4 + tig. */
+template <int KIND, int MODE>
+__global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, SPC = 8 / CPT;
+    extern __shared__ __align__(16) uint8_t sm[];
+    size_t *xoff = (size_t *)(sm + 2 * mt<KIND>::STAGE);
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    int wm = warp >> 1, wn = warp & 1;
+    int r0 = blockIdx.x * DSC_MMA_BM;
+    dsc_w w;
+    int rl0, yb, cnt, m0;
+    size_t xq;
+    if (!mma_setup<MODE>(a, r0, w, rl0, yb, xq, cnt, m0)) return;
+    if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
+    for (int j0 = blockIdx.y * DSC_MMA_BN; j0 < cnt; j0 += gridDim.y * DSC_MMA_BN) {
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G;
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nchr = (int)(rowbytes / 16), nchx = K / 4;
+    for (int i = tid; i < DSC_MMA_BN; i += 128) xoff[i] = j0 + i < cnt ? mma_xoff<MODE>(a, m0, j0 + i, xq) / 4 : 0;
+    __syncthreads();
+    auto load = [&](int g, int st) {
+        uint8_t *As = sm + st * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
+#pragma unroll
+        for (int u = 0; u < 2 * CPT; u++) {
+            int i = tid + 128 * u, row = i / (4 * CPT), c = i % (4 * CPT);
+            int r = min(rl0 + row, w.rows - 1), ch = g * 4 * CPT + c;
+            bool ok = rl0 + row < w.rows && ch < nchr;
+            cp16(As + row * mt<KIND>::ASTR + ((c % CPT) * 4 + c / CPT) * 16,
+                 ok ? (const void *)(w.data + (size_t)r * rowbytes + (size_t)ch * 16) : (const void *)w.data, ok);
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            int i = tid + 128 * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
+            bool ok = j0 + tok < cnt && ch < nchx;
+            cp16(Bs + tok * mt<KIND>::BSTR + ((c % 8) * 4 + c / 8) * 16, ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl,
+                 ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    const uint8_t *srow[2][2];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) srow[mi][h] = dsc_row_scales(w, KIND, min(rl0 + wm * 32 + mi * 16 + h * 8 + gid, w.rows - 1));
+    float tot[2][4][4], acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) tot[mi][ni][q] = 0.0f;
+    load(0, 0);
+    for (int g = 0; g < ng; g++) {
+        if (g + 1 < ng) load(g + 1, (g + 1) & 1);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+        const uint8_t *As = sm + (g & 1) * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
+        float sc[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        if (KIND == DS_W_FP4)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sc[mi][h] = mma_scale<KIND>(w, srow[mi][h], g * 4 + tig);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            uint4 q[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    q[mi][h] = *(const uint4 *)(As + (wm * 32 + mi * 16 + h * 8 + gid) * mt<KIND>::ASTR + (c * 4 + tig) * 16);
+#pragma unroll
+            for (int s = 0; s < SPC; s++) {
+                int kk = c * SPC + s;
+                uint32_t af[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    afrag<KIND>(q[mi][0], s, sc[mi][0], af[mi][0], af[mi][2]);
+                    afrag<KIND>(q[mi][1], s, sc[mi][1], af[mi][1], af[mi][3]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    uint4 b = *(const uint4 *)(Bs + (wn * 32 + ni * 8 + gid) * mt<KIND>::BSTR + (kk * 4 + tig) * 16);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+                        mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
+                    }
+                }
+            }
+        }
+        float s[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        if (KIND == DS_W_FP8)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) s[mi][h] = mma_scale<KIND>(w, srow[mi][h], g);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float p = KIND == DS_W_FP8 ? __fmul_rn(acc[mi][ni][q], s[mi][q >> 1]) : acc[mi][ni][q];
+                    tot[mi][ni][q] = __fadd_rn(tot[mi][ni][q], p);
+                }
+        __syncthreads();
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int rl = wm * 32 + mi * 16 + h * 8 + gid;
+            if (rl0 + rl >= w.rows) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = j0 + wn * 32 + ni * 8 + tig * 2 + e;
+                    if (j < cnt) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + rl)] = tot[mi][ni][h * 2 + e];
+                }
+        }
+    }
+}
+
+/* x -> the split form: 4 activations -> {hi x4, lo x4} (16 bytes). */
+__global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict__ o, size_t n4) {
+    int al = ((uintptr_t)x & 15) == 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        const float *p = x + 4 * i;
+        float4 v = al ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        uint32_t b[4];
+        split4(v, b);
+        o[i] = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+}
+
+/* ---- launchers ---------------------------------------------------------------- */
+
+static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) {
+    if (b->cap >= bytes) return 0;
+    size_t cap = b->cap ? b->cap : 1 << 20;
+    while (cap < bytes) cap *= 2;
+    if (b->p) {
+        cudaStreamSynchronize(st); /* earlier kernels may still read it */
+        cudaFree(b->p);
+        b->p = NULL;
+        b->cap = 0;
+    }
+    if (cudaMalloc(&b->p, cap) != cudaSuccess) {
+        cudaGetLastError();
+        b->p = NULL;
+        return -1;
+    }
+    b->cap = cap;
+    return 0;
+}
+
+static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n) {
+    if (grow(buf, n * 4, st)) return -1;
+    size_t n4 = n / 4, blocks = (n4 + 255) / 256;
+    mma_split_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st>>>(x, (uint4 *)buf->p, n4);
+    return 0;
+}
+
+int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
+    if (kind != DS_W_BF16 && kind != DS_W_FP8 && !(kind == DS_W_FP4 && !w.scale_f32)) return 0;
+    size_t rowbytes = kind == DS_W_BF16 ? (size_t)w.cols * 2 : kind == DS_W_FP8 ? (size_t)w.cols : (size_t)w.cols / 2;
+    (void)rpg; /* a group's row block is a view (mma_setup): any rows per group */
+    return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0;
+}
+
+template <int KIND, int MODE> static void launch_dec(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
+    int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
+    dim3 grid((unsigned)((rows + 15) / 16), (unsigned)((T + 8 * NB - 1) / (8 * NB)), nz);
+    size_t smem = (size_t)DSC_MMA_DW * mk<KIND>::GW * 16 * 8 * NB * sizeof(float);
+    if (NB == 1) mma_dec_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+    else if (NB == 2) mma_dec_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+    else mma_dec_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+}
+
+template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
+    static int attr = 0;
+    if (!attr) {
+        cudaFuncSetAttribute(mma_tile_kernel<KIND, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, mt<KIND>::SMEM);
+        attr = 1;
+    }
+    dim3 grid((unsigned)((rows + DSC_MMA_BM - 1) / DSC_MMA_BM), (unsigned)((T + DSC_MMA_BN - 1) / DSC_MMA_BN), nz);
+    mma_tile_kernel<KIND, MODE><<<grid, 128, mt<KIND>::SMEM, st>>>(a);
+}
+
+template <int MODE>
+static void launch_kind(cudaStream_t st, int kind, int dec, const mma_args &a, int rows, int T, unsigned nz) {
+    switch (kind) {
+    case DS_W_BF16: dec ? launch_dec<DS_W_BF16, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_BF16, MODE>(st, a, rows, T, nz); break;
+    case DS_W_FP8: dec ? launch_dec<DS_W_FP8, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz); break;
+    case DS_W_FP4: dec ? launch_dec<DS_W_FP4, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz); break;
+    }
+}
+
+int dsc_mma_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
+                   float *y, int ys) {
+    mma_args a;
+    memset(&a, 0, sizeof a);
+    a.w = w;
+    a.x = x;
+    a.xs = xs;
+    a.xg = xg;
+    a.rpg = rpg;
+    a.T = T;
+    a.y = y;
+    a.ys = ys;
+    int dec = T <= DSC_MMA_DEC_MAX_T;
+    if (!dec) {
+        if (split(st, xhl, x, (size_t)T * (size_t)xs)) return -1;
+        a.xhl = (const uint4 *)xhl->p;
+    }
+    /* grouped: blockIdx.z = group, its rows as a matrix of their own */
+    int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
+    launch_kind<MMA_PLAIN>(st, kind, dec, a, G > 1 ? rpg : w.rows, T, (unsigned)G);
+    return 0;
+}
+
+int dsc_mma_experts(cudaStream_t st, dsc_buf *xhl, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
+                    const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
+                    const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys) {
+    mma_args a;
+    memset(&a, 0, sizeof a);
+    a.w = shape;
+    a.x = x;
+    a.xs = xs;
+    a.T = maxcnt;
+    a.y = y;
+    a.ys = ys;
+    a.t1 = t1;
+    a.t3 = t3;
+    a.off = off;
+    a.active = active;
+    a.n_active = n_active;
+    a.members = members;
+    a.k = k;
+    a.half = shape.rows;
+    /* few pairs per expert (T*k <= 32 per active expert, on average): the decode
+     * kernel, 32 tokens a pass (it loops over the rest); the same bits either way */
+    size_t P = (size_t)T * (size_t)k;
+    int dec = T <= DSC_MMA_DEC_MAX_T || P <= (size_t)DSC_MMA_DEC_MAX_T * ny;
+    if (dec && maxcnt > DSC_MMA_DEC_MAX_T) maxcnt = DSC_MMA_DEC_MAX_T;
+    if (!dec) {
+        size_t n = up ? (size_t)T * (size_t)xs : P * (size_t)xs;
+        if (split(st, xhl, x, n)) return -1;
+        a.xhl = (const uint4 *)xhl->p;
+    }
+    int rows = up ? 2 * shape.rows : shape.rows;
+    if (up) launch_kind<MMA_UP>(st, kind, dec, a, rows, maxcnt, ny);
+    else launch_kind<MMA_DOWN>(st, kind, dec, a, rows, maxcnt, ny);
+    return 0;
+}
