@@ -140,7 +140,7 @@ ep_gpu() {
     "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.one" --backend cuda >/dev/null 2>&1 ||
       { f=$((f + 1)); echo "FAIL $dir: single-process logits"; continue; }
     for r in 2 3; do
-      if ! timeout 600 mpirun -np "$r" "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.np$r" \
+      if ! timeout "${EP_TIMEOUT:-600}" mpirun -np "$r" "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.np$r" \
         --backend cuda --prefill-chunk 7 >"$T/ep.out" 2>"$T/ep.err"; then
         f=$((f + 1)); echo "FAIL $dir: mpirun -np $r"; tail -20 "$T/ep.err"; continue
       fi

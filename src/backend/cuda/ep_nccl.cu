@@ -26,7 +26,7 @@ typedef struct dsc_nccl {
     size_t cap_pairs;
     ncclResult_t (*get_unique_id)(ncclUniqueId *);
     ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
-    ncclResult_t (*comm_destroy)(ncclComm_t);
+    ncclResult_t (*comm_abort)(ncclComm_t);
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
     ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
@@ -42,9 +42,12 @@ static int nccl_load(dsc_nccl *n, ds_err *err, const char *op) {
     struct {
         void **fn;
         const char *name;
-    } sym[] = {{(void **)&n->get_unique_id, "ncclGetUniqueId"}, {(void **)&n->comm_init_rank, "ncclCommInitRank"},
-               {(void **)&n->comm_destroy, "ncclCommDestroy"},  {(void **)&n->group_start, "ncclGroupStart"},
-               {(void **)&n->group_end, "ncclGroupEnd"},        {(void **)&n->broadcast, "ncclBroadcast"},
+    } sym[] = {{(void **)&n->get_unique_id, "ncclGetUniqueId"},
+               {(void **)&n->comm_init_rank, "ncclCommInitRank"},
+               {(void **)&n->comm_abort, "ncclCommAbort"},
+               {(void **)&n->group_start, "ncclGroupStart"},
+               {(void **)&n->group_end, "ncclGroupEnd"},
+               {(void **)&n->broadcast, "ncclBroadcast"},
                {(void **)&n->get_error_string, "ncclGetErrorString"}};
     for (size_t i = 0; i < sizeof sym / sizeof sym[0]; i++)
         if (!(*sym[i].fn = dlsym(n->lib, sym[i].name))) {
@@ -66,7 +69,11 @@ static dsc_nccl *nccl_of(dsc_impl *I, ds_err *err, const char *op) {
 void dsc_nccl_close(dsc_impl *I) {
     dsc_nccl *n = I->nccl;
     if (!n) return;
-    if (n->comm) n->comm_destroy(n->comm);
+    /* ncclCommAbort, not ncclCommDestroy: the stream is idle here (c_close
+     * synchronized it), and Destroy waits for every peer to tear down too,
+     * which a leader closing its backend before it tells the followers to
+     * quit (ds_ep_session_end) would wait for forever. */
+    if (n->comm) n->comm_abort(n->comm);
     free(n->counts), free(n->displs), free(n->map);
     if (n->lib) dlclose(n->lib);
     free(n);
@@ -78,7 +85,8 @@ extern "C" int dsc_ep_comm_id(const ds_backend *be, void *id, size_t cap, size_t
     if (dsc_use(be, err, op)) return -1;
     dsc_nccl *n = nccl_of(dsc_of(be), err, op);
     if (!n) return -1;
-    if (cap < sizeof(ncclUniqueId)) return dsc_failmsg(err, op, "%zu bytes for a %zu-byte id", cap, sizeof(ncclUniqueId));
+    if (cap < sizeof(ncclUniqueId))
+        return dsc_failmsg(err, op, "%zu bytes for a %zu-byte id", cap, sizeof(ncclUniqueId));
     ncclUniqueId u;
     ncclResult_t r = n->get_unique_id(&u);
     if (r != ncclSuccess) return dsc_failmsg(err, op, "ncclGetUniqueId: %s", n->get_error_string(r));
@@ -93,7 +101,8 @@ extern "C" int dsc_ep_comm_init(const ds_backend *be, const void *id, size_t len
     dsc_impl *I = dsc_of(be);
     dsc_nccl *n = nccl_of(I, err, op);
     if (!n) return -1;
-    if (len != sizeof(ncclUniqueId)) return dsc_failmsg(err, op, "an id of %zu bytes (NCCL's is %zu)", len, sizeof(ncclUniqueId));
+    if (len != sizeof(ncclUniqueId))
+        return dsc_failmsg(err, op, "an id of %zu bytes (NCCL's is %zu)", len, sizeof(ncclUniqueId));
     if (n->comm) return dsc_failmsg(err, op, "the communicator exists already");
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
@@ -104,20 +113,23 @@ extern "C" int dsc_ep_comm_init(const ds_backend *be, const void *id, size_t len
                            n->get_error_string(r));
     }
     n->rank = rank, n->size = size;
-    if (!(n->counts = (int *)calloc((size_t)size, sizeof(int))) || !(n->displs = (int *)calloc((size_t)size, sizeof(int))))
+    if (!(n->counts = (int *)calloc((size_t)size, sizeof(int))) ||
+        !(n->displs = (int *)calloc((size_t)size, sizeof(int))))
         return dsc_failmsg(err, op, "out of host memory");
     return 0;
 }
 
 /* dst[j] = src[idx[j]] (pack), rows of D floats */
-__global__ void ep_gather_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx, int D) {
+__global__ void ep_gather_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx,
+                                 int D) {
     const float *s = src + (size_t)idx[blockIdx.y] * D;
     float *d = dst + (size_t)blockIdx.y * D;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) d[c] = s[c];
 }
 
 /* dst[idx[j]] = src[j] (unpack) */
-__global__ void ep_scatter_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx, int D) {
+__global__ void ep_scatter_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx,
+                                  int D) {
     const float *s = src + (size_t)blockIdx.y * D;
     float *d = dst + (size_t)idx[blockIdx.y] * D;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) d[c] = s[c];
@@ -141,7 +153,8 @@ extern "C" int dsc_ep_exchange(const ds_backend *be, float *rows, int n_pairs, i
     int *map = n->map, *mine = map + n_pairs, n_mine = 0;
     memset(n->counts, 0, (size_t)n->size * sizeof(int));
     for (int i = 0; i < n_pairs; i++) {
-        if (owner[i] < 0 || owner[i] >= n->size) return dsc_failmsg(err, op, "pair %d owned by rank %d of %d", i, owner[i], n->size);
+        if (owner[i] < 0 || owner[i] >= n->size)
+            return dsc_failmsg(err, op, "pair %d owned by rank %d of %d", i, owner[i], n->size);
         n->counts[owner[i]]++;
     }
     for (int r = 0, o = 0; r < n->size; r++) n->displs[r] = o, o += n->counts[r];
@@ -155,7 +168,8 @@ extern "C" int dsc_ep_exchange(const ds_backend *be, float *rows, int n_pairs, i
     float *recv = send ? (float *)dsc_scratch(I, DSC_S_EP1, (size_t)n_pairs * rowb, err, op) : NULL;
     int *dmap = recv ? (int *)dsc_scratch(I, DSC_S_EP2, 2 * (size_t)n_pairs * sizeof(int), err, op) : NULL;
     if (!dmap) return -1;
-    cudaError_t ce = cudaMemcpyAsync(dmap, map, ((size_t)n_pairs + n_mine) * sizeof(int), cudaMemcpyHostToDevice, I->stream);
+    cudaError_t ce =
+        cudaMemcpyAsync(dmap, map, ((size_t)n_pairs + n_mine) * sizeof(int), cudaMemcpyHostToDevice, I->stream);
     if (ce != cudaSuccess) return dsc_fail(err, op, "the row map upload", ce);
     unsigned bx = (unsigned)((D + 255) / 256 < 8 ? (D + 255) / 256 : 8);
     if (n_mine) ep_gather_kernel<<<dim3(bx, (unsigned)n_mine), 256, 0, I->stream>>>(send, rows, dmap + n_pairs, D);

@@ -399,10 +399,7 @@ static int moe_regular(const ds_moe_params *p, const float *h) {
         const ds_weight *w = ws[q];
         if (w->cols % V[w->kind] || ((size_t)w->cols * NUM[w->kind] / DEN[w->kind]) % 16) return 0;
     }
-    for (int e = 0; e < p->E; e++)
-        if (((uintptr_t)p->w1[e].data & 15) || ((uintptr_t)p->w3[e].data & 15) || ((uintptr_t)p->w2[e].data & 15))
-            return 0;
-    return 1;
+    return 1; /* expert pointers: see moe_mma_ok */
 }
 
 __global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, float L) {
@@ -514,11 +511,14 @@ static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float 
  * rows split into whole tiles, every expert 16-byte aligned. By shape only. */
 static int moe_mma_ok(const ds_moe_params *p) {
     dsc_w a = dsc_wdesc(&p->w1[0]), b = dsc_wdesc(&p->w2[0]);
+    a.data = b.data = NULL; /* expert 0 may be another rank's (a host pointer): shapes only */
     if (!dsc_mma_fits(p->w1[0].kind, a, 1 << 30) || !dsc_mma_fits(p->w2[0].kind, b, 1 << 30)) return 0;
     if (p->w1[0].rows % DSC_MMA_BM) return 0;
-    for (int e = 0; e < p->E; e++)
-        if (((uintptr_t)p->w1[e].data & 15) || ((uintptr_t)p->w3[e].data & 15) || ((uintptr_t)p->w2[e].data & 15))
-            return 0;
+    /* No test of the experts' pointers: every weight the kernels read was
+     * placed by map_weights or alloc (cudaMalloc: 256-byte aligned), and an
+     * expert another rank holds (expert parallelism) keeps its host pointer,
+     * which no kernel reads. So the path, and the bits, follow the kind and
+     * shape only: the same on every rank and in one process. */
     return 1;
 }
 
