@@ -83,6 +83,18 @@ static void read_bandwidth(const big_tensors *b, int threads, double *anon, doub
     *mapped = mapped_bandwidth(b, (double)n, 5, threads, sink);
 }
 
+/* AnonHugePages of this process (/proc/self/smaps_rollup), 0 if unknown. */
+static double anon_huge_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (double)kb * 1024;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -252,8 +264,7 @@ int cmd_bench(int argc, char **argv) {
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_err err;
-    if (ds_model_load(dir, &m, &err)) {
-        fprintf(stderr, "dsv4 bench: %s\n", err.msg);
+    if (cli_load_model("bench", dir, &bo, &m)) {
         free(batches);
         return 1;
     }
@@ -280,6 +291,11 @@ int cmd_bench(int argc, char **argv) {
     printf("model      %s: hidden %d, %d layers, %d experts (%d active), vocab %d\n", dir, c->dim, c->n_layers,
            c->n_routed_experts, c->n_active_experts, V);
     printf("backend    %s, %d threads, batch 1\n", be.name, n_threads);
+    if (ds_checkpoint_copied(m->ck))
+        printf("weights    copied into memory (--load copy): %.2f GB, %.2f GB of this process on huge pages\n",
+               ds_checkpoint_bytes(m->ck) / 1e9, anon_huge_bytes() / 1e9);
+    else
+        printf("weights    mapped in place (--load mmap)\n");
     fflush(stdout);
     int pin_err;
     double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);

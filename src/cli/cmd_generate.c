@@ -57,7 +57,8 @@ int cmd_generate(int argc, char **argv) {
         cli_free(&cmd);
         return cli_usage_error(&cmd, "-m and --tokens are required");
     }
-    if (ds_sampling_validate(&sp, &err) || ds_model_load(dir, &m, &err)) goto fail;
+    if (ds_sampling_validate(&sp, &err)) goto fail;
+    if (cli_load_model("generate", dir, &bo, &m)) goto out;
     if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     if (n_prompt > m->cfg.max_pos) {

@@ -87,10 +87,7 @@ int cmd_logits(int argc, char **argv) {
     dumper dump = {la.dump, NULL, 0, 0};
     if (!toks || !lens) goto out;
     for (int i = 0; i < n_seqs; i++) toks[i] = la.tokens.v[i].v, lens[i] = la.tokens.v[i].n;
-    if (ds_model_load(dir, &m, &err)) {
-        fprintf(stderr, "dsv4 logits: %s\n", err.msg);
-        goto out;
-    }
+    if (cli_load_model("logits", dir, &bo, &m)) goto out;
     if (cli_bind("logits", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     seqs = calloc((size_t)n_seqs, sizeof *seqs);

@@ -132,7 +132,7 @@ int cmd_run(int argc, char **argv) {
     ds_tokenizer *tok = NULL;
     int32_t *ids = NULL, *full = NULL;
     size_t n_ids = 0;
-    if (cli_load_model_tok("run", dir, &m, &tok)) goto out;
+    if (cli_load_model_tok("run", dir, &bo, &m, &tok)) goto out;
     if (chat) {
         ds_chat_msg msg = {0};
         msg.role = DS_CHAT_ROLE_USER;
@@ -317,7 +317,7 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL, *reply_text = NULL;
     size_t line_cap = 0;
     chat_reply reply = {0};
-    if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
+    if (cli_load_model_tok("chat", dir, &bo, &m, &tok)) goto out;
     if (cli_bind("chat", m, &bo, &be)) goto out;
     if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
     if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;

@@ -91,7 +91,7 @@ int cmd_serve(int argc, char **argv) {
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
-    if (cli_load_model_tok("serve", dir, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
+    if (cli_load_model_tok("serve", dir, &bo, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
     ds_sched_opts so;
     ds_sched_opts_init(&so);
     so.max_seqs = (int)max_seqs;

@@ -12,6 +12,7 @@ typedef struct ds_backend_opts {
     const char *name; /* NULL or "cpu": the CPU backend; "cuda" */
     int gpu;          /* CUDA device index */
     int threads;      /* CPU threads (<= 0: all cores) */
+    int load;         /* how the weights reach memory: CLI_LOAD_* of cli/opts.h (0: auto) */
 } ds_backend_opts;
 
 /* Opens the backend o names (o may be NULL: the CPU with all cores). Errors
