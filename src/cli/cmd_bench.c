@@ -240,12 +240,13 @@ int cmd_bench(int argc, char **argv) {
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
                                 {NULL, bench_opts, &ba},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"bench",
                          "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--backend cpu|cuda]\n"
                          "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]",
-                         BENCH_ABOUT, NULL, groups, 5};
+                         BENCH_ABOUT, NULL, groups, 6};
     int crc;
     if (cli_parse(&cmd, argc, argv, &crc)) return crc;
     if (!ma.dir) {

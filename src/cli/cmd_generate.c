@@ -34,12 +34,13 @@ int cmd_generate(int argc, char **argv) {
                                 {NULL, generate_opts, &ga},
                                 {"sampling", cli_sampling_opts, &sp},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"generate",
                          "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
                          "[--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]",
-                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 6};
+                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *dir = ma.dir;

@@ -62,12 +62,13 @@ int cmd_logits(int argc, char **argv) {
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
                                 {NULL, logits_opts, &la},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"logits",
                          "-m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N] "
                          "[--dump DPREFIX]",
-                         NULL, NULL, groups, 5};
+                         NULL, NULL, groups, 6};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     if (!ma.dir || !la.prefix || !la.tokens.n) {

@@ -74,12 +74,13 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
                                 {NULL, text_opts_tab, &ta},
                                 {NULL, cli_threads_opts, &bo},
+                                {NULL, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()},
                                 {NULL, stats_opts_tab, &ta}};
     const cli_cmd cmd = {o->cmd,
                          stats ? "[-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]"
                                : "[-m DIR] --file F [--window W] [--batch B] [--threads N]",
-                         about, notes, groups, stats ? 5 : 4};
+                         about, notes, groups, stats ? 6 : 5};
     int rc;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc + 1;
     if (!ta.file) return cli_usage_error(&cmd, "--file F is required (the text to evaluate)") + 1;

@@ -100,10 +100,11 @@ int cmd_run(int argc, char **argv) {
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
+                                {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
                                 "[--special] [sampling options]",
-                         RUN_ABOUT, NULL, groups, 6};
+                         RUN_ABOUT, NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *prompt = ra.prompt, *file = ra.file;
@@ -290,10 +291,11 @@ int cmd_chat(int argc, char **argv) {
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
+                                {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"chat", "[-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache] "
                                  "[--parse-special] [sampling options]",
-                         CHAT_ABOUT, CHAT_NOTES, groups, 6};
+                         CHAT_ABOUT, CHAT_NOTES, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *system = ca.system;

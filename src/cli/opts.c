@@ -48,6 +48,10 @@ static const char *const LOAD_MODES[] = {"auto", "copy", "mmap", NULL}; /* CLI_L
 const cli_opt cli_threads_opts[] = {
     CLI_INT_OPT("--threads", NULL, ds_backend_opts, threads, 0, 1024, "N",
                 "CPU threads (default / 0: all cores); results are the same for any N"),
+    CLI_END,
+};
+
+const cli_opt cli_load_opts[] = {
     CLI_CHOICE_OPT("--load", NULL, ds_backend_opts, load, LOAD_MODES,
                    "how the CPU gets the weights: copy (into huge-page memory, page cache dropped behind the read: "
                    "streams at DRAM speed where file mappings use 4 KiB pages), mmap (in place), auto (default: copy "
