@@ -120,19 +120,18 @@ void bench_print_profile(const char *title, const ds_profile *p, double steps, d
 /* Touches every page of every tensor so that no timed step waits on the disk
  * or on page faults (the model must fit in memory for a decode benchmark),
  * then tries to pin them: this VM's memory reclaim (DAMON) otherwise evicts
- * experts not routed for a while. *pin_err: 0, or the errno of mlock. */
+ * mapped experts not routed for a while. The files are pinned whole (per
+ * tensor, mlock split the huge-page mappings of --load copy into 4 KiB
+ * ones). *pin_err: 0, or the errno of mlock. */
 static double prefault(const ds_checkpoint *ck, int *pin_err) {
     volatile uint8_t sink = 0;
     double bytes = 0;
-    long page = sysconf(_SC_PAGESIZE);
-    *pin_err = 0;
     for (int i = 0; i < ds_checkpoint_count(ck); i++) {
         const ds_tensor *t = ds_checkpoint_at(ck, i);
         for (uint64_t o = 0; o < t->nbytes; o += 4096) sink ^= t->data[o];
         bytes += (double)t->nbytes;
-        uintptr_t a = (uintptr_t)t->data / (uintptr_t)page * (uintptr_t)page;
-        if (!*pin_err && t->nbytes && mlock((const void *)a, (uintptr_t)t->data + t->nbytes - a)) *pin_err = errno;
     }
+    *pin_err = ds_checkpoint_mlock(ck);
     (void)sink;
     return bytes;
 }
@@ -300,8 +299,9 @@ int cmd_bench(int argc, char **argv) {
     fflush(stdout);
     int pin_err;
     double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);
-    printf("warm-up    %.2f GB of weights paged in, %.1f s; %s%s\n", mapped / 1e9, ds_now() - t_pf,
-           pin_err ? "not pinned in memory: mlock: " : "pinned in memory (mlock)", pin_err ? strerror(pin_err) : "");
+    printf("warm-up    %.2f GB of weights paged in, %.1f s; %s%s; %.2f GB of this process on huge pages\n",
+           mapped / 1e9, ds_now() - t_pf, pin_err ? "not pinned in memory: mlock: " : "pinned in memory (mlock)",
+           pin_err ? strerror(pin_err) : "", anon_huge_bytes() / 1e9);
     fflush(stdout);
     big_tensors big;
     rank_tensors(m->ck, &big);

@@ -686,6 +686,14 @@ int ds_checkpoint_copy_in(ds_checkpoint *ck, uint64_t reserve, const ds_copy_pro
     return 0;
 }
 
+int ds_checkpoint_mlock(const ds_checkpoint *ck) {
+    for (int i = 0; ck && i < ck->nfiles; i++) {
+        const ck_file *f = &ck->files[i];
+        if (f->map && mlock(f->map, f->maplen ? f->maplen : f->size)) return errno;
+    }
+    return 0;
+}
+
 int ds_checkpoint_copied(const ds_checkpoint *ck) {
     for (int i = 0; ck && i < ck->nfiles; i++)
         if (!ck->files[i].maplen) return 0;

@@ -75,6 +75,10 @@ typedef struct ds_copy_progress {
     void *ctx;
 } ds_copy_progress;
 int ds_checkpoint_copy_in(ds_checkpoint *ck, uint64_t reserve, const ds_copy_progress *pr, ds_err *err);
+/* Pins every file's memory (mlock of each whole mapping or copy: locking
+ * tensor by tensor would split a copy's huge-page mappings into 4 KiB ones);
+ * 0, or the errno of mlock. */
+int ds_checkpoint_mlock(const ds_checkpoint *ck);
 /* 1 when every file was copied in. */
 int ds_checkpoint_copied(const ds_checkpoint *ck);
 /* The bytes of all files; MemAvailable of /proc/meminfo (0 if unknown). */
