@@ -2,9 +2,9 @@
  * touched for a while? Writes N GiB of mlocked anonymous huge pages, reads
  * each 1 GiB region once, keeps only region 0 hot for S seconds, then reads
  * every region again (one thread; GB/s per region). On the 2-core dev VM
- * (docs/backend.md, "Weights in memory") the cold regions read at 0.6-10
- * GB/s against 13-27 hot: the host reclaims guest memory the guest still
- * sees as resident.
+ * (docs/backend.md, "Weights in memory") the cold regions read at 1.0-2.4
+ * GB/s after 60 s against 32 hot: the host reclaims guest memory the guest
+ * still sees as resident.
  *   cc -O3 -march=native -o /tmp/probe tools/cold_memory_probe.c && /tmp/probe 8 90 */
 #define _GNU_SOURCE
 #include <stdint.h>
