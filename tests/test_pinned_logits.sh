@@ -6,7 +6,8 @@
 # numbers must say so and regenerate tests/fixtures/pinned/logits.sha256 with
 #   bash tests/test_pinned_logits.sh BUILD/dsv4 . --write
 # Each model runs twice: both sequences in one batch, whole prefill, all
-# threads; and again token-chunked (7) on one thread — both must hit the pins.
+# threads, weights copied into memory (--load copy); and again token-chunked
+# (7) on one thread, weights mapped in place (--load mmap) — both must hit the pins.
 set -euo pipefail
 bin="$1"
 src="$2"
@@ -28,8 +29,8 @@ for spec in "tiny tests/fixtures/tiny 331 333" "q128 tests/fixtures/q128 512 333
   name="$1" dir="$src/$2" vocab="$3" len="$4"
   a="$(tokens "$vocab" "$len" 17)"
   b="$(tokens "$vocab" 41 99)"
-  "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$tmp/$name.whole" >/dev/null
-  "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$tmp/$name.chunk" --prefill-chunk 7 --threads 1 >/dev/null
+  "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$tmp/$name.whole" --load copy >/dev/null
+  "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$tmp/$name.chunk" --prefill-chunk 7 --threads 1 --load mmap >/dev/null
   for i in 0 1; do
     h1="$(sha256sum <"$tmp/$name.whole.$i.f32" | cut -d' ' -f1)"
     h2="$(sha256sum <"$tmp/$name.chunk.$i.f32" | cut -d' ' -f1)"

@@ -230,6 +230,11 @@ static void test_writer_errors(const char *dir) {
           "unwritable path: %s", err.msg);
 }
 
+static void count_progress(void *ctx, uint64_t done, uint64_t total) {
+    uint64_t *seen = ctx;
+    if (done <= total) *seen = done;
+}
+
 static void test_sharded(const char *dir) {
     char root[512];
     snprintf(root, sizeof root, "%s/sharded", dir);
@@ -258,6 +263,29 @@ static void test_sharded(const char *dir) {
             CHECK(t && strstr(ds_checkpoint_file_path(ck, t->file), files[i]) && check_data(t, i % 2), "tensor %s",
                   names[i]);
         }
+        ds_checkpoint_close(ck);
+    }
+    /* Copy-in: the same bytes, now in anonymous memory; a reserve larger than
+     * memory is an error naming the first shard, and the files stay mapped. */
+    CHECK(ds_checkpoint_open(root, &ck, &err) == 0, "open sharded: %s", err.msg);
+    if (ck) {
+        CHECK(!ds_checkpoint_copied(ck), "not copied after open");
+        const ds_tensor *t0 = ds_checkpoint_find(ck, names[0]);
+        const uint8_t *before = t0 ? t0->data : NULL;
+        int rc = ds_checkpoint_copy_in(ck, (uint64_t)1 << 62, NULL, &err);
+        CHECK(rc == -1 && strstr(err.msg, f1) && strstr(err.msg, "--load mmap") && !ds_checkpoint_copied(ck),
+              "copy-in beyond memory: %s", err.msg);
+        uint64_t seen = 0;
+        ds_copy_progress pr = {count_progress, &seen};
+        CHECK(ds_checkpoint_copy_in(ck, 0, &pr, &err) == 0, "copy-in: %s", err.msg);
+        CHECK(ds_checkpoint_copied(ck) && seen == ds_checkpoint_bytes(ck), "copied, progress %llu of %llu",
+              (unsigned long long)seen, (unsigned long long)ds_checkpoint_bytes(ck));
+        CHECK(t0 && t0->data != before, "tensor moved");
+        for (int i = 0; i < 4; i++) {
+            const ds_tensor *t = ds_checkpoint_find(ck, names[i]);
+            CHECK(t && check_data(t, i % 2), "copied tensor %s", names[i]);
+        }
+        CHECK(ds_checkpoint_copy_in(ck, 0, NULL, &err) == 0, "a second copy-in is a no-op: %s", err.msg);
         ds_checkpoint_close(ck);
     }
 

@@ -83,6 +83,18 @@ static void read_bandwidth(const big_tensors *b, int threads, double *anon, doub
     *mapped = mapped_bandwidth(b, (double)n, 5, threads, sink);
 }
 
+/* AnonHugePages of this process (/proc/self/smaps_rollup), 0 if unknown. */
+static double anon_huge_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (double)kb * 1024;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -108,19 +120,18 @@ void bench_print_profile(const char *title, const ds_profile *p, double steps, d
 /* Touches every page of every tensor so that no timed step waits on the disk
  * or on page faults (the model must fit in memory for a decode benchmark),
  * then tries to pin them: this VM's memory reclaim (DAMON) otherwise evicts
- * experts not routed for a while. *pin_err: 0, or the errno of mlock. */
+ * mapped experts not routed for a while. The files are pinned whole (per
+ * tensor, mlock split the huge-page mappings of --load copy into 4 KiB
+ * ones). *pin_err: 0, or the errno of mlock. */
 static double prefault(const ds_checkpoint *ck, int *pin_err) {
     volatile uint8_t sink = 0;
     double bytes = 0;
-    long page = sysconf(_SC_PAGESIZE);
-    *pin_err = 0;
     for (int i = 0; i < ds_checkpoint_count(ck); i++) {
         const ds_tensor *t = ds_checkpoint_at(ck, i);
         for (uint64_t o = 0; o < t->nbytes; o += 4096) sink ^= t->data[o];
         bytes += (double)t->nbytes;
-        uintptr_t a = (uintptr_t)t->data / (uintptr_t)page * (uintptr_t)page;
-        if (!*pin_err && t->nbytes && mlock((const void *)a, (uintptr_t)t->data + t->nbytes - a)) *pin_err = errno;
     }
+    *pin_err = ds_checkpoint_mlock(ck);
     (void)sink;
     return bytes;
 }
@@ -228,12 +239,13 @@ int cmd_bench(int argc, char **argv) {
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
                                 {NULL, bench_opts, &ba},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"bench",
                          "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--backend cpu|cuda]\n"
                          "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]",
-                         BENCH_ABOUT, NULL, groups, 5};
+                         BENCH_ABOUT, NULL, groups, 6};
     int crc;
     if (cli_parse(&cmd, argc, argv, &crc)) return crc;
     if (!ma.dir) {
@@ -252,8 +264,7 @@ int cmd_bench(int argc, char **argv) {
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_err err;
-    if (ds_model_load(dir, &m, &err)) {
-        fprintf(stderr, "dsv4 bench: %s\n", err.msg);
+    if (cli_load_model("bench", dir, &bo, &m)) {
         free(batches);
         return 1;
     }
@@ -280,11 +291,17 @@ int cmd_bench(int argc, char **argv) {
     printf("model      %s: hidden %d, %d layers, %d experts (%d active), vocab %d\n", dir, c->dim, c->n_layers,
            c->n_routed_experts, c->n_active_experts, V);
     printf("backend    %s, %d threads, batch 1\n", be.name, n_threads);
+    if (ds_checkpoint_copied(m->ck))
+        printf("weights    copied into memory (--load copy): %.2f GB, %.2f GB of this process on huge pages\n",
+               ds_checkpoint_bytes(m->ck) / 1e9, anon_huge_bytes() / 1e9);
+    else
+        printf("weights    mapped in place (--load mmap)\n");
     fflush(stdout);
     int pin_err;
     double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);
-    printf("warm-up    %.2f GB of weights paged in, %.1f s; %s%s\n", mapped / 1e9, ds_now() - t_pf,
-           pin_err ? "not pinned in memory: mlock: " : "pinned in memory (mlock)", pin_err ? strerror(pin_err) : "");
+    printf("warm-up    %.2f GB of weights paged in, %.1f s; %s%s; %.2f GB of this process on huge pages\n",
+           mapped / 1e9, ds_now() - t_pf, pin_err ? "not pinned in memory: mlock: " : "pinned in memory (mlock)",
+           pin_err ? strerror(pin_err) : "", anon_huge_bytes() / 1e9);
     fflush(stdout);
     big_tensors big;
     rank_tensors(m->ck, &big);

@@ -37,7 +37,7 @@ static const cli_opt kernels_opts[] = {
 
 int cmd_bench_kernels(int argc, char **argv) {
     kernels_args ka = {.reps = 3, .mib = 1024};
-    ds_backend_opts bo = {"cpu", 0, 2, 0};
+    ds_backend_opts bo = {"cpu", 0, 2, 0, 0};
     const cli_group groups[] = {
         {NULL, kernels_opts, &ka}, {NULL, cli_threads_opts, &bo}, {"backend", cli_backend_opts, &bo}};
     const cli_cmd cmd = {"bench --kernels", "[--threads N] [--reps R] [--mib M] [--backend cuda [--gpu N]]",

@@ -34,12 +34,13 @@ int cmd_generate(int argc, char **argv) {
                                 {NULL, generate_opts, &ga},
                                 {"sampling", cli_sampling_opts, &sp},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"generate",
                          "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
                          "[--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]",
-                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 6};
+                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *dir = ma.dir;
@@ -57,7 +58,8 @@ int cmd_generate(int argc, char **argv) {
         cli_free(&cmd);
         return cli_usage_error(&cmd, "-m and --tokens are required");
     }
-    if (ds_sampling_validate(&sp, &err) || ds_model_load(dir, &m, &err)) goto fail;
+    if (ds_sampling_validate(&sp, &err)) goto fail;
+    if (cli_load_model("generate", dir, &bo, &m)) goto out;
     if (cli_bind("generate", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     if (n_prompt > m->cfg.max_pos) {

@@ -62,12 +62,13 @@ int cmd_logits(int argc, char **argv) {
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma},
                                 {NULL, logits_opts, &la},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"logits",
                          "-m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N] "
                          "[--dump DPREFIX]",
-                         NULL, NULL, groups, 5};
+                         NULL, NULL, groups, 6};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     if (!ma.dir || !la.prefix || !la.tokens.n) {
@@ -87,10 +88,7 @@ int cmd_logits(int argc, char **argv) {
     dumper dump = {la.dump, NULL, 0, 0};
     if (!toks || !lens) goto out;
     for (int i = 0; i < n_seqs; i++) toks[i] = la.tokens.v[i].v, lens[i] = la.tokens.v[i].n;
-    if (ds_model_load(dir, &m, &err)) {
-        fprintf(stderr, "dsv4 logits: %s\n", err.msg);
-        goto out;
-    }
+    if (cli_load_model("logits", dir, &bo, &m)) goto out;
     if (cli_bind("logits", m, &bo, &be)) goto out;
     int V = m->cfg.vocab_size;
     seqs = calloc((size_t)n_seqs, sizeof *seqs);

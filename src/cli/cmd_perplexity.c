@@ -25,6 +25,7 @@ typedef struct {
     int threads;
     int fractions;
     const char *load_out;
+    int load; /* --load */
 } text_opts;
 
 /* The text's windows: window i is ids[start[i] .. start[i] + len[i]). */
@@ -73,12 +74,13 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
                                 {NULL, text_opts_tab, &ta},
                                 {NULL, cli_threads_opts, &bo},
+                                {NULL, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()},
                                 {NULL, stats_opts_tab, &ta}};
     const cli_cmd cmd = {o->cmd,
                          stats ? "[-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]"
                                : "[-m DIR] --file F [--window W] [--batch B] [--threads N]",
-                         about, notes, groups, stats ? 5 : 4};
+                         about, notes, groups, stats ? 6 : 5};
     int rc;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc + 1;
     if (!ta.file) return cli_usage_error(&cmd, "--file F is required (the text to evaluate)") + 1;
@@ -87,6 +89,7 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const
     o->window = ta.window;
     o->batch = ta.batch;
     o->threads = bo.threads;
+    o->load = bo.load;
     o->fractions = ta.fractions;
     o->load_out = ta.load_out;
     return 0;
@@ -226,7 +229,7 @@ static double row_nll(const float *x, int V, int32_t target) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL};
+    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL, 0};
     int prc = parse_text_opts(argc, argv, &o, 0, PPL_ABOUT, PPL_NOTES);
     if (prc) return prc - 1;
     char dir[4096];
@@ -238,8 +241,8 @@ int cmd_perplexity(int argc, char **argv) {
     batch_bufs bb = {0};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads, 0};
-    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
+    ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
+    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const int V = m->cfg.vocab_size;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= V) {
@@ -337,7 +340,7 @@ static void histogram(const long long *c, int E) {
 #endif
 
 int cmd_stats(int argc, char **argv) {
-    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL};
+    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL, 0};
     int prc = parse_text_opts(argc, argv, &o, 1, STATS_ABOUT, NULL);
     if (prc) return prc - 1;
 #ifndef DS_HAVE_ROUTE_HOOK
@@ -355,8 +358,8 @@ int cmd_stats(int argc, char **argv) {
     route_counts cnt = {0, NULL};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads, 0};
-    if (cli_load_model_tok(o.cmd, dir, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
+    ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
+    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
     const ds_config *c = &m->cfg;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= c->vocab_size) {

@@ -100,10 +100,11 @@ int cmd_run(int argc, char **argv) {
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
+                                {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
                                 "[--special] [sampling options]",
-                         RUN_ABOUT, NULL, groups, 6};
+                         RUN_ABOUT, NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *prompt = ra.prompt, *file = ra.file;
@@ -132,7 +133,7 @@ int cmd_run(int argc, char **argv) {
     ds_tokenizer *tok = NULL;
     int32_t *ids = NULL, *full = NULL;
     size_t n_ids = 0;
-    if (cli_load_model_tok("run", dir, &m, &tok)) goto out;
+    if (cli_load_model_tok("run", dir, &bo, &m, &tok)) goto out;
     if (chat) {
         ds_chat_msg msg = {0};
         msg.role = DS_CHAT_ROLE_USER;
@@ -290,10 +291,11 @@ int cmd_chat(int argc, char **argv) {
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
+                                {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"chat", "[-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache] "
                                  "[--parse-special] [sampling options]",
-                         CHAT_ABOUT, CHAT_NOTES, groups, 6};
+                         CHAT_ABOUT, CHAT_NOTES, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *system = ca.system;
@@ -317,7 +319,7 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL, *reply_text = NULL;
     size_t line_cap = 0;
     chat_reply reply = {0};
-    if (cli_load_model_tok("chat", dir, &m, &tok)) goto out;
+    if (cli_load_model_tok("chat", dir, &bo, &m, &tok)) goto out;
     if (cli_bind("chat", m, &bo, &be)) goto out;
     if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
     if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;

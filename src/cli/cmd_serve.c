@@ -52,6 +52,7 @@ int cmd_serve(int argc, char **argv) {
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
                                 {NULL, serve_opts, &sa},
                                 {"backend", cli_threads_opts, &bo},
+                                {"backend", cli_load_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"serve",
@@ -60,7 +61,7 @@ int cmd_serve(int argc, char **argv) {
                          "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions (JSON or\n"
                          "SSE with \"stream\": true), GET /v1/models, /health, /metrics (Prometheus), / (chat page).\n"
                          "A request with a seed gets the same text whatever else the server is doing.\n",
-                         NULL, groups, 5};
+                         NULL, groups, 6};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *given = ma.dir, *host = sa.host, *key = sa.key, *name = sa.name;
@@ -91,7 +92,7 @@ int cmd_serve(int argc, char **argv) {
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
-    if (cli_load_model_tok("serve", dir, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
+    if (cli_load_model_tok("serve", dir, &bo, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
     ds_sched_opts so;
     ds_sched_opts_init(&so);
     so.max_seqs = (int)max_seqs;

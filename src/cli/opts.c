@@ -44,9 +44,20 @@ const cli_opt cli_ep_opts[] = {
     CLI_END,
 };
 
+static const char *const LOAD_MODES[] = {"auto", "copy", "mmap", NULL}; /* CLI_LOAD_* */
+
 const cli_opt cli_threads_opts[] = {
     CLI_INT_OPT("--threads", NULL, ds_backend_opts, threads, 0, 1024, "N",
                 "CPU threads (default / 0: all cores); results are the same for any N"),
+    CLI_END,
+};
+
+const cli_opt cli_load_opts[] = {
+    CLI_CHOICE_OPT("--load", NULL, ds_backend_opts, load, LOAD_MODES,
+                   "how the CPU gets the weights: copy (into huge-page memory, page cache dropped behind the read: "
+                   "streams at DRAM speed where file mappings use 4 KiB pages), mmap (in place), auto (default: copy "
+                   "on the CPU backend of one process when the model fits in available memory, else mmap); the "
+                   "same bits in every mode"),
     CLI_END,
 };
 

@@ -117,6 +117,9 @@ extern const cli_opt cli_ep_opts[];
 #define CLI_EP_TITLE "expert parallelism (under mpirun, docs/ep.md)"
 /* --threads N into ds_backend_opts. */
 extern const cli_opt cli_threads_opts[];
+/* --load auto|copy|mmap into ds_backend_opts (commands that load a model). */
+extern const cli_opt cli_load_opts[];
+enum { CLI_LOAD_AUTO = 0, CLI_LOAD_COPY = 1, CLI_LOAD_MMAP = 2 }; /* ds_backend_opts.load */
 /* --temperature ... --seed into ds_sampling. */
 extern const cli_opt cli_sampling_opts[];
 

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/opts.h"
 #include "common/io.h"
 #include "dist/ep.h"
 #include "runtime/ep_follow.h"
@@ -68,13 +69,48 @@ int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
     return -1;
 }
 
-int cli_load_model_tok(const char *cmd, const char *dir, ds_model **m, ds_tokenizer **tok) {
+/* "loading  4.2 / 16.4 GB" rewritten in place, every 0.5 GB */
+typedef struct {
+    const char *cmd;
+    uint64_t shown;
+} load_progress;
+
+static void show_progress(void *ctx, uint64_t done, uint64_t total) {
+    load_progress *p = ctx;
+    if (done < total && done - p->shown < ((uint64_t)1 << 29)) return;
+    p->shown = done;
+    fprintf(stderr, "\rdsv4 %s: copying the weights into memory: %.1f / %.1f GB%s", p->cmd, done / 1e9, total / 1e9,
+            done >= total ? "\n" : "");
+}
+
+static int load_with(const char *cmd, const char *dir, const ds_backend_opts *o, ds_model **m, ds_err *err) {
+    int mode = DS_LOAD_MMAP;
+    if (o && o->load == CLI_LOAD_COPY) mode = DS_LOAD_COPY;
+    /* auto: a GPU backend copies the weights itself; ranks of one host would each hold a copy */
+    if (o && o->load == CLI_LOAD_AUTO && (!o->name || !strcmp(o->name, "cpu")) && ds_ep_session_size() <= 1)
+        mode = DS_LOAD_AUTO;
+    load_progress lp = {cmd, 0};
+    ds_load_opts lo = {mode, {isatty(2) ? show_progress : NULL, &lp}};
+    return ds_model_load_with(dir, &lo, m, err);
+}
+
+int cli_load_model(const char *cmd, const char *dir, const ds_backend_opts *o, ds_model **m) {
+    ds_err err = {{0}};
+    *m = NULL;
+    if (load_with(cmd, dir, o, m, &err)) {
+        fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_load_model_tok(const char *cmd, const char *dir, const ds_backend_opts *o, ds_model **m, ds_tokenizer **tok) {
     ds_err err = {{0}};
     *m = NULL;
     *tok = NULL;
     /* the tokenizer first: it is cheap, and a missing tokenizer.json should
      * not wait for the weights */
-    if (ds_tokenizer_load(dir, tok, &err) || ds_model_load(dir, m, &err)) {
+    if (ds_tokenizer_load(dir, tok, &err) || load_with(cmd, dir, o, m, &err)) {
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
         ds_tokenizer_free(*tok);
         *tok = NULL;

@@ -17,8 +17,14 @@ struct ds_tokenizer;
  * ./models/kjv, else <dir of the executable>/../models/kjv (the first holding
  * config.json). -1 with a message on stderr naming `cmd` if none. */
 int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap);
-/* Loads DIR's tokenizer.json, then its weights; -1 with a message on stderr. */
-int cli_load_model_tok(const char *cmd, const char *dir, struct ds_model **m, struct ds_tokenizer **tok);
+/* Loads DIR's weights the way o says (--load; o NULL: mmap): auto copies
+ * them into memory for the CPU backend of a single process when they fit;
+ * progress on standard error when it is a terminal. -1 with a message on
+ * stderr. */
+int cli_load_model(const char *cmd, const char *dir, const ds_backend_opts *o, struct ds_model **m);
+/* Loads DIR's tokenizer.json, then its weights (as cli_load_model). */
+int cli_load_model_tok(const char *cmd, const char *dir, const ds_backend_opts *o, struct ds_model **m,
+                       struct ds_tokenizer **tok);
 /* The tokenizer's BOS id, else config.json's bos_token_id. */
 int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
 

@@ -133,6 +133,7 @@ typedef struct ck_file {
     char *path;
     uint8_t *map;
     size_t size;
+    size_t maplen; /* 0: map is the file's mapping (size bytes); else anonymous memory of maplen bytes (copy-in) */
     char *names; /* arena holding the names of this file's tensors */
 } ck_file;
 
@@ -569,7 +570,7 @@ int ds_checkpoint_open(const char *path, ds_checkpoint **out, ds_err *err) {
 void ds_checkpoint_close(ds_checkpoint *ck) {
     if (!ck) return;
     for (int i = 0; i < ck->nfiles; i++) {
-        if (ck->files[i].map) munmap(ck->files[i].map, ck->files[i].size);
+        if (ck->files[i].map) munmap(ck->files[i].map, ck->files[i].maplen ? ck->files[i].maplen : ck->files[i].size);
         free(ck->files[i].names);
         free(ck->files[i].path);
     }
@@ -594,6 +595,110 @@ const char *ds_checkpoint_file_path(const ds_checkpoint *ck, int file) {
 }
 
 int ds_checkpoint_file_count(const ds_checkpoint *ck) { return ck ? ck->nfiles : 0; }
+
+/* ---- copy-in: the files' bytes in anonymous huge-page memory ------------ */
+
+#define COPY_ALIGN ((size_t)2 << 20) /* the huge-page size of x86-64 */
+#define COPY_CHUNK ((size_t)64 << 20)
+
+uint64_t ds_checkpoint_bytes(const ds_checkpoint *ck) {
+    uint64_t n = 0;
+    for (int i = 0; ck && i < ck->nfiles; i++) n += ck->files[i].size;
+    return n;
+}
+
+uint64_t ds_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* File i's bytes into a fresh 2 MiB-aligned anonymous block; its tensors
+ * point there afterwards and the file's mapping is gone. */
+static int copy_file(ds_checkpoint *ck, int fi, uint64_t *done, uint64_t total, const ds_copy_progress *pr,
+                     ds_err *err) {
+    ck_file *f = &ck->files[fi];
+    if (f->maplen) return 0; /* copied before */
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ds_fail(err, "%s: %s", f->path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != (uint64_t)f->size) {
+        close(fd);
+        return ds_fail(err, "%s: the file changed size since it was opened", f->path);
+    }
+    size_t len = (f->size + COPY_ALIGN - 1) / COPY_ALIGN * COPY_ALIGN;
+    uint8_t *raw = mmap(NULL, len + COPY_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        return ds_fail(err, "%s: no memory for a copy of %zu bytes: %s", f->path, f->size, strerror(e));
+    }
+    uint8_t *mem = (uint8_t *)(((uintptr_t)raw + COPY_ALIGN - 1) / COPY_ALIGN * COPY_ALIGN);
+    if (mem > raw) munmap(raw, (size_t)(mem - raw));
+    if (mem < raw + COPY_ALIGN) munmap(mem + len, (size_t)(raw + COPY_ALIGN - mem));
+    madvise(mem, len, MADV_HUGEPAGE); /* advisory: without THP the copy still works, on 4 KiB pages */
+    for (size_t off = 0; off < f->size;) {
+        size_t n = f->size - off < COPY_CHUNK ? f->size - off : COPY_CHUNK;
+        ssize_t r = pread(fd, mem + off, n, (off_t)off);
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            if (r < 0 && e == EINTR) continue;
+            munmap(mem, len);
+            close(fd);
+            return ds_fail(err, "%s: read at byte %zu: %s", f->path, off, r < 0 ? strerror(e) : "unexpected end of file");
+        }
+        /* drop the file's cached pages behind the read: page cache and copy
+         * never both hold the model */
+        posix_fadvise(fd, (off_t)off, (off_t)r, POSIX_FADV_DONTNEED);
+        off += (size_t)r;
+        *done += (uint64_t)r;
+        if (pr && pr->fn) pr->fn(pr->ctx, *done, total);
+    }
+    close(fd);
+    mprotect(mem, len, PROT_READ); /* read-only, as the mapping was */
+    for (int t = 0; t < ck->ntensors; t++)
+        if (ck->tensors[t].file == fi) ck->tensors[t].data = mem + (ck->tensors[t].data - f->map);
+    munmap(f->map, f->size);
+    f->map = mem;
+    f->maplen = len;
+    return 0;
+}
+
+int ds_checkpoint_copy_in(ds_checkpoint *ck, uint64_t reserve, const ds_copy_progress *pr, ds_err *err) {
+    uint64_t total = ds_checkpoint_bytes(ck), avail = ds_mem_available(), need = 0, done = 0;
+    for (int i = 0; i < ck->nfiles; i++) {
+        if (ck->files[i].maplen) continue;
+        need += ck->files[i].size;
+        if (avail && need + reserve > avail)
+            return ds_fail(err,
+                           "%s: not enough memory to copy the checkpoint in: it needs %.2f GB up to this file "
+                           "(%.2f GB in all, + %.2f GB kept free) but %.2f GB is available (MemAvailable); "
+                           "--load mmap reads the weights in place",
+                           ck->files[i].path, need / 1e9, total / 1e9, reserve / 1e9, avail / 1e9);
+    }
+    for (int i = 0; i < ck->nfiles; i++)
+        if (copy_file(ck, i, &done, total, pr, err)) return -1;
+    return 0;
+}
+
+int ds_checkpoint_mlock(const ds_checkpoint *ck) {
+    for (int i = 0; ck && i < ck->nfiles; i++) {
+        const ck_file *f = &ck->files[i];
+        if (f->map && mlock(f->map, f->maplen ? f->maplen : f->size)) return errno;
+    }
+    return 0;
+}
+
+int ds_checkpoint_copied(const ds_checkpoint *ck) {
+    for (int i = 0; ck && i < ck->nfiles; i++)
+        if (!ck->files[i].maplen) return 0;
+    return ck && ck->nfiles > 0;
+}
 
 /* ---- writer ------------------------------------------------------------- */
 

@@ -40,7 +40,7 @@ typedef struct ds_tensor {
     ds_dtype dtype;
     int ndim;
     int64_t shape[DS_MAX_DIMS];
-    const uint8_t *data; /* points into the mmap'd file; read-only */
+    const uint8_t *data; /* points into the mmap'd file (or its copy: ds_checkpoint_copy_in); read-only */
     uint64_t nbytes;
     int file;            /* index into the checkpoint's file list */
 } ds_tensor;
@@ -59,6 +59,31 @@ int ds_checkpoint_count(const ds_checkpoint *ck);
 const ds_tensor *ds_checkpoint_at(const ds_checkpoint *ck, int i);
 const char *ds_checkpoint_file_path(const ds_checkpoint *ck, int file);
 int ds_checkpoint_file_count(const ds_checkpoint *ck);
+
+/* Copy-in: every file's bytes move from the file mapping into anonymous
+ * memory, 2 MiB aligned and advised for transparent huge pages
+ * (madvise(MADV_HUGEPAGE)), read with pread and dropped from the page cache
+ * behind the read (posix_fadvise DONTNEED), so the page cache and the copy
+ * never both hold the model. Tensors' data pointers move with their file;
+ * the bytes are the same. On a machine whose file mappings use 4 KiB page
+ * table entries this is what lets the weights stream at DRAM speed (see
+ * docs/backend.md). Fails, naming the first file that would not fit, when
+ * the files + `reserve` bytes exceed MemAvailable (checked before any copy);
+ * a file that fails to copy stays mapped. pr may be NULL. */
+typedef struct ds_copy_progress {
+    void (*fn)(void *ctx, uint64_t done, uint64_t total); /* after each chunk (64 MiB) */
+    void *ctx;
+} ds_copy_progress;
+int ds_checkpoint_copy_in(ds_checkpoint *ck, uint64_t reserve, const ds_copy_progress *pr, ds_err *err);
+/* Pins every file's memory (mlock of each whole mapping or copy: locking
+ * tensor by tensor would split a copy's huge-page mappings into 4 KiB ones);
+ * 0, or the errno of mlock. */
+int ds_checkpoint_mlock(const ds_checkpoint *ck);
+/* 1 when every file was copied in. */
+int ds_checkpoint_copied(const ds_checkpoint *ck);
+/* The bytes of all files; MemAvailable of /proc/meminfo (0 if unknown). */
+uint64_t ds_checkpoint_bytes(const ds_checkpoint *ck);
+uint64_t ds_mem_available(void);
 
 /* Streaming writer. The header is written first from `specs`; then for each
  * tensor in order `fill` is called with a buffer of exactly its byte size

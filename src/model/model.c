@@ -220,7 +220,9 @@ static int load_layer(loader *L, int li) {
     return 0;
 }
 
-int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
+int ds_model_load(const char *dir, ds_model **out, ds_err *err) { return ds_model_load_with(dir, NULL, out, err); }
+
+int ds_model_load_with(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err) {
     *out = NULL;
     if (!strncmp(dir, "synth:", 6)) return ds_model_load_synth(dir + 6, out, err);
     ds_model *m = calloc(1, sizeof *m);
@@ -229,6 +231,16 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) {
     char cfgpath[1200];
     snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
     if (ds_config_load(cfgpath, &m->cfg, err) || ds_checkpoint_open(dir, &m->ck, err)) {
+        ds_model_free(m);
+        return -1;
+    }
+    /* copy-in before the tensors are wired below (they point into the copy) */
+    int mode = lo ? lo->mode : DS_LOAD_MMAP;
+    if (mode == DS_LOAD_AUTO) {
+        uint64_t avail = ds_mem_available();
+        mode = avail && ds_checkpoint_bytes(m->ck) + DS_LOAD_RESERVE <= avail ? DS_LOAD_COPY : DS_LOAD_MMAP;
+    }
+    if (mode == DS_LOAD_COPY && ds_checkpoint_copy_in(m->ck, DS_LOAD_RESERVE, lo ? &lo->progress : NULL, err)) {
         ds_model_free(m);
         return -1;
     }

@@ -80,6 +80,19 @@ typedef struct ds_model {
  * read is an error naming it (a config that does not match the checkpoint). */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
+/* How the weights reach memory. MMAP: used in place in the mapped files
+ * (ds_model_load). COPY: copied into anonymous huge-page memory first
+ * (ds_checkpoint_copy_in: an error naming the file when they and
+ * DS_LOAD_RESERVE do not fit MemAvailable). AUTO: COPY when they fit, else
+ * MMAP. The bits of every result are the same in every mode. */
+enum { DS_LOAD_MMAP = 0, DS_LOAD_COPY = 1, DS_LOAD_AUTO = 2 };
+#define DS_LOAD_RESERVE ((uint64_t)1 << 30) /* bytes a copy-in leaves free for activations and state */
+typedef struct ds_load_opts {
+    int mode;                  /* DS_LOAD_* */
+    ds_copy_progress progress; /* of a copy (fn may be NULL) */
+} ds_load_opts;
+/* ds_model_load with a load mode (lo NULL: MMAP). */
+int ds_model_load_with(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err);
 /* "synth:NAME[:LAYERS]" as DIR (ds_model_load passes it here): the
  * random-weight model `dsv4 synth --like NAME --layers LAYERS` writes, built
  * in memory (model/synth_load.c); under expert parallelism with this rank's

@@ -12,6 +12,7 @@ typedef struct ds_backend_opts {
     const char *name; /* NULL or "cpu": the CPU backend; "cuda" */
     int gpu;          /* CUDA device index */
     int threads;      /* CPU threads (<= 0: all cores) */
+    int load;         /* how the weights reach memory: CLI_LOAD_* of cli/opts.h (0: auto) */
     int rank;         /* > 0: an expert-parallel rank of this host; CUDA takes
                        * GPU (gpu + rank) mod the GPUs present (ranks may share one) */
 } ds_backend_opts;

@@ -1,9 +1,16 @@
 /* cpu.c — the CPU backend: memory (host heap; weights used in place), the
- * step, threads (OpenMP, static schedules over independent outputs) and the
+ * step, threads (a pool handing out chunks of independent outputs) and the
  * grow-only scratch every op takes its temporaries from. */
+#include <linux/futex.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 
@@ -62,19 +69,144 @@ void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes) {
     return c->scr[which].p;
 }
 
+/* ---- the thread pool ----
+ * A parallel region hands out its items [0, n) in chunks from one atomic
+ * word, (generation << 32) | next item, to whichever thread asks first: the
+ * caller and the pool's workers. A thread that the OS has descheduled (this
+ * machine is shared) then holds no work back, and the caller waits only for
+ * chunks actually taken — with OpenMP's static schedule every region waited
+ * for both threads, which cost up to 4x at decode when another process ran.
+ * Workers spin briefly for the next region, then sleep on a futex. Which
+ * thread runs an item never changes its bits (each item writes only its own
+ * outputs). A claim is a compare-and-swap against the generation it read the
+ * region's fields under: a new region first bumps the generation (closing
+ * the old one's claims), then writes its fields, then opens item 0. */
+#define POOL_SPIN_NS 50000 /* a worker spins this long for the next region before sleeping */
+
+struct ds_cpu_pool {
+    int n; /* workers (the caller is one more thread) */
+    pthread_t *th;
+    uint64_t state;  /* atomic: (generation << 32) | next item */
+    uint32_t wake;   /* atomic futex word: bumped by every region */
+    int done;        /* atomic: items finished in this region */
+    int sleepers;    /* atomic: workers in futex_wait */
+    int quit;        /* atomic */
+    void (*fn)(void *ctx, int i); /* the region (atomic loads: see above) */
+    void *ctx;
+    int total, chunk;
+};
+
+#define LD(p) __atomic_load_n(p, __ATOMIC_SEQ_CST)
+#define ST(p, v) __atomic_store_n(p, v, __ATOMIC_SEQ_CST)
+
+static double pool_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Claims and runs chunks of the current region until none is left. */
+static void pool_work(ds_cpu_pool *p) {
+    for (;;) {
+        uint64_t s = LD(&p->state);
+        uint32_t i = (uint32_t)s;
+        void (*fn)(void *, int) = LD(&p->fn);
+        void *ctx = LD(&p->ctx);
+        int total = LD(&p->total), chunk = LD(&p->chunk);
+        if (i >= (uint32_t)total) return;
+        if (!__atomic_compare_exchange_n(&p->state, &s, s + (uint64_t)chunk, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            continue;
+        int end = (int)i + chunk < total ? (int)i + chunk : total;
+        for (int k = (int)i; k < end; k++) fn(ctx, k);
+        __atomic_fetch_add(&p->done, end - (int)i, __ATOMIC_SEQ_CST);
+    }
+}
+
+static void *pool_main(void *arg) {
+    ds_cpu_pool *p = arg;
+    uint32_t seen = LD(&p->wake);
+    for (;;) {
+        double t0 = pool_now_ns();
+        for (int k = 0; LD(&p->wake) == seen && !LD(&p->quit); k++) {
+            cpu_relax();
+            if ((k & 255) == 255 && pool_now_ns() - t0 > POOL_SPIN_NS) {
+                __atomic_fetch_add(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+                syscall(SYS_futex, &p->wake, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+                __atomic_fetch_sub(&p->sleepers, 1, __ATOMIC_SEQ_CST);
+                t0 = pool_now_ns();
+            }
+        }
+        if (LD(&p->quit)) return NULL;
+        seen = LD(&p->wake);
+        pool_work(p);
+    }
+}
+
+static void pool_free(ds_cpu_pool *p) {
+    if (!p) return;
+    ST(&p->quit, 1);
+    __atomic_fetch_add(&p->wake, 1, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    for (int i = 0; i < p->n; i++) pthread_join(p->th[i], NULL);
+    free(p->th);
+    free(p);
+}
+
+/* A pool of n - 1 workers; NULL when n <= 1 or out of resources (regions
+ * then run on the caller alone: the same bits, slower). */
+static ds_cpu_pool *pool_new(int n) {
+    if (n <= 1) return NULL;
+    ds_cpu_pool *p = calloc(1, sizeof *p);
+    if (!p || !(p->th = calloc((size_t)n - 1, sizeof *p->th))) {
+        free(p);
+        return NULL;
+    }
+    for (; p->n < n - 1; p->n++)
+        if (pthread_create(&p->th[p->n], NULL, pool_main, p)) {
+            pool_free(p);
+            return NULL;
+        }
+    return p;
+}
+
 void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx) {
-    int threads = ds_cpu_of(be)->n_threads;
-    if (threads <= 1 || n <= 1) {
+    ds_cpu *c = ds_cpu_of(be);
+    ds_cpu_pool *p = c->pool;
+    if (!p || n <= 1 || c->in_region) {
         for (int i = 0; i < n; i++) fn(ctx, i);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int i = 0; i < n; i++) fn(ctx, i);
+    c->in_region = 1; /* a region opened from inside one runs serially */
+    uint64_t gen = (LD(&p->state) >> 32) + 1;
+    ST(&p->state, gen << 32 | 0xFFFFFFFFu); /* the previous region's claims are closed */
+    ST(&p->fn, fn);
+    ST(&p->ctx, ctx);
+    ST(&p->total, n);
+    int chunk = n / (8 * (p->n + 1));
+    ST(&p->chunk, chunk < 1 ? 1 : chunk);
+    ST(&p->done, 0);
+    ST(&p->state, gen << 32);
+    __atomic_fetch_add(&p->wake, 1, __ATOMIC_SEQ_CST);
+    if (LD(&p->sleepers)) syscall(SYS_futex, &p->wake, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    pool_work(p);
+    /* the chunks other threads took: spin, then yield (the thread may share our core) */
+    for (int k = 0; LD(&p->done) < n; k++) {
+        cpu_relax();
+        if (k > 2000) sched_yield();
+    }
+    c->in_region = 0;
 }
 
 static void cpu_close(ds_backend *be) {
     ds_cpu *c = ds_cpu_of(be);
     if (!c) return;
+    pool_free(c->pool);
     for (int i = 0; i < DS_SCR_N; i++) free(c->scr[i].p);
     free(c);
     be->impl = NULL;
@@ -82,7 +214,14 @@ static void cpu_close(ds_backend *be) {
 
 int ds_backend_cpu_threads(const ds_backend *be) { return ds_cpu_of(be)->n_threads; }
 
-void ds_backend_cpu_set_threads(ds_backend *be, int n) { ds_cpu_of(be)->n_threads = n > 0 ? n : omp_get_num_procs(); }
+void ds_backend_cpu_set_threads(ds_backend *be, int n) {
+    ds_cpu *c = ds_cpu_of(be);
+    n = n > 0 ? n : omp_get_num_procs();
+    if (n == c->n_threads) return;
+    pool_free(c->pool);
+    c->n_threads = n;
+    c->pool = pool_new(n);
+}
 
 void ds_backend_cpu_fail_alloc(ds_backend *be, long n) { ds_cpu_of(be)->fail_alloc = n; }
 
@@ -91,6 +230,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     ds_cpu *c = calloc(1, sizeof *c);
     if (!c) return -1;
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    c->pool = pool_new(c->n_threads);
     c->path = ds_cpu_best_path();
     be->name = "cpu";
     be->impl = c;

@@ -29,8 +29,12 @@ void ds_backend_cpu_fail_alloc(ds_backend *be, long n);
 /* Grow-only scratch buffers, one per user (nested users never share one). */
 enum { DS_SCR_MM, DS_SCR_MM_JOBS, DS_SCR_ATTN, DS_SCR_IDX, DS_SCR_MOE, DS_SCR_MOE_OUT, DS_SCR_HC, DS_SCR_COMP, DS_SCR_MISC, DS_SCR_N };
 
+typedef struct ds_cpu_pool ds_cpu_pool; /* cpu.c: the worker threads */
+
 typedef struct ds_cpu {
     int n_threads, path;
+    ds_cpu_pool *pool;          /* n_threads - 1 workers, or NULL (serial) */
+    int in_region;              /* a parallel region is running */
     ds_step_desc step;          /* the current step (its arrays are the model's, valid during the step) */
     struct {
         void *p;
@@ -45,8 +49,9 @@ static inline ds_cpu *ds_cpu_of(const ds_backend *be) { return (ds_cpu *)be->imp
  * NULL when out of memory. Valid until the next call for the same user. */
 void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes);
 
-/* Runs fn(ctx, i) for i in [0, n) on the backend's threads (static schedule);
- * each i must write only its own outputs (so results cannot depend on it). */
+/* Runs fn(ctx, i) for i in [0, n) on the backend's threads (chunks to
+ * whichever thread is free); each i must write only its own outputs (so
+ * results cannot depend on which thread ran it). */
 void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
 
 /* The fixed-order dot product (8 lanes over chunks of 8 ... : matmul.c's
