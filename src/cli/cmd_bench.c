@@ -18,6 +18,7 @@
 #include "dist/ep.h"
 #include "cli/readbw.h"
 #include "cli/util.h"
+#include "common/io.h"
 #include "model/forward.h"
 
 /* The largest tensors of the checkpoint, largest first (up to 64). */
@@ -84,16 +85,7 @@ static void read_bandwidth(const big_tensors *b, int threads, double *anon, doub
 }
 
 /* AnonHugePages of this process (/proc/self/smaps_rollup), 0 if unknown. */
-static double anon_huge_bytes(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (double)kb * 1024;
-}
+static double anon_huge_bytes(void) { return (double)ds_proc_kb_bytes("/proc/self/smaps_rollup", "AnonHugePages"); }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -102,3 +102,15 @@ int ds_read_file(const char *path, size_t max, char **out, size_t *n, ds_err *er
 int ds_read_regular_file(const char *path, size_t max, char **out, size_t *n, ds_err *err) {
     return read_all(path, 1, max, out, n, err);
 }
+
+unsigned long long ds_proc_kb_bytes(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kl = strlen(key);
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':' && sscanf(line + kl + 1, "%llu", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}

@@ -1,4 +1,4 @@
-/* io.h — reading a whole file. */
+/* io.h — reading a whole file; a field of a /proc file. */
 #ifndef DS_IO_H
 #define DS_IO_H
 
@@ -14,5 +14,8 @@ int ds_read_file(const char *path, size_t max, char **out, size_t *n, ds_err *er
  * path must name a regular file (a FIFO, device or directory is an error, and
  * opening never blocks). */
 int ds_read_regular_file(const char *path, size_t max, char **out, size_t *n, ds_err *err);
+/* The "KEY: N kB" line of a /proc text file (meminfo, smaps_rollup) in bytes;
+ * 0 when the file or the key is missing. */
+unsigned long long ds_proc_kb_bytes(const char *path, const char *key);
 
 #endif

@@ -607,16 +607,7 @@ uint64_t ds_checkpoint_bytes(const ds_checkpoint *ck) {
     return n;
 }
 
-uint64_t ds_mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
+uint64_t ds_mem_available(void) { return ds_proc_kb_bytes("/proc/meminfo", "MemAvailable"); }
 
 /* File i's bytes into a fresh 2 MiB-aligned anonymous block; its tensors
  * point there afterwards and the file's mapping is gone. */
