@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model/forward.h"
+#include "runtime/batch.h"
 #include "testutil.h"
 
 static uint64_t rs = 0x1234567887654321ull;
@@ -88,6 +89,37 @@ static void fixture(const char *name, int target_len) {
                 free(o[j].toks);
             }
         }
+    }
+    /* ds_run_tokens past its per-step bound (DS_RUN_STEP_TOKENS): a long
+     * sequence fills the first step, the next one is split over two steps
+     * and the target waits for the second: each still gets its own bits */
+    if (!strcmp(name, "tiny")) {
+        int nl = DS_RUN_STEP_TOKENS - 100, nb = 200, lens[3] = {nl, nb, target_len};
+        int32_t *lt = malloc(sizeof(int32_t) * (size_t)nl), *bt = malloc(sizeof(int32_t) * (size_t)nb);
+        float *bl = malloc(sizeof(float) * (size_t)nb * V), *bg = malloc(sizeof(float) * (size_t)nb * V);
+        for (int i = 0; i < nl; i++) lt[i] = rnd(0, V - 1);
+        for (int i = 0; i < nb; i++) bt[i] = rnd(0, V - 1);
+        ds_seq *ss[3] = {NULL, NULL, ts};
+        ds_seq_new(m, nl, &ss[0], &err);
+        ds_seq_new(m, nb, &ss[1], &err);
+        ds_batch_item bi = {ss[1], bt, nb, bl, 1};
+        CHECK(ds_forward(m, &be, &bi, 1, &err) == 0, "%s", err.msg);
+        ds_seq_reset(ss[1]);
+        ds_seq_reset(ts);
+        const int32_t *toks[3] = {lt, bt, target};
+        float *lg[3] = {NULL, bg, got};
+        memset(got, 0, sizeof(float) * (size_t)target_len * V);
+        CHECK(ds_run_tokens(m, &be, ss, toks, lens, 3, 0, lg, &err) == 0, "%s", err.msg);
+        CHECK(!memcmp(got, alone, sizeof(float) * (size_t)target_len * V),
+              "%s: the target behind %d + %d tokens (steps of at most %d) != alone", name, nl, nb, DS_RUN_STEP_TOKENS);
+        CHECK(!memcmp(bg, bl, sizeof(float) * (size_t)nb * V), "%s: a sequence split by the step bound != alone",
+              name);
+        ds_seq_free(ss[0]);
+        ds_seq_free(ss[1]);
+        free(lt);
+        free(bt);
+        free(bl);
+        free(bg);
     }
     ds_seq_free(ts);
     free(target);

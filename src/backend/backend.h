@@ -279,6 +279,10 @@ typedef struct ds_profile {
     double mm_seconds[5], mm_bytes[5]; /* by ds_wkind */
     long mm_calls[5];
     double attend_seconds;
+    /* backends whose MoE op is not a batch of products (CUDA): the routed and
+     * shared experts with their combine (moe, moe_experts, moe_combine) */
+    double moe_seconds;
+    double exchange_seconds; /* expert parallelism: the rows between ranks */
 } ds_profile;
 
 struct ds_backend {

@@ -20,6 +20,7 @@
 #include "cli/util.h"
 #include "common/io.h"
 #include "model/forward.h"
+#include "runtime/batch.h"
 
 /* The largest tensors of the checkpoint, largest first (up to 64). */
 typedef struct {
@@ -105,8 +106,11 @@ void bench_print_profile(const char *title, const ds_profile *p, double steps, d
         printf(" %s %.2f ms (%.1f GB/s, %.0f calls)%s", name[k], s * 1e3, p->mm_bytes[k] / p->mm_seconds[k] / 1e9,
                (double)p->mm_calls[k] / steps, ";");
     }
-    rest -= p->attend_seconds / steps;
-    printf(" attention %.2f ms; other %.2f ms\n", p->attend_seconds / steps * 1e3, rest * 1e3);
+    rest -= (p->attend_seconds + p->moe_seconds + p->exchange_seconds) / steps;
+    printf(" attention %.2f ms;", p->attend_seconds / steps * 1e3);
+    if (p->moe_seconds > 0) printf(" experts %.2f ms;", p->moe_seconds / steps * 1e3);
+    if (p->exchange_seconds > 0) printf(" expert exchange %.2f ms;", p->exchange_seconds / steps * 1e3);
+    printf(" other %.2f ms\n", rest * 1e3);
 }
 
 /* Touches every page of every tensor so that no timed step waits on the disk
@@ -137,11 +141,17 @@ int bench_batch_decode(const ds_model *m, const ds_backend *be, int B, long long
     float *lg = malloc(sizeof(float) * (size_t)B * V);
     int ok = ss && its && lg;
     if (!ok) ds_fail(err, "out of memory for a batch of %d", B);
+    const int32_t **pt = calloc((size_t)B, sizeof *pt);
+    int *pn = calloc((size_t)B, sizeof *pn);
+    if (ok && (!pt || !pn)) ok = 0, ds_fail(err, "out of memory for a batch of %d", B);
     for (int i = 0; ok && i < B; i++) {
         ok = ds_seq_new(m, P + gen + 1, &ss[i], err) == 0;
-        if (ok) its[i] = (ds_batch_item){ss[i], toks + (i * 7) % (prompt + gen - P), P, NULL, 0};
+        pt[i] = toks + (i * 7) % (prompt + gen - P);
+        pn[i] = P;
     }
-    if (ok) ok = ds_forward(m, be, its, B, err) == 0; /* prefill all */
+    if (ok) ok = ds_run_tokens(m, be, ss, pt, pn, B, 0, NULL, err) == 0; /* prefill all */
+    free(pt);
+    free(pn);
     *seconds = 0;
     for (long long g = 0; ok && g < gen; g++) {
         for (int i = 0; i < B; i++)

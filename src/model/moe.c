@@ -3,6 +3,7 @@
  * token-id hash table on the first layers), then the clamped SwiGLU experts
  * and the shared expert — a token's k outputs summed in ascending expert id,
  * the shared expert last (backend.h: ds_route_params, ds_moe_params). */
+#include "common/clock.h"
 #include "dist/ep.h"
 #include "model/step.h"
 
@@ -50,11 +51,14 @@ static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err 
                        be->moe_combine(be, &cp, err)
                    ? -1
                    : 0;
-    if (be->moe_experts(be, &xp, err) || be->download(be, rs->ep_rows, rs->slot_out, bytes, err) ||
+    if (be->moe_experts(be, &xp, err)) return -1;
+    double t0 = be->profile ? ds_now() : 0; /* download, MPI and upload return when done */
+    if (be->download(be, rs->ep_rows, rs->slot_out, bytes, err) ||
         ds_ep_exchange(m->ep, rs->ep_rows, (int)n_pairs, D, err) ||
-        be->upload(be, rs->slot_out, rs->ep_rows, bytes, err) || be->moe_combine(be, &cp, err))
+        be->upload(be, rs->slot_out, rs->ep_rows, bytes, err))
         return -1;
-    return 0;
+    if (be->profile) be->profile->exchange_seconds += ds_now() - t0;
+    return be->moe_combine(be, &cp, err);
 }
 
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {

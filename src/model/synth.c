@@ -271,6 +271,24 @@ int ds_synth_write(const ds_config *cfg, const ds_synth_opts *o, const char *dir
     return ds_synth_write_only(cfg, o, dir, NULL, NULL, err);
 }
 
+uint64_t ds_synth_bytes(const ds_config *cfg, const ds_synth_opts *o, int (*skip)(void *ctx, const char *name),
+                        void *ctx) {
+    ds_err err;
+    if (ds_config_validate(cfg, "synth config", &err)) return 0;
+    synth S = {0};
+    S.cfg = cfg;
+    S.o = o;
+    S.quant = o->quantized;
+    uint64_t bytes = 0;
+    if (!enumerate(&S))
+        for (int i = 0; i < S.n; i++)
+            if (!skip || !skip(ctx, S.t[i].spec.name)) bytes += spec_bytes(&S.t[i].spec);
+    for (int i = 0; i < S.n; i++) free(S.names[i]);
+    free(S.names);
+    free(S.t);
+    return bytes;
+}
+
 int ds_synth_write_only(const ds_config *cfg, const ds_synth_opts *o, const char *dir,
                         int (*skip)(void *ctx, const char *name), void *ctx, ds_err *err) {
     if (ds_config_validate(cfg, "synth config", err)) return -1;

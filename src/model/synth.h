@@ -28,5 +28,9 @@ int ds_synth_write(const ds_config *cfg, const ds_synth_opts *o, const char *dir
  * is the one ds_synth_write writes. */
 int ds_synth_write_only(const ds_config *cfg, const ds_synth_opts *o, const char *dir,
                         int (*skip)(void *ctx, const char *name), void *ctx, ds_err *err);
+/* The bytes ds_synth_write_only writes with this skip (the tensors' data; the
+ * headers and the index are a few MB more); 0 when the config is invalid. */
+uint64_t ds_synth_bytes(const ds_config *cfg, const ds_synth_opts *o, int (*skip)(void *ctx, const char *name),
+                        void *ctx);
 
 #endif

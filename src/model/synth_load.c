@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "dist/ep.h"
@@ -42,6 +43,32 @@ static void remove_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* Where this process writes its model: the first of /dev/shm, $TMPDIR, /tmp
+ * with room for it beside the host's other ranks writing theirs (each rank
+ * writes its own share, the same size give or take an expert), else an error
+ * naming the need. */
+static int pick_dir(const char *name, uint64_t bytes, char *dir, size_t cap, ds_err *err) {
+    const char *tmp = getenv("TMPDIR");
+    const char *cand[3] = {"/dev/shm", tmp && *tmp ? tmp : NULL, "/tmp"};
+    int local = ds_ep_session_local_size() > 0 ? ds_ep_session_local_size() : 1;
+    double need = ((double)bytes + (64 << 20)) * local, room[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        struct stat st;
+        struct statvfs fs;
+        if (!cand[i] || stat(cand[i], &st) || !S_ISDIR(st.st_mode) || access(cand[i], W_OK) || statvfs(cand[i], &fs))
+            continue;
+        room[i] = (double)fs.f_bavail * (double)fs.f_frsize;
+        if (room[i] >= need) {
+            snprintf(dir, cap, "%s/dsv4-synth-%s-%ld", cand[i], name, (long)getpid());
+            return 0;
+        }
+    }
+    return ds_fail(err,
+                   "%.1f GB to write (%d rank%s on this host) do not fit: /dev/shm has %.1f GB free, TMPDIR %.1f, "
+                   "/tmp %.1f (fewer layers, more ranks or TMPDIR set to a larger file system)",
+                   need / 1e9, local, local > 1 ? "s" : "", room[0] / 1e9, room[1] / 1e9, room[2] / 1e9);
+}
+
 int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err) {
     *out = NULL;
     char name[64];
@@ -63,18 +90,18 @@ int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err) {
         cfg.n_layers = (int)layers;
         if (cfg.n_hash_layers > cfg.n_layers) cfg.n_hash_layers = cfg.n_layers;
     }
-    struct stat st;
-    const char *tmp = getenv("TMPDIR");
-    const char *base = !stat("/dev/shm", &st) && S_ISDIR(st.st_mode) && !access("/dev/shm", W_OK) ? "/dev/shm"
-                       : tmp && *tmp                                                              ? tmp
-                                                                                                  : "/tmp";
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/dsv4-synth-%s-%ld", base, name, (long)getpid());
     synth_skip k = {{0, 0, 0, 0, NULL, NULL}, ds_ep_session_rank()};
     if (ds_placement_build(&k.pl, ds_ep_session_size(), cfg.n_layers, cfg.n_routed_experts, ds_ep_session_opts(), err))
         return -1;
-    ds_synth_opts so = {1, 1, (uint64_t)4 << 30, 0};
-    int rc = ds_synth_write_only(&cfg, &so, dir, ds_ep_session_size() > 1 ? skip_expert : NULL, &k, err);
+    /* progress on a terminal, from the first rank only */
+    ds_synth_opts so = {1, 1, (uint64_t)4 << 30, ds_ep_session_rank() == 0 && isatty(2)};
+    int (*skip)(void *, const char *) = ds_ep_session_size() > 1 ? skip_expert : NULL;
+    char dir[1200];
+    if (pick_dir(name, ds_synth_bytes(&cfg, &so, skip, &k), dir, sizeof dir, err)) {
+        ds_placement_free(&k.pl);
+        return ds_fail_prefix(err, "synth:%s", spec);
+    }
+    int rc = ds_synth_write_only(&cfg, &so, dir, skip, &k, err);
     ds_placement_free(&k.pl);
     if (!rc) rc = ds_model_load(dir, out, err);
     remove_dir(dir); /* the model maps the shards: their pages stay */

@@ -19,11 +19,13 @@ int ds_run_tokens_observed(const ds_model *m, const ds_backend *be, ds_seq **seq
     }
     int rc = 0;
     for (;;) {
-        int k = 0;
-        for (int i = 0; i < n_seqs; i++) {
+        int k = 0, budget = DS_RUN_STEP_TOKENS;
+        for (int i = 0; i < n_seqs && budget > 0; i++) {
             int left = n[i] - done[i];
             if (left <= 0) continue;
             int take = chunk > 0 && chunk < left ? chunk : left;
+            if (take > budget) take = budget;
+            budget -= take;
             items[k].seq = seqs[i];
             items[k].tokens = tokens[i] + done[i];
             items[k].n_tokens = take;
