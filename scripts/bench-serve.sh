@@ -2,6 +2,7 @@
 # bench-serve.sh — the server's decode throughput against the engine alone.
 #
 #   scripts/bench-serve.sh [-b BUILD] [-m MODEL] [--conc 1,8,32] [--tokens 48] [--rounds 3]
+#                          [--load auto|copy|mmap]
 #
 # Starts `dsv4 serve` once on MODEL, then for each round and each
 # concurrency N runs, back to back, `dsv4 bench --batch N` (decode tok/s of
@@ -16,6 +17,9 @@
 # without a tokenizer (`dsv4 synth --like flash --layers 4 -o D`): then a
 # directory of links to it plus the bundled tokenizer is served (ids the
 # tokenizer lacks are masked; the prompts are a few words either way).
+# --load (default auto) goes to both the server and bench: `--load mmap` lets
+# the two share one page-cache copy of a model too large for two (the flash
+# shape, 16 GB, on a 24 GB machine).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
@@ -23,6 +27,7 @@ model="$root/models/kjv"
 conc="1,8,32"
 tokens=48
 rounds=3
+load=auto
 while [ $# -gt 0 ]; do
   case "$1" in
   -b) build="$2"; shift 2 ;;
@@ -30,7 +35,8 @@ while [ $# -gt 0 ]; do
   --conc) conc="$2"; shift 2 ;;
   --tokens) tokens="$2"; shift 2 ;;
   --rounds) rounds="$2"; shift 2 ;;
-  -h | --help) sed -n 2,19p "$0"; exit 0 ;;
+  --load) load="$2"; shift 2 ;;
+  -h | --help) sed -n 2,23p "$0"; exit 0 ;;
   *) echo "bench-serve.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -51,7 +57,7 @@ if [ ! -f "$model/tokenizer.json" ]; then
   [ -f "$root/models/kjv/tokenizer_config.json" ] && ln -s "$root/models/kjv/tokenizer_config.json" "$serve_dir/"
 fi
 max=$(echo "$conc" | tr , '\n' | sort -n | tail -1)
-"$dsv4" serve -m "$serve_dir" --port 0 --max-seqs "$max" --max-queue $((4 * max)) --cache-seqs 0 \
+"$dsv4" serve -m "$serve_dir" --load "$load" --port 0 --max-seqs "$max" --max-queue $((4 * max)) --cache-seqs 0 \
   >"$work/serve.out" 2>"$work/serve.err" &
 pid=$!
 url=""
@@ -69,7 +75,7 @@ res="$work/results"
 : >"$res"
 for r in $(seq 1 "$rounds"); do
   for n in $(echo "$conc" | tr , ' '); do
-    b=$("$dsv4" bench -m "$model" --prompt 28 --gen "$tokens" --batch "$n" 2>&1 |
+    b=$("$dsv4" bench -m "$model" --load "$load" --prompt 28 --gen "$tokens" --batch "$n" 2>&1 |
       sed -n "s/^batch $n *decode .*ms\/step, \([0-9.]*\) tokens\/s.*/\1/p")
     [ -n "$b" ] || { echo "bench-serve.sh: dsv4 bench --batch $n gave no number" >&2; exit 1; }
     s=$(node "$root/tools/bench_serve.mjs" "$url" --conc "$n" --tokens "$tokens" --rounds 2 --json)
