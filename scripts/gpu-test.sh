@@ -13,7 +13,9 @@
 #   5. bad input: no such GPU, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
-#      layers, written here) and the kernel timings;
+#      layers, written here) and the kernel timings; with 2 GPUs and mpirun
+#      also the full 43-layer flash shape expert parallel over both
+#      (-m synth:flash: ~165 GB of host memory in /dev/shm, ~5 minutes);
 # and prints a summary. Variables:
 #   DSV4_CUDA_BUILD=DIR  a build made elsewhere (skip the build; the lease
 #                        machine may lack libcjson: put it in DIR/lib)
@@ -46,6 +48,8 @@ if [ -n "${DSV4_MPI_ROOT:-}" ]; then
   export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx
   [ -e "$R/usr/bin/mpirun" ] || ln -s orterun "$R/usr/bin/mpirun"
 fi
+# mpirun as root (the lease machine), more ranks than cores allowed (6b)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export DSV4_SOURCE_DIR=$root
 bin=$B/dsv4
 T=$(mktemp -d)
@@ -155,7 +159,6 @@ ep_gpu() {
   [ "$f" -eq 0 ]
 }
 if command -v mpirun >/dev/null; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   run ep_gpu ep_gpu
 else
   summary+=("SKIP ep_gpu (no mpirun: set PATH / DSV4_MPI_ROOT)")
@@ -169,6 +172,13 @@ if [ -n "${BENCH:-}" ]; then
     run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
   done
   run kernels "$B/test_cuda_ops" --bench
+  # the full V4-Flash shape (43 layers, 256 experts, ~156 GB) expert parallel
+  # over two GPUs, each rank generating only its share in memory (docs/ep.md)
+  if command -v mpirun >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    run bench_ep_flash mpirun -np 2 "$bin" bench -m synth:flash --backend cuda --prompt 2048 --gen 16 --batch 16,64,256
+  else
+    summary+=("SKIP bench_ep_flash (needs mpirun and 2 GPUs)")
+  fi
 fi
 
 echo "---- gpu-test summary ----"
