@@ -418,13 +418,6 @@ static void rate_add(ds_sched *s, double t, uint64_t n) {
     s->rate_n[s->rate_i] = n;
 }
 
-/* Sampling runs on several threads only for vocabularies at least this
- * large: a draw over a few thousand logits takes microseconds, less than
- * waking OpenMP's threads, which then spin against the backend's own
- * workers on the cores the next step needs. Which thread draws changes no
- * bits (each draw reads only its own request). */
-#define SAMPLE_PAR_V 32768
-
 static void *sched_main(void *arg) {
     ds_sched *s = arg;
     const ds_model *m = s->m;
@@ -529,7 +522,7 @@ static void *sched_main(void *arg) {
         int n_samp = 0;
         for (int i = 0; i < n_items && !frc; i++)
             if (s->items[i].logits) s->samp[n_samp++] = i;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1 && V >= SAMPLE_PAR_V)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
         for (int j = 0; j < n_samp; j++) {
             int i = s->samp[j];
             ds_req *r = s->item_req[i];
