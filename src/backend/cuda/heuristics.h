@@ -44,10 +44,14 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
                                  * not ORDER) */
-#define DSC_MMA_DEC_WARPS 8192  /* decode kernel: a matrix whose 16-row tiles give fewer
+#define DSC_MMA_DEC_WARPS 4096  /* decode kernel: a matrix whose 16-row tiles give fewer
                                  * warps than this splits each tile's groups over several
                                  * warps (units; not ORDER: the partials are added in group
-                                 * order either way) */
+                                 * order either way). Measured (flash, 4 layers, b1, one
+                                 * H200): 4096 / 8192 / 16384 / 32768 -> 2.34 / 2.39 / 2.40 /
+                                 * 2.60 ms/token. A 3-stage cp.async ring per warp instead of
+                                 * the register loads (48 KB of shared memory per block, 25%
+                                 * occupancy) was slower: 2.73-3.03 */
 /* Units per 16-row tile and groups per unit of the decode kernel, from the
  * matrix's shape only (tiles: 16-row tiles of all its row groups; ng: its
  * DSC_MMA_G-column groups); never from T. */
