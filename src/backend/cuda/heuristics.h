@@ -40,6 +40,12 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
 #define DSC_MMA_DW 8            /* experts' decode kernel: warps per 16-row tile (not ORDER) */
 #define DSC_MMA_GW 2            /* experts' decode kernel: groups per warp per round (not ORDER) */
+#define DSC_MMA_BLK_TILES 256   /* FP8 / FP4 plain products with at least this many 16-row
+                                 * tiles (all row groups) take the block kernel, the rest
+                                 * (and BF16) the split kernel (not ORDER). ncu, b1: wq_b
+                                 * (2048 tiles) 33 vs 40 µs, wo_a (512) 29 vs 40, wo_b (256)
+                                 * 35 vs 41; wq_a (64) 16 vs 12, wkv (32) 16 vs 10, the BF16
+                                 * head (8080) 398 vs 353, shared w1 (128) 17 either way */
 #define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;

@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
 }
 
 /* The experts (one unit per tile: their grid follows the step's experts, so
- * no global partials). One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
+ * no global partials) and FP8 / FP4 matrices of many tiles. One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
  * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
  * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
  * the round's partials in group order. */
@@ -656,7 +656,9 @@ template <int KIND, int MODE>
 static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T, unsigned nz, int split) {
     int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
     unsigned ny = (unsigned)((T + 8 * NB - 1) / (8 * NB));
-    if (!split) {
+    /* FP8 / FP4 matrices with many tiles: the block kernel (measured faster
+     * there; the same bits) */
+    if (!split || (KIND != DS_W_BF16 && (long)((rows + 15) / 16) * nz >= DSC_MMA_BLK_TILES)) {
         dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
         size_t smem = (size_t)DSC_MMA_DW * mk<KIND>::GW * 16 * 8 * NB * sizeof(float);
         if (NB == 1) mma_blk_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
