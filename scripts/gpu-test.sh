@@ -8,7 +8,8 @@
 #      and greedy decode bitwise), test_batch (alone = inside batches at any
 #      position, bitwise), test_intermediates (per-layer vs the oracle);
 #   3. dsv4 check --backend cuda (random batches and chunkings: one output per
-#      request) and repeatability across processes;
+#      request) and repeatability across processes; CUDA graphs = direct
+#      launches, bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
 #   5. bad input: no such GPU, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
@@ -91,6 +92,29 @@ repeat() {
     cmp "$T/r1.0.f32" "$T/r2.0.f32" && echo "1 passed, 0 failed: two processes (whole, chunks of 37) bitwise equal"
 }
 run repeat_processes repeat
+# 3b. CUDA graphs (docs/cuda.md): steps of up to 64 tokens are captured and
+#     replayed; the bits must equal the direct launches (DSV4_CUDA_GRAPH=0):
+#     token by token (one sequence, then two in one step) and chunks of 5
+graph_bits() {
+  local toks b n=0 f=0 c
+  toks=$(python3 -c "print(','.join(str((i * 7919 + 13) % 6000) for i in range(120)))")
+  b=$(python3 -c "print(','.join(str((i * 104729 + 7) % 6000) for i in range(90)))")
+  for c in "1 1" "1 2" "5 1"; do
+    set -- $c
+    local args=(--tokens "$toks"); [ "$2" = 2 ] && args+=(--tokens "$b")
+    DSV4_CUDA_GRAPH=0 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gr0" >/dev/null &&
+      DSV4_CUDA_GRAPH_STATS=1 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gr1" \
+        >/dev/null 2>"$T/gr.err" || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: run"; cat "$T/gr.err"; continue; }
+    cat "$T/gr.err"
+    local ok=1 i
+    for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gr1.$i.f32" || ok=0; done
+    if [ $ok = 1 ] && grep -q "cuda graphs: [1-9]" "$T/gr.err"; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: graphs = direct launches (bits)"
+    else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: graph logits differ (or no graph replayed)"; fi
+  done
+  echo "$n passed, $f failed"
+  [ "$f" -eq 0 ]
+}
+run graph_bits graph_bits
 # 4. GPU vs CPU on the bundled model
 cpu_vs_gpu() {
   local prompt="4,25,9,113,7,58,311,12"

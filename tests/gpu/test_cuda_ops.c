@@ -1354,6 +1354,10 @@ int main(int argc, char **argv) {
     test_matmul(C, DS_W_FP8, 100, 1040, 1);
     test_matmul(C, DS_W_FP4, 100, 1056, 0);
     test_matmul(C, DS_W_BF16, 77, 264, 0);
+    /* FP8 with many tiles: the block decode kernel; BF16 with enough tiles to
+     * fill the GPU: the split decode kernel with one unit per tile */
+    test_matmul(C, DS_W_FP8, 33000, 256, 0);
+    test_matmul(C, DS_W_BF16, 66000, 128, 0);
     test_norm_rope(C);
     test_mhc(C, 4, 256);  /* one mix segment, the warp Sinkhorn */
     test_mhc(C, 4, 1000); /* four segments, the last one short */

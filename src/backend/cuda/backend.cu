@@ -64,36 +64,127 @@ int dsc_use(const ds_backend *be, ds_err *err, const char *op) {
     return 0;
 }
 
+int dsc_buf_grow(dsc_buf *b, size_t bytes, size_t min_cap, cudaStream_t st) {
+    if (b->cap >= bytes) return 0;
+    size_t cap = b->cap ? b->cap : min_cap;
+    while (cap < bytes) cap *= 2;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) cudaGetLastError();
+    if (b->p) {
+        if (cs == cudaStreamCaptureStatusActive) {
+            /* captured kernels may read it when the graph runs */
+            if (b->n_old == (int)(sizeof b->old / sizeof b->old[0])) return -1;
+            b->old[b->n_old++] = b->p;
+        } else {
+            cudaStreamSynchronize(st); /* earlier kernels may still read it */
+            cudaFree(b->p);
+        }
+        b->p = NULL;
+        b->cap = 0;
+    }
+    if (cudaMalloc(&b->p, cap) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: keep it from surfacing as a later launch error */
+        b->p = NULL;
+        return -1;
+    }
+    b->cap = cap;
+    return 0;
+}
+
 void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char *op) {
     dsc_buf *b = &I->scratch[which];
     if (bytes == 0) bytes = 16;
     if (b->cap >= bytes) return b->p;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < bytes) cap *= 2;
-    if (b->p) {
-        /* growing: earlier kernels may still read the old buffer */
-        cudaStreamSynchronize(I->stream);
-        cudaFree(b->p);
-        b->p = NULL;
-        b->cap = 0;
-    }
-    cudaError_t e = cudaMalloc(&b->p, cap);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* not sticky: keep it from surfacing as a later launch error */
-        b->p = NULL;
+    if (dsc_buf_grow(b, bytes, 4096, I->stream)) {
         char what[96];
-        snprintf(what, sizeof what, "out of device memory for %zu bytes of scratch", cap);
-        dsc_fail(err, op, what, e);
+        snprintf(what, sizeof what, "out of device memory for %zu bytes of scratch", bytes);
+        dsc_failmsg(err, op, "%s", what);
         return NULL;
     }
-    b->cap = cap;
     return b->p;
+}
+
+/* ---- CUDA graphs ---------------------------------------------------------- */
+
+int dsc_graph_end(dsc_impl *I, ds_err *err) {
+    const char *op = "graph";
+    if (!I->capturing) return 0;
+    I->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(I->stream, &g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsc_fail(err, op, "end of the step's capture (the step's work is lost)", e);
+    }
+    int slot = -1;
+    for (int i = 0; i < I->n_graphs; i++)
+        if (I->graphs[i].T == I->step.T) slot = i;
+    cudaGraphExec_t x = slot >= 0 ? I->graphs[slot].exec : NULL;
+    if (x) {
+        /* the same kernels with this step's parameters (topology unchanged) */
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(x, g, &info) == cudaSuccess) I->graph_updates++;
+        else {
+            cudaGetLastError();
+            cudaGraphExecDestroy(x);
+            x = NULL;
+        }
+    }
+    if (!x) {
+        e = cudaGraphInstantiate(&x, g, 0);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            cudaGraphDestroy(g);
+            if (slot >= 0) I->graphs[slot].exec = NULL;
+            return dsc_fail(err, op, "instantiation of the step's graph", e);
+        }
+        I->graph_builds++;
+        if (slot < 0) {
+            if (I->n_graphs < DSC_GRAPHS) slot = I->n_graphs++;
+            else {
+                slot = I->next_graph;
+                I->next_graph = (I->next_graph + 1) % DSC_GRAPHS;
+                if (I->graphs[slot].exec) cudaGraphExecDestroy(I->graphs[slot].exec);
+            }
+            I->graphs[slot].T = I->step.T;
+        }
+        I->graphs[slot].exec = x;
+    }
+    cudaGraphDestroy(g);
+    e = cudaGraphLaunch(x, I->stream);
+    if (e != cudaSuccess) return dsc_fail(err, op, "launch of the step's graph", e);
+    /* buffers that grew during the capture: their old allocations are free now */
+    int old = 0;
+    for (int i = 0; i < DSC_S_N; i++) old += I->scratch[i].n_old;
+    if (old) {
+        e = cudaStreamSynchronize(I->stream);
+        for (int i = 0; i < DSC_S_N; i++) {
+            for (int j = 0; j < I->scratch[i].n_old; j++) cudaFree(I->scratch[i].old[j]);
+            I->scratch[i].n_old = 0;
+        }
+        if (e != cudaSuccess) return dsc_fail(err, op, "the step's graph", e);
+    }
+    return 0;
+}
+
+/* Starts capturing the step when it is small and the last step had its size
+ * (the first step of a size runs directly: scratch grows, tables are built). */
+static void graph_begin(const ds_backend *be, dsc_impl *I, int T) {
+    int want = I->graph_on && !be->profile && !I->nccl && T <= DSC_GRAPH_MAX_T && T == I->last_T;
+    I->last_T = T;
+    if (!want) return;
+    if (cudaStreamBeginCapture(I->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    I->capturing = 1;
 }
 
 /* ---- memory ------------------------------------------------------------- */
 
 static void *c_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
     if (dsc_use(be, err, "alloc")) return NULL;
+    if (dsc_graph_end(dsc_of(be), err)) return NULL;
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
@@ -109,12 +200,14 @@ static void *c_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
 static void c_free(const ds_backend *be, void *p) {
     if (!p || !be->impl) return;
     cudaSetDevice(dsc_of(be)->gpu);
+    dsc_graph_end(dsc_of(be), NULL);
     cudaStreamSynchronize(dsc_of(be)->stream);
     cudaFree(p);
 }
 
 static int c_upload(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
     if (dsc_use(be, err, "upload")) return -1;
+    if (dsc_graph_end(dsc_of(be), err)) return -1;
     if (!bytes) return 0;
     dsc_impl *I = dsc_of(be);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, I->stream);
@@ -124,6 +217,7 @@ static int c_upload(const ds_backend *be, void *dst, const void *src, size_t byt
 
 static int c_download(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
     if (dsc_use(be, err, "download")) return -1;
+    if (dsc_graph_end(dsc_of(be), err)) return -1;
     if (!bytes) return 0;
     dsc_impl *I = dsc_of(be);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, I->stream);
@@ -140,6 +234,7 @@ static int c_memset0(const ds_backend *be, void *dst, size_t bytes, ds_err *err)
 
 static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
     if (dsc_use(be, err, "copy")) return -1;
+    if (dsc_graph_end(dsc_of(be), err)) return -1;
     if (!bytes) return 0;
     dsc_impl *I = dsc_of(be);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, I->stream);
@@ -150,6 +245,7 @@ static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes
 static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err) {
     *out = NULL;
     if (dsc_use(be, err, "map_weights")) return -1;
+    if (dsc_graph_end(dsc_of(be), err)) return -1;
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
@@ -179,6 +275,7 @@ static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err
     const char *op = "begin_step";
     if (dsc_use(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
+    if (dsc_graph_end(I, err)) return -1; /* the last step's capture, if it had no synchronization */
     size_t T = (size_t)s->T, S = (size_t)s->n_seqs, L = (size_t)s->n_layers;
     size_t o_id = 0, o_pos = al16(o_id + 4 * T), o_seq = al16(o_pos + 8 * T), o_r0 = al16(o_seq + 4 * T);
     size_t o_n = al16(o_r0 + 4 * S), o_p0 = al16(o_n + 4 * S), o_mem = al16(o_p0 + 8 * S);
@@ -228,6 +325,7 @@ static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err
     st->seq_n = (const int *)(dev + o_n);
     st->seq_pos0 = (const int64_t *)(dev + o_p0);
     st->mem = (const ds_layer_mem *)(dev + o_mem);
+    graph_begin(be, I, s->T);
     return 0;
 }
 
@@ -263,10 +361,17 @@ static int c_embed(const ds_backend *be, const ds_embed_params *p, ds_err *err) 
     return dsc_check_launch(err, op);
 }
 
-__global__ void gather_kernel(const float *__restrict__ src, const int *__restrict__ rows, int width,
+/* The row list: by value for a few rows (no upload: a captured step stays
+ * whole), else from device memory. */
+#define DSC_GATHER_ARG 128
+struct gather_rows {
+    int r[DSC_GATHER_ARG];
+};
+
+__global__ void gather_kernel(const float *__restrict__ src, const int *__restrict__ rows, gather_rows ra, int width,
                               float *__restrict__ dst) {
     int j = blockIdx.y;
-    const float *s = src + (size_t)rows[j] * width;
+    const float *s = src + (size_t)(rows ? rows[j] : ra.r[j]) * width;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x)
         dst[(size_t)j * width + c] = s[c];
 }
@@ -277,14 +382,20 @@ static int c_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err
     dsc_impl *I = dsc_of(be);
     if (p->n <= 0) return 0;
     if (p->n > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", p->n);
-    int *rows = (int *)dsc_scratch(I, DSC_S_B, sizeof(int) * (size_t)p->n, err, op);
-    if (!rows) return -1;
-    /* rows is host memory: copied before the call returns */
-    cudaError_t e = cudaMemcpyAsync(rows, p->rows, sizeof(int) * (size_t)p->n, cudaMemcpyHostToDevice, I->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
-    if (e != cudaSuccess) return dsc_fail(err, op, "upload of the row list", e);
+    gather_rows ra;
+    int *rows = NULL;
+    if (p->n <= DSC_GATHER_ARG) memcpy(ra.r, p->rows, sizeof(int) * (size_t)p->n);
+    else {
+        if (dsc_graph_end(I, err)) return -1;
+        rows = (int *)dsc_scratch(I, DSC_S_B, sizeof(int) * (size_t)p->n, err, op);
+        if (!rows) return -1;
+        /* rows is host memory: copied before the call returns */
+        cudaError_t e = cudaMemcpyAsync(rows, p->rows, sizeof(int) * (size_t)p->n, cudaMemcpyHostToDevice, I->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+        if (e != cudaSuccess) return dsc_fail(err, op, "upload of the row list", e);
+    }
     dim3 grid((unsigned)((p->width + 255) / 256 < 64 ? (p->width + 255) / 256 : 64), (unsigned)p->n);
-    gather_kernel<<<grid, 256, 0, I->stream>>>(p->src, rows, p->width, p->dst);
+    gather_kernel<<<grid, 256, 0, I->stream>>>(p->src, rows, ra, p->width, p->dst);
     return dsc_check_launch(err, op);
 }
 
@@ -294,7 +405,13 @@ static void c_close(ds_backend *be) {
     dsc_impl *I = dsc_of(be);
     if (!I) return;
     cudaSetDevice(I->gpu);
+    dsc_graph_end(I, NULL);
     cudaStreamSynchronize(I->stream);
+    if (getenv("DSV4_CUDA_GRAPH_STATS"))
+        fprintf(stderr, "cuda graphs: %ld replays after an update, %ld after an instantiation\n", I->graph_updates,
+                I->graph_builds);
+    for (int i = 0; i < I->n_graphs; i++)
+        if (I->graphs[i].exec) cudaGraphExecDestroy(I->graphs[i].exec);
     dsc_nccl_close(I);
     for (int i = 0; i < DSC_S_N; i++) cudaFree(I->scratch[i].p);
     for (int i = 0; i < I->n_moe; i++) {
@@ -388,6 +505,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     I->gpu = gpu;
     I->n_sm = pr.multiProcessorCount;
     I->smem_optin = pr.sharedMemPerBlockOptin;
+    const char *gr = getenv("DSV4_CUDA_GRAPH");
+    I->graph_on = !(gr && !strcmp(gr, "0"));
     if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(I);
         return dsc_fail(err, op, "stream", e);

@@ -38,11 +38,36 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_BM 64           /* tile kernel: rows per block (not ORDER; the
                                  * kernel's 2 x 2 warps of 32 x 32 assume 64) */
 #define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
-#define DSC_MMA_DW 8            /* decode kernel: warps per 16-row tile (not ORDER) */
-#define DSC_MMA_GW 2            /* decode kernel: groups per warp per round (not ORDER).
-                                 * Measured (flash, 4 layers, b1): loading the next
-                                 * round during this one, BF16 at 1, was slower (2.59
-                                 * ms/token against 2.40) */
+#define DSC_MMA_DW 8            /* experts' decode kernel: warps per 16-row tile (not ORDER) */
+#define DSC_MMA_GW 2            /* experts' decode kernel: groups per warp per round (not ORDER) */
+#define DSC_MMA_BLK_TILES 256   /* FP8 / FP4 plain products with at least this many 16-row
+                                 * tiles (all row groups) take the block kernel, the rest
+                                 * (and BF16) the split kernel (not ORDER). ncu, b1: wq_b
+                                 * (2048 tiles) 33 vs 40 µs, wo_a (512) 29 vs 40, wo_b (256)
+                                 * 35 vs 41; wq_a (64) 16 vs 12, wkv (32) 16 vs 10, the BF16
+                                 * head (8080) 398 vs 353, shared w1 (128) 17 either way */
+#define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
+#define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
+                                 * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
+                                 * not ORDER) */
+#define DSC_MMA_DEC_WARPS 4096  /* decode kernel: a matrix whose 16-row tiles give fewer
+                                 * warps than this splits each tile's groups over several
+                                 * warps (units; not ORDER: the partials are added in group
+                                 * order either way). Measured (flash, 4 layers, b1, one
+                                 * H200): 4096 / 8192 / 16384 / 32768 -> 2.34 / 2.39 / 2.40 /
+                                 * 2.60 ms/token. A 3-stage cp.async ring per warp instead of
+                                 * the register loads (48 KB of shared memory per block, 25%
+                                 * occupancy) was slower: 2.73-3.03 */
+/* Units per 16-row tile and groups per unit of the decode kernel, from the
+ * matrix's shape only (tiles: 16-row tiles of all its row groups; ng: its
+ * DSC_MMA_G-column groups); never from T. */
+static inline void dsc_mma_dec_split(long tiles, int ng, int *units, int *gpw) {
+    long u = (DSC_MMA_DEC_WARPS + tiles - 1) / tiles;
+    if (u > ng) u = ng;
+    if (u < 1) u = 1;
+    *gpw = (int)((ng + u - 1) / u);
+    *units = (ng + *gpw - 1) / *gpw;
+}
 #define DSC_MMA_DEC_MAX_T 32    /* up to this many tokens: the decode kernel (not ORDER:
                                  * both kernels give the same bits) */
 

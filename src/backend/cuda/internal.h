@@ -14,11 +14,24 @@
 
 /* ---- the backend's state (be->impl) ---------------------------------- */
 
-/* A grow-only device buffer. */
+/* A grow-only device buffer. A buffer that grows while a step is being
+ * captured into a CUDA graph keeps its old allocations (old) until the
+ * captured work has run (dsc_graph_end frees them). */
 typedef struct dsc_buf {
     void *p;
     size_t cap;
+    void *old[4];
+    int n_old;
 } dsc_buf;
+
+/* Grows b to at least bytes (contents lost); 0 or -1 (out of memory, or too
+ * many growths inside one captured step). Outside a capture it waits for the
+ * stream's earlier work before freeing the old allocation. */
+int dsc_buf_grow(dsc_buf *b, size_t bytes, size_t min_cap, cudaStream_t st);
+
+/* CUDA graphs of small steps (backend.cu; docs/cuda.md "CUDA graphs"). */
+#define DSC_GRAPH_MAX_T 64      /* steps of at most this many tokens are captured */
+#define DSC_GRAPHS 8            /* cached executable graphs (one per step size) */
 
 /* The step in device memory (begin_step), one blob: sections 16-byte aligned. */
 typedef struct dsc_step {
@@ -49,7 +62,8 @@ enum {
     DSC_S_A, DSC_S_B,             /* op scratch */
     DSC_S_ATT,                    /* attention block partials */
     DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7, DSC_S_MOE8,
-    DSC_S_XHL,                    /* activations split into bf16 hi / lo (mma.cu) */
+    DSC_S_XHL,                    /* mma.cu, three in a row: activations split into bf16 hi / lo, */
+    DSC_S_MMAP, DSC_S_MMAC,       /* the decode kernel's partials and per-tile counters */
     DSC_S_EP0, DSC_S_EP1, DSC_S_EP2, /* expert exchange (ep_nccl.cu): own rows, received rows, row map */
     DSC_S_N
 };
@@ -68,6 +82,18 @@ typedef struct dsc_impl {
     int n_moe, cap_moe;
     void *ballast;              /* DSV4_CUDA_FREE_MIB: device memory held so that only that much stays free */
     struct dsc_nccl *nccl;      /* expert parallelism between GPUs (ep_nccl.cu), or NULL */
+    /* CUDA graphs: a small step is captured from begin_step to its first host
+     * synchronization, then replayed as one graph (the same kernels, the same
+     * parameters: the same bits) */
+    int graph_on;               /* DSV4_CUDA_GRAPH unset or not "0" */
+    int capturing;              /* the stream is capturing this step */
+    int last_T;                 /* the previous step's T: a size is captured from its second step on */
+    struct {
+        int T;
+        cudaGraphExec_t exec;
+    } graphs[DSC_GRAPHS];
+    int n_graphs, next_graph;
+    long graph_updates, graph_builds; /* replays through an update / a fresh instantiation */
 } dsc_impl;
 
 /* ep_nccl.cu */
@@ -79,6 +105,9 @@ static inline dsc_impl *dsc_of(const ds_backend *be) { return (dsc_impl *)be->im
 int dsc_fail(ds_err *err, const char *op, const char *what, cudaError_t e);
 int dsc_failmsg(ds_err *err, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int dsc_check_launch(ds_err *err, const char *op);
+/* Ends the step's capture, if one is under way, and launches its graph; every
+ * op that synchronizes with the host calls it first. 0 or -1. */
+int dsc_graph_end(dsc_impl *I, ds_err *err);
 /* Device scratch slot `which`, at least `bytes` (grow-only, contents lost on growth). */
 void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char *op);
 int dsc_use(const ds_backend *be, ds_err *err, const char *op);
@@ -104,17 +133,18 @@ static inline dsc_w dsc_wdesc(const ds_weight *w) {
 /* ---- launchers (device pointers, the backend's stream) ---------------- */
 
 /* y[t*ys + r] = w[r] . x[t*xs + (r / rpg) * xg ...] for r < rows, t < T.
- * xhl: a grow-only buffer for the tensor-core path's split activations. */
-int dsc_launch_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
+ * mb: three grow-only buffers of the tensor-core path (&scratch[DSC_S_XHL]):
+ * split activations, the decode kernel's partials, its counters. */
+int dsc_launch_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
                       int T, float *y, int ys);
 /* mma.cu: whether a matrix takes the tensor-core path (by kind and shape
  * only, never by T), and the products there. */
 int dsc_mma_fits(int kind, const dsc_w &w, int rpg);
-int dsc_mma_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
+int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
                    float *y, int ys);
 /* The experts' up (w1 rows then w3 rows: y[m][0, 2I)) or down product over
  * the sorted pairs; x: up [T][xs] (token members[m] / k), down [m][xs]. */
-int dsc_mma_experts(cudaStream_t st, dsc_buf *xhl, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
+int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
                     const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
                     const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys);
 int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps);

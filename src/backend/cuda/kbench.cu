@@ -113,7 +113,8 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
     if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
     cudaStream_t st;
     if (cudaStreamCreate(&st) != cudaSuccess) return dsc_failmsg(err, op, "no stream");
-    dsc_buf xhl = {NULL, 0}; /* the tensor-core path's split activations */
+    dsc_buf xhl[3]; /* the tensor-core path's buffers */
+    memset(xhl, 0, sizeof xhl);
     kb_blas blas;
     int have_blas = blas_open(&blas, st, note, nn) == 0;
     int rc = 0;
@@ -170,7 +171,7 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
                 r->weight_bytes = (double)(wb + sb);
                 int rp = T == 1 ? reps : (reps + 3) / 4;
                 r->ms = kb_time(st, rp, [&] {
-                    dsc_launch_matmul(st, &xhl, c->kind, d, x, c->cols, 0, 1 << 30, T, y, c->rows);
+                    dsc_launch_matmul(st, xhl, c->kind, d, x, c->cols, 0, 1 << 30, T, y, c->rows);
                 });
                 if (have_blas) {
                     float one = 1.0f, zero = 0.0f;
@@ -201,7 +202,7 @@ done:
         dlclose(blas.lib);
     }
     cudaStreamSynchronize(st);
-    cudaFree(xhl.p);
+    for (int i = 0; i < 3; i++) cudaFree(xhl[i].p);
     cudaStreamDestroy(st);
     return rc;
 }

@@ -35,7 +35,7 @@ enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
 
 template <int KIND> struct mk;
 /* CPT: 16-byte chunks per thread per row per group; RB: row bytes per group;
- * GW: groups per warp per round in the decode kernel (not ORDER) */
+ * GW: groups per warp per round in the experts' decode kernel (not ORDER) */
 template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW }; };
 template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW }; };
 template <> struct mk<DS_W_FP4> { enum { CPT = 1, RB = 64, GW = DSC_MMA_GW }; };
@@ -125,6 +125,9 @@ struct mma_args {
     const dsc_expert_ptrs *t1, *t3;  /* experts: up w1, w3 (rows [0, half), [half, 2 half)); down w2 */
     const int *off, *active, *n_active, *members;
     int k, half;
+    int tiles, U, gpw;               /* decode kernel: 16-row tiles, units per tile, groups per unit */
+    float *part;                     /* decode kernel, U > 1: partials per (tile, group) */
+    int *cnt;                        /* decode kernel, U > 1: units done per tile (zero between launches) */
 };
 
 /* This block's matrix (a group's row block for the grouped product: a view,
@@ -192,12 +195,165 @@ template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, c
 
 /* ---- few tokens ------------------------------------------------------------ */
 
-/* One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
+/* One warp: a unit of a 16-row tile, groups [u*gpw, min(ng, (u+1)*gpw)), for
+ * 8*NB tokens; DSC_MMA_DSW warps per block, each its own unit. A thread loads
+ * GR groups' chunks of its two rows (DSC_MMA_DLOADS 16-byte loads in flight),
+ * then runs their MMAs. With one unit per tile (U == 1) the warp adds the
+ * partials p_g in group order in registers; with U > 1 each unit writes its
+ * p_g to global memory and the warp that finishes a tile last (a counter per
+ * tile; no atomics touch an output) adds all of them in group order: the same
+ * bits either way, and the same as mma_tile_kernel. */
+template <int KIND, int MODE, int NB>
+__global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, SPC = 8 / CPT, NTOK = 8 * NB, GR = DSC_MMA_DLOADS / (2 * CPT);
+    int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int wi = blockIdx.x * DSC_MMA_DSW + (threadIdx.x >> 5);
+    int tile = wi / a.U, u = wi % a.U;
+    if (tile >= a.tiles) return;
+    int r0 = tile * 16;
+    dsc_w w;
+    int rl0, yb, cnt, m0;
+    size_t xq;
+    if (!mma_setup<MODE>(a, r0, w, rl0, yb, xq, cnt, m0)) return;
+    if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G;
+    const int gb = u * a.gpw, ge = min(ng, gb + a.gpw);
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nchr = (int)(rowbytes / 16);
+    int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
+    const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
+    const uint8_t *sa = dsc_row_scales(w, KIND, ra), *sb = dsc_row_scales(w, KIND, rb);
+    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
+    for (int j0 = blockIdx.y * NTOK; j0 < cnt; j0 += gridDim.y * NTOK) {
+    const float *xr[NB];
+    bool xv[NB];
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++) {
+        int j = j0 + ni * 8 + gid;
+        xv[ni] = j < cnt;
+        xr[ni] = a.x + (xv[ni] ? mma_xoff<MODE>(a, m0, j, xq) : 0);
+    }
+    /* this tile's partials (U > 1): [ng][32 lanes][NB][4] */
+    size_t pidx = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * (size_t)a.tiles + (size_t)tile;
+    float4 *part = a.U > 1 ? (float4 *)a.part + pidx * (size_t)ng * 32 * NB : NULL;
+    float tot[NB][4];
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++) tot[ni][0] = tot[ni][1] = tot[ni][2] = tot[ni][3] = 0.0f;
+    for (int g0 = gb; g0 < ge; g0 += GR) {
+        uint4 qa[GR][CPT], qb[GR][CPT];
+#pragma unroll
+        for (int v = 0; v < GR; v++) {
+            int g = g0 + v;
+#pragma unroll
+            for (int c = 0; c < CPT; c++) {
+                int ch = g * 4 * CPT + tig * CPT + c;
+                bool ok = g < ge && ch < nchr;
+                qa[v][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < GR; v++) {
+            int g = g0 + v;
+            if (g >= ge) break;
+            float sca = 1.0f, scb = 1.0f;
+            if (KIND == DS_W_FP4) {
+                sca = mma_scale<KIND>(w, sa, g * 4 + tig);
+                scb = mma_scale<KIND>(w, sb, g * 4 + tig);
+            }
+            float acc[NB][4];
+#pragma unroll
+            for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                uint32_t a0, a1, a2, a3;
+                afrag<KIND>(qa[v][kk / SPC], kk % SPC, sca, a0, a2);
+                afrag<KIND>(qb[v][kk / SPC], kk % SPC, scb, a1, a3);
+                int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++) {
+                    float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (xv[ni] && col < K) {
+                        const float *p = xr[ni] + col;
+                        if (xal) xv4 = *(const float4 *)p;
+                        else xv4 = make_float4(p[0], p[1], p[2], p[3]);
+                    }
+                    uint32_t b[4];
+                    split4(xv4, b);
+                    mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
+                    mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
+                }
+            }
+            if (KIND == DS_W_FP8) {
+                float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++) {
+                    acc[ni][0] = __fmul_rn(acc[ni][0], s0);
+                    acc[ni][1] = __fmul_rn(acc[ni][1], s0);
+                    acc[ni][2] = __fmul_rn(acc[ni][2], s1);
+                    acc[ni][3] = __fmul_rn(acc[ni][3], s1);
+                }
+            }
+            if (a.U == 1) {
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) tot[ni][q] = __fadd_rn(tot[ni][q], acc[ni][q]);
+            } else {
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++)
+                    __stcg(part + ((size_t)g * 32 + lane) * NB + ni, make_float4(acc[ni][0], acc[ni][1], acc[ni][2], acc[ni][3]));
+            }
+        }
+    }
+    if (a.U > 1) {
+        /* the last unit of the tile to finish adds the partials in group order */
+        __threadfence();
+        __syncwarp();
+        int old = 0;
+        if (lane == 0) old = atomicAdd(a.cnt + pidx, 1);
+        old = __shfl_sync(0xffffffffu, old, 0);
+        if (old != a.U - 1) continue;
+        __threadfence();
+        for (int g0 = 0; g0 < ng; g0 += 8) {
+            float4 p[8][NB]; /* 8 groups' loads in flight, then the adds in order */
+#pragma unroll
+            for (int v = 0; v < 8; v++)
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++)
+                    p[v][ni] = g0 + v < ng ? __ldcg(part + ((size_t)(g0 + v) * 32 + lane) * NB + ni)
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int v = 0; v < 8; v++) {
+                if (g0 + v >= ng) break;
+#pragma unroll
+                for (int ni = 0; ni < NB; ni++) {
+                    tot[ni][0] = __fadd_rn(tot[ni][0], p[v][ni].x);
+                    tot[ni][1] = __fadd_rn(tot[ni][1], p[v][ni].y);
+                    tot[ni][2] = __fadd_rn(tot[ni][2], p[v][ni].z);
+                    tot[ni][3] = __fadd_rn(tot[ni][3], p[v][ni].w);
+                }
+            }
+        }
+        if (lane == 0) a.cnt[pidx] = 0; /* ready for the next launch */
+    }
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int row = gid + (q >> 1) * 8, j = j0 + ni * 8 + tig * 2 + (q & 1);
+            if (j < cnt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + row)] = tot[ni][q];
+        }
+    }
+}
+
+/* The experts (one unit per tile: their grid follows the step's experts, so
+ * no global partials) and FP8 / FP4 matrices of many tiles. One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
  * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
  * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
  * the round's partials in group order. */
 template <int KIND, int MODE, int NB>
-__global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_dec_kernel(mma_args a) {
+__global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
     const int CPT = mk<KIND>::CPT, SPC = 8 / CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
     const int NOUT = 16 * NTOK, PER = (NOUT + DSC_MMA_DW * 32 - 1) / (DSC_MMA_DW * 32);
     extern __shared__ float part[]; /* [SLOTS][16][NTOK] */
@@ -477,24 +633,7 @@ __global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict_
 
 /* ---- launchers ---------------------------------------------------------------- */
 
-static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) {
-    if (b->cap >= bytes) return 0;
-    size_t cap = b->cap ? b->cap : 1 << 20;
-    while (cap < bytes) cap *= 2;
-    if (b->p) {
-        cudaStreamSynchronize(st); /* earlier kernels may still read it */
-        cudaFree(b->p);
-        b->p = NULL;
-        b->cap = 0;
-    }
-    if (cudaMalloc(&b->p, cap) != cudaSuccess) {
-        cudaGetLastError();
-        b->p = NULL;
-        return -1;
-    }
-    b->cap = cap;
-    return 0;
-}
+static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) { return dsc_buf_grow(b, bytes, 1 << 20, st); }
 
 static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n) {
     if (grow(buf, n * 4, st)) return -1;
@@ -510,13 +649,41 @@ int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
     return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0;
 }
 
-template <int KIND, int MODE> static void launch_dec(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
+/* split: whether the tiles' groups may be split over units (plain products:
+ * nz is the number of row groups, a shape; the experts' nz follows the
+ * step's experts, so they keep one unit per tile). */
+template <int KIND, int MODE>
+static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T, unsigned nz, int split) {
     int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
-    dim3 grid((unsigned)((rows + 15) / 16), (unsigned)((T + 8 * NB - 1) / (8 * NB)), nz);
-    size_t smem = (size_t)DSC_MMA_DW * mk<KIND>::GW * 16 * 8 * NB * sizeof(float);
-    if (NB == 1) mma_dec_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-    else if (NB == 2) mma_dec_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-    else mma_dec_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+    unsigned ny = (unsigned)((T + 8 * NB - 1) / (8 * NB));
+    /* FP8 / FP4 matrices with many tiles: the block kernel (measured faster
+     * there; the same bits) */
+    if (!split || (KIND != DS_W_BF16 && (long)((rows + 15) / 16) * nz >= DSC_MMA_BLK_TILES)) {
+        dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
+        size_t smem = (size_t)DSC_MMA_DW * mk<KIND>::GW * 16 * 8 * NB * sizeof(float);
+        if (NB == 1) mma_blk_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        else if (NB == 2) mma_blk_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        else mma_blk_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        return 0;
+    }
+    int tiles = (rows + 15) / 16, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1, gpw = ng;
+    dsc_mma_dec_split((long)tiles * nz, ng, &U, &gpw);
+    a.tiles = tiles;
+    a.U = U;
+    a.gpw = gpw;
+    if (U > 1) {
+        size_t nt = (size_t)nz * ny * (size_t)tiles;
+        size_t had = mb[2].cap;
+        if (grow(&mb[1], nt * (size_t)ng * 32 * NB * sizeof(float4), st) || grow(&mb[2], nt * sizeof(int), st)) return -1;
+        if (mb[2].cap != had && cudaMemsetAsync(mb[2].p, 0, mb[2].cap, st) != cudaSuccess) return -1;
+        a.part = (float *)mb[1].p;
+        a.cnt = (int *)mb[2].p;
+    }
+    dim3 grid((unsigned)(((size_t)tiles * U + DSC_MMA_DSW - 1) / DSC_MMA_DSW), ny, nz);
+    if (NB == 1) mma_dec_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+    else if (NB == 2) mma_dec_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+    else mma_dec_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+    return 0;
 }
 
 template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
@@ -530,15 +697,26 @@ template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma
 }
 
 template <int MODE>
-static void launch_kind(cudaStream_t st, int kind, int dec, const mma_args &a, int rows, int T, unsigned nz) {
+static int launch_kind(cudaStream_t st, dsc_buf *mb, int kind, int dec, const mma_args &a, int rows, int T, unsigned nz) {
+    int split = MODE == MMA_PLAIN;
     switch (kind) {
-    case DS_W_BF16: dec ? launch_dec<DS_W_BF16, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_BF16, MODE>(st, a, rows, T, nz); break;
-    case DS_W_FP8: dec ? launch_dec<DS_W_FP8, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz); break;
-    case DS_W_FP4: dec ? launch_dec<DS_W_FP4, MODE>(st, a, rows, T, nz) : launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz); break;
+    case DS_W_BF16:
+        if (dec) return launch_dec<DS_W_BF16, MODE>(st, mb, a, rows, T, nz, split);
+        launch_tile<DS_W_BF16, MODE>(st, a, rows, T, nz);
+        return 0;
+    case DS_W_FP8:
+        if (dec) return launch_dec<DS_W_FP8, MODE>(st, mb, a, rows, T, nz, split);
+        launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz);
+        return 0;
+    case DS_W_FP4:
+        if (dec) return launch_dec<DS_W_FP4, MODE>(st, mb, a, rows, T, nz, split);
+        launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz);
+        return 0;
     }
+    return -1;
 }
 
-int dsc_mma_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
+int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
                    float *y, int ys) {
     mma_args a;
     memset(&a, 0, sizeof a);
@@ -552,16 +730,15 @@ int dsc_mma_matmul(cudaStream_t st, dsc_buf *xhl, int kind, dsc_w w, const float
     a.ys = ys;
     int dec = T <= DSC_MMA_DEC_MAX_T;
     if (!dec) {
-        if (split(st, xhl, x, (size_t)T * (size_t)xs)) return -1;
-        a.xhl = (const uint4 *)xhl->p;
+        if (split(st, &mb[0], x, (size_t)T * (size_t)xs)) return -1;
+        a.xhl = (const uint4 *)mb[0].p;
     }
     /* grouped: blockIdx.z = group, its rows as a matrix of their own */
     int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
-    launch_kind<MMA_PLAIN>(st, kind, dec, a, G > 1 ? rpg : w.rows, T, (unsigned)G);
-    return 0;
+    return launch_kind<MMA_PLAIN>(st, mb, kind, dec, a, G > 1 ? rpg : w.rows, T, (unsigned)G);
 }
 
-int dsc_mma_experts(cudaStream_t st, dsc_buf *xhl, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
+int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
                     const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
                     const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys) {
     mma_args a;
@@ -587,11 +764,10 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *xhl, int up, int kind, dsc_w shape
     if (dec && maxcnt > DSC_MMA_DEC_MAX_T) maxcnt = DSC_MMA_DEC_MAX_T;
     if (!dec) {
         size_t n = up ? (size_t)T * (size_t)xs : P * (size_t)xs;
-        if (split(st, xhl, x, n)) return -1;
-        a.xhl = (const uint4 *)xhl->p;
+        if (split(st, &mb[0], x, n)) return -1;
+        a.xhl = (const uint4 *)mb[0].p;
     }
     int rows = up ? 2 * shape.rows : shape.rows;
-    if (up) launch_kind<MMA_UP>(st, kind, dec, a, rows, maxcnt, ny);
-    else launch_kind<MMA_DOWN>(st, kind, dec, a, rows, maxcnt, ny);
-    return 0;
+    if (up) return launch_kind<MMA_UP>(st, mb, kind, dec, a, rows, maxcnt, ny);
+    return launch_kind<MMA_DOWN>(st, mb, kind, dec, a, rows, maxcnt, ny);
 }

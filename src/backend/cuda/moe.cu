@@ -480,6 +480,10 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
         I->moe = m;
         I->cap_moe = cap;
     }
+    if (dsc_graph_end(I, err)) { /* a synchronous copy follows */
+        free(h);
+        return NULL;
+    }
     void *d = NULL;
     cudaError_t ce = cudaMalloc(&d, n * sizeof *h);
     if (ce == cudaSuccess) ce = cudaMemcpy(d, h, n * sizeof *h, cudaMemcpyHostToDevice);

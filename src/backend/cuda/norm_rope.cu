@@ -15,14 +15,14 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
     float *o = out + t * (size_t)n;
     float s = 0.0f;
     int i = threadIdx.x;
-    for (; i + 7 * DSC_ROW_THREADS < n; i += 8 * DSC_ROW_THREADS) { /* 8 loads in flight, the same chain */
-        float v[8];
+    for (; i < n; i += 16 * DSC_ROW_THREADS) { /* up to 16 loads in flight, the same chain */
+        float v[16];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = xr[i + u * DSC_ROW_THREADS];
+        for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < n ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
 #pragma unroll
-        for (int u = 0; u < 8; u++) s = fmaf(v[u], v[u], s);
+        for (int u = 0; u < 16; u++)
+            if (i + u * DSC_ROW_THREADS < n) s = fmaf(v[u], v[u], s);
     }
-    for (; i < n; i += DSC_ROW_THREADS) s = fmaf(xr[i], xr[i], s);
     float ms = dsc_block_sum(s, sh) / (float)n;
     float r = 1.0f / sqrtf(ms + eps);
     /* in place is safe: each thread rewrites only what it read */
