@@ -27,8 +27,10 @@
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
  * three give the same bits. Nothing depends on T, on the thread count or on
  * the path the CPU supports. The AVX-512 kernels may compute several tokens
- * and two rows per call (sharing weight decodes and x loads); each (row,
- * token) still goes through exactly the operations above. */
+ * and two rows per call (sharing weight decodes and x loads), and FP8
+ * products of many tokens run as 2-row x 3-token register tiles over
+ * pre-decoded panels (fp8_group_tiled); each (row, token) still goes through
+ * exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
