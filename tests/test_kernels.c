@@ -165,6 +165,31 @@ int main(void) {
         free(data);
         free(scale);
     }
+    /* the FP8 prefill tiles (AVX-512, K % 256 == 0, DS_CPU_TILE_MIN_T+ tokens):
+     * panels (a partial last one), an odd last row, two token blocks with a
+     * partial last tile, x in range (raw decoder) and too large for it (plain
+     * decoder): every (row, token) has the portable path's bits */
+    for (int big = 0; big < 2; big++) {
+        int R = 21, K = 1280, T = 37;
+        ds_weight w;
+        uint8_t *data, *scale;
+        make(&w, DS_W_FP8, R, K, &data, &scale);
+        for (int i = 0; i < R * K; i += 11) data[i] = (uint8_t)(data[i] & 0x87); /* subnormal codes */
+        float *x = malloc(sizeof(float) * (size_t)T * K), *y = malloc(sizeof(float) * (size_t)T * R);
+        for (int i = 0; i < T * K; i++) x[i] = frand();
+        if (big) x[5 * K + 700] = -3.0e6f;
+        int ran = ds_matmul(&be3, &w, x, T, y, NULL) == 0, same = 1;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) {
+                float g = ds_cpu_row_dot(&w, r, x + (size_t)t * K);
+                same &= memcmp(&g, &y[(size_t)t * R + r], 4) == 0;
+            }
+        CHECK(ran && same, "FP8 prefill tiles%s: SIMD != portable path", big ? " (|x| = 3e6)" : "");
+        free(x);
+        free(y);
+        free(data);
+        free(scale);
+    }
     /* the small fixed-order dot used by norms and attention = the portable path */
     for (int n = 1; n < 300; n += 7) {
         float a[300], b[300];

@@ -24,6 +24,13 @@ int ds_cpu_best_path(void);
 /* From 3 tokens on, FP8 (K % 256 == 0) and MXFP4 (K % 512 == 0) rows go in
  * pairs sharing each x load, up to DS_CPU_NT tokens per call whatever K (x
  * may then come from L2): more FMAs per load and per weight decode. */
+/* Prefill tiles (AVX-512, FP8 with K % 256 == 0): a product of at least
+ * DS_CPU_TILE_MIN_T tokens goes to threads in groups of DS_CPU_TILE_ROWS rows,
+ * decoded DS_CPU_FP8_PANEL columns at a time, then run in 2-row x 3-token
+ * register tiles over x laid out panel-major (matmul.c). */
+#define DS_CPU_TILE_MIN_T 8
+#define DS_CPU_TILE_ROWS 8
+#define DS_CPU_FP8_PANEL 512
 /* Software prefetch distance ahead of the row being read: quantized rows,
  * and 2-byte dense rows (the hardware prefetcher left bandwidth unused). */
 #define DS_CPU_PREFETCH 16384

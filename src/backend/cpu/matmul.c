@@ -27,8 +27,10 @@
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
  * three give the same bits. Nothing depends on T, on the thread count or on
  * the path the CPU supports. The AVX-512 kernels may compute several tokens
- * and two rows per call (sharing weight decodes and x loads); each (row,
- * token) still goes through exactly the operations above. */
+ * and two rows per call (sharing weight decodes and x loads), and FP8
+ * products of many tokens run as 2-row x 3-token register tiles over
+ * pre-decoded panels (fp8_group_tiled); each (row, token) still goes through
+ * exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -701,6 +703,89 @@ AVX512 __attribute__((always_inline)) static inline void fp4_t2_512(const ds_wei
     }
 }
 
+/* ---- AVX-512 prefill tiles: 2 rows x up to 3 tokens, weights decoded once ----
+ * For many tokens the row kernels above re-decode each weight chunk for every
+ * few tokens and re-read every token's x (from L2) for every pair of rows. The
+ * tiled path instead decodes a panel of KP = DS_CPU_FP8_PANEL columns of a
+ * group's rows once per token block into a small buffer (the same floats
+ * dec16k gives), then runs 2-row x 3-token tiles over it with every
+ * accumulator in a register (A: 12, the block's two chains: 12), and parks
+ * the 12 A vectors between panels. x is laid out panel-major (panel, token,
+ * column), so a tile's tokens and rows sit KP floats apart. Each (row, token)
+ * still goes through exactly fp8_t_512's operations in the same order (chunk
+ * j -> B[j % 2] from 0, A[kb % 2] = fma(B0 + B1, m, A[kb % 2]), y = hsum(A0 +
+ * A1)), so the bits are those of every other path; which tokens share a tile
+ * changes nothing (each lane of each accumulator is one (row, token)'s). */
+#define TILE_T 3 /* tokens per tile */
+#define KP DS_CPU_FP8_PANEL
+
+/* w: the pair's decoded rows (the second KP floats after the first); x: the
+ * tile's first token (the others KP floats apart); m0, m1: the rows' block
+ * multipliers (m1 = m0 + KP / 128); nb (even) blocks. */
+AVX512 __attribute__((always_inline)) static inline void fp8_tile_512(const float *w, const float *x, int nb,
+                                                                       const float *m0, __m512 A[2][TILE_T][2],
+                                                                       const int nt) {
+    for (int b = 0; b < nb; b += 2) {
+        UNROLL for (int h = 0; h < 2; h++) {
+            const float *wa = w + (size_t)(b + h) * DS_FP8_BLOCK, *xb = x + (size_t)(b + h) * DS_FP8_BLOCK;
+            __m512 B0[2][TILE_T], B1[2][TILE_T];
+            UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 16) {
+                __m512 u0 = _mm512_loadu_ps(wa + j), u1 = _mm512_loadu_ps(wa + KP + j);
+                __asm__("" : "+v"(u0), "+v"(u1)); /* each loaded once, into a register (not folded */
+                UNROLL for (int t = 0; t < nt; t++) { /* into every FMA that uses it) */
+                    __m512 xv = _mm512_loadu_ps(xb + t * KP + j);
+                    __asm__("" : "+v"(xv));
+                    if (j & 16) {
+                        B1[0][t] = _mm512_fmadd_ps(u0, xv, j > 16 ? B1[0][t] : _mm512_setzero_ps());
+                        B1[1][t] = _mm512_fmadd_ps(u1, xv, j > 16 ? B1[1][t] : _mm512_setzero_ps());
+                    } else {
+                        B0[0][t] = _mm512_fmadd_ps(u0, xv, j ? B0[0][t] : _mm512_setzero_ps());
+                        B0[1][t] = _mm512_fmadd_ps(u1, xv, j ? B0[1][t] : _mm512_setzero_ps());
+                    }
+                }
+            }
+            __m512 s0 = _mm512_set1_ps(m0[b + h]), s1 = _mm512_set1_ps(m0[KP / DS_FP8_BLOCK + b + h]);
+            UNROLL for (int t = 0; t < nt; t++) {
+                A[0][t][h] = _mm512_fmadd_ps(_mm512_add_ps(B0[0][t], B1[0][t]), s0, A[0][t][h]);
+                A[1][t][h] = _mm512_fmadd_ps(_mm512_add_ps(B0[1][t], B1[1][t]), s1, A[1][t][h]);
+            }
+        }
+    }
+}
+
+/* One tile: A (parked as [2 rows][TILE_T][2][16] floats) in, nb blocks, A out. */
+AVX512 __attribute__((always_inline)) static inline void fp8_tile_run(const float *w, const float *x, int nb,
+                                                                       const float *m0, float *park, const int nt) {
+    __m512 A[2][TILE_T][2];
+    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int h = 0; h < 2; h++)
+        A[r][t][h] = _mm512_loadu_ps(park + ((r * TILE_T + t) * 2 + h) * 16);
+    fp8_tile_512(w, x, nb, m0, A, nt);
+    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int h = 0; h < 2; h++)
+        _mm512_storeu_ps(park + ((r * TILE_T + t) * 2 + h) * 16, A[r][t][h]);
+}
+
+AVX512 static void fp8_tile_n(const float *w, const float *x, int nb, const float *m0, float *park, int nt) {
+    switch (nt) {
+    case 1: fp8_tile_run(w, x, nb, m0, park, 1); break;
+    case 2: fp8_tile_run(w, x, nb, m0, park, 2); break;
+    default: fp8_tile_run(w, x, nb, m0, park, TILE_T); break;
+    }
+}
+
+/* Columns [c0, c0 + n) of FP8 row `row` decoded as dec16k does (n % 64 ==
+ * 0), prefetching the line at pf + c (what the next panel will read). */
+AVX512 static void fp8_decode_512(const uint8_t *row, int c0, int n, float *out, int raw, const uint8_t *pf) {
+    for (int c = 0; c < n; c += 64) {
+        _mm_prefetch((const char *)pf + c, _MM_HINT_T0);
+        UNROLL for (int k = 0; k < 64; k += 16)
+            _mm512_storeu_ps(out + c + k, raw ? dec16k(row, c0 + c + k, FP8_RAW) : dec16k(row, c0 + c + k, DS_W_FP8));
+    }
+}
+
+AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pair */
+    return hsum16_512(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
+}
+
 /* nt in [1, NT] tokens of row r: the instance for each count */
 #define NT_CASES(call) \
     switch (nt) {      \
@@ -817,6 +902,10 @@ float ds_dot_f32(const float *a, const float *b, int n) {
 
 #define TOKEN_BLOCK DS_CPU_TOKEN_BLOCK
 
+/* how a product reads its x copy: plain, FP4 order, scaled by 2^112 (FP8_RAW);
+ * X_T*: panel-major for the prefill tiles */
+enum { X_PLAIN, X_FP4, X_RAW, X_TPLAIN, X_TRAW };
+
 /* A product ready to run: x copied (see mm_prepare), its row kernel, and
  * (set per token block) its first row group in the block's numbering. */
 typedef struct {
@@ -830,12 +919,61 @@ typedef struct {
     rowt_fn rowt2;  /* two rows of up to NT tokens (when not NULL) */
     const float *x; /* the caller's x */
     int fmt;        /* X_* */
+    int tile;       /* x panel-major, the products through fp8_group_tiled */
+    int rg;         /* rows per group: DS_CPU_ROW_GROUP, or DS_CPU_TILE_ROWS when tiled */
 } mm_prep;
 
 typedef struct {
     const mm_prep *p;
     int n, t0; /* tokens [t0, t0 + TOKEN_BLOCK) */
 } mm_job;
+
+#ifdef DS_X86
+/* Rows [r0, r1) (at most DS_CPU_TILE_ROWS) x tokens [t0, t1) (at most
+ * TOKEN_BLOCK) of an FP8 product through the prefill tiles: per panel of
+ * columns the rows are decoded once, then every 3-token tile meets each pair
+ * of rows while its x stays in L1. An odd last row is paired with a copy of
+ * itself (the copy's results are dropped). */
+AVX512 static void fp8_group_tiled(const mm_prep *p, int r0, int r1, int t0, int t1) {
+    enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T - 1) / TILE_T };
+    const ds_weight *w = p->w;
+    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TILE_T - 1) / TILE_T;
+    _Alignas(64) float wb[RG + 1][KP];
+    float m[RG + 1][NBP];
+    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 2 * 16];
+    memset(park, 0, sizeof park);
+    int raw = p->fmt == X_TRAW;
+    for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
+        int nb = (K - c0) / DS_FP8_BLOCK < NBP ? (K - c0) / DS_FP8_BLOCK : NBP;
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *row = w->data + (size_t)(r0 + i) * (size_t)K;
+            /* prefetch this row's next panel, or after the last one the
+             * same row of the next group (likely this thread's next) */
+            const uint8_t *pf = row + c0 + KP + (c0 + KP >= K ? (size_t)(RG - 1) * (size_t)K : 0);
+            fp8_decode_512(row, c0, nb * DS_FP8_BLOCK, wb[i], raw, pf);
+            size_t srow = fp8_srow(w, r0 + i) + (size_t)(c0 / DS_FP8_BLOCK);
+            for (int b = 0; b < nb; b++) m[i][b] = scale_of(w, srow + (size_t)b) * 256.0f;
+        }
+        if (nr & 1) {
+            memcpy(wb[nr], wb[nr - 1], sizeof wb[0]);
+            memcpy(m[nr], m[nr - 1], sizeof m[0]);
+        }
+        const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
+        for (int tt = 0; tt < ntile; tt++) {
+            int nt = t1 - t0 - tt * TILE_T < TILE_T ? t1 - t0 - tt * TILE_T : TILE_T;
+            for (int i = 0; i < nr; i += 2)
+                fp8_tile_n(wb[i], xpn + (size_t)tt * TILE_T * KP, nb, m[i], park[i / 2][tt], nt);
+        }
+    }
+    for (int tt = 0; tt < ntile; tt++) {
+        int t = t0 + tt * TILE_T, nt = t1 - t < TILE_T ? t1 - t : TILE_T;
+        for (int i = 0; i < nr; i++)
+            for (int k = 0; k < nt; k++)
+                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] =
+                    hsum_park(park[i / 2][tt] + (((i & 1) * TILE_T + k) * 2) * 16);
+    }
+}
+#endif
 
 /* Rows 4g..4g+3 of the product owning group g, one at a time (a single
  * memory stream per thread); the rows stay in cache while the block's tokens
@@ -853,7 +991,13 @@ static void mm_group(void *ctx, int g) {
     const mm_prep *p = &j->p[lo];
     const ds_weight *w = p->w;
     int R = w->rows, t1 = j->t0 + TOKEN_BLOCK < p->T ? j->t0 + TOKEN_BLOCK : p->T;
-    int r0 = (g - p->g0) * DS_CPU_ROW_GROUP, r1 = r0 + DS_CPU_ROW_GROUP < R ? r0 + DS_CPU_ROW_GROUP : R;
+    int r0 = (g - p->g0) * p->rg, r1 = r0 + p->rg < R ? r0 + p->rg : R;
+#ifdef DS_X86
+    if (p->tile) {
+        fp8_group_tiled(p, r0, r1, j->t0, t1);
+        return;
+    }
+#endif
     if (!p->rowt) {
         for (int r = r0; r < r1; r++)
             for (int t = j->t0; t < t1; t++)
@@ -902,7 +1046,6 @@ static int fp8_raw_ok(const float *x, size_t n) {
 #endif
 }
 
-enum { X_PLAIN, X_FP4, X_RAW }; /* how a product reads its x copy */
 
 /* Sets up product jb: its kernels and the layout of its x copy (rows on
  * 64-byte lines: no split vector loads; in FP4 order for MXFP4; scaled by
@@ -915,9 +1058,15 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev,
     int fmt = w->kind == DS_W_FP4 ? X_FP4
               : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                                         : X_PLAIN;
-    size_t xstride = fmt == X_FP4 ? (size_t)fp4_padded(K) : ((size_t)K + 15) / 16 * 16;
-    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + DS_CPU_ROW_GROUP - 1) / DS_CPU_ROW_GROUP : 0, jb->y, row_for(path, fmt == X_FP4),
-                   rowt_for(path, w->kind, fmt == X_RAW), rowt2_for(path, w, fmt == X_RAW), jb->x, fmt};
+    int tile = path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && K % (2 * DS_FP8_BLOCK) == 0 && T >= DS_CPU_TILE_MIN_T;
+    if (tile) fmt = fmt == X_RAW ? X_TRAW : X_TPLAIN;
+    size_t xstride = tile           ? ((size_t)K + DS_CPU_FP8_PANEL - 1) / DS_CPU_FP8_PANEL * DS_CPU_FP8_PANEL
+                     : fmt == X_FP4 ? (size_t)fp4_padded(K)
+                                    : ((size_t)K + 15) / 16 * 16;
+    int raw = fmt == X_RAW || fmt == X_TRAW;
+    int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
+    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_FP4),
+                   rowt_for(path, w->kind, raw), rowt2_for(path, w, raw), jb->x, fmt, tile, rg};
     *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
@@ -931,6 +1080,13 @@ static void mm_fill(mm_prep *p) {
     int K = p->w->cols;
     for (int t = 0; t < p->T; t++) {
         const float *xt = p->x + (size_t)t * (size_t)K;
+        if (p->tile) { /* panel-major: panel pn of token t at (pn * T + t) * KP */
+            float mul = p->fmt == X_TRAW ? 0x1p112f : 1.0f;
+            for (int c = 0; c < K; c++)
+                p->xp[((size_t)(c / DS_CPU_FP8_PANEL) * (size_t)p->T + (size_t)t) * DS_CPU_FP8_PANEL +
+                      (size_t)(c % DS_CPU_FP8_PANEL)] = xt[c] * mul;
+            continue;
+        }
         float *dst = p->xp + (size_t)t * p->xstride;
         if (p->fmt == X_FP4)
             fp4_order_x(xt, K, dst);
