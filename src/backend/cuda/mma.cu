@@ -195,6 +195,55 @@ template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, c
 
 /* ---- few tokens ------------------------------------------------------------ */
 
+/* Group g's partial p_g of a warp's two rows (fragments qa, qb: the group's
+ * 16-byte chunks of rows gid and gid + 8) for its NB x 8 tokens: a fresh fp32
+ * accumulator through the 8 m16n8k16 steps kk ascending, mma(A, x_hi) then
+ * mma(A, x_lo), then FP8's group scale (the order of docs/cuda.md). Both
+ * decode kernels call it, so they give the same bits as each other. */
+template <int KIND, int NB>
+__device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, const uint8_t *sb, const uint4 *qa,
+                                          const uint4 *qb, int g, int tig, int K, const float *const *xr,
+                                          const bool *xv, int xal, float acc[NB][4]) {
+    const int SPC = 8 / mk<KIND>::CPT;
+    float sca = 1.0f, scb = 1.0f;
+    if (KIND == DS_W_FP4) {
+        sca = mma_scale<KIND>(w, sa, g * 4 + tig);
+        scb = mma_scale<KIND>(w, sb, g * 4 + tig);
+    }
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        uint32_t a0, a1, a2, a3;
+        afrag<KIND>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+        afrag<KIND>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+        int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+#pragma unroll
+        for (int ni = 0; ni < NB; ni++) {
+            float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (xv[ni] && col < K) {
+                const float *p = xr[ni] + col;
+                if (xal) xv4 = *(const float4 *)p;
+                else xv4 = make_float4(p[0], p[1], p[2], p[3]);
+            }
+            uint32_t b[4];
+            split4(xv4, b);
+            mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
+            mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
+        }
+    }
+    if (KIND == DS_W_FP8) {
+        float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
+#pragma unroll
+        for (int ni = 0; ni < NB; ni++) {
+            acc[ni][0] = __fmul_rn(acc[ni][0], s0);
+            acc[ni][1] = __fmul_rn(acc[ni][1], s0);
+            acc[ni][2] = __fmul_rn(acc[ni][2], s1);
+            acc[ni][3] = __fmul_rn(acc[ni][3], s1);
+        }
+    }
+}
+
 /* One warp: a unit of a 16-row tile, groups [u*gpw, min(ng, (u+1)*gpw)), for
  * 8*NB tokens; DSC_MMA_DSW warps per block, each its own unit. A thread loads
  * GR groups' chunks of its two rows (DSC_MMA_DLOADS 16-byte loads in flight),
@@ -205,7 +254,7 @@ template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, c
  * bits either way, and the same as mma_tile_kernel. */
 template <int KIND, int MODE, int NB>
 __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
-    const int CPT = mk<KIND>::CPT, SPC = 8 / CPT, NTOK = 8 * NB, GR = DSC_MMA_DLOADS / (2 * CPT);
+    const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GR = DSC_MMA_DLOADS / (2 * CPT);
     int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int wi = blockIdx.x * DSC_MMA_DSW + (threadIdx.x >> 5);
     int tile = wi / a.U, u = wi % a.U;
@@ -256,44 +305,8 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
         for (int v = 0; v < GR; v++) {
             int g = g0 + v;
             if (g >= ge) break;
-            float sca = 1.0f, scb = 1.0f;
-            if (KIND == DS_W_FP4) {
-                sca = mma_scale<KIND>(w, sa, g * 4 + tig);
-                scb = mma_scale<KIND>(w, sb, g * 4 + tig);
-            }
             float acc[NB][4];
-#pragma unroll
-            for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                uint32_t a0, a1, a2, a3;
-                afrag<KIND>(qa[v][kk / SPC], kk % SPC, sca, a0, a2);
-                afrag<KIND>(qb[v][kk / SPC], kk % SPC, scb, a1, a3);
-                int col = g * DSC_MMA_G + tig * 32 + kk * 4;
-#pragma unroll
-                for (int ni = 0; ni < NB; ni++) {
-                    float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (xv[ni] && col < K) {
-                        const float *p = xr[ni] + col;
-                        if (xal) xv4 = *(const float4 *)p;
-                        else xv4 = make_float4(p[0], p[1], p[2], p[3]);
-                    }
-                    uint32_t b[4];
-                    split4(xv4, b);
-                    mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
-                    mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
-                }
-            }
-            if (KIND == DS_W_FP8) {
-                float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
-#pragma unroll
-                for (int ni = 0; ni < NB; ni++) {
-                    acc[ni][0] = __fmul_rn(acc[ni][0], s0);
-                    acc[ni][1] = __fmul_rn(acc[ni][1], s0);
-                    acc[ni][2] = __fmul_rn(acc[ni][2], s1);
-                    acc[ni][3] = __fmul_rn(acc[ni][3], s1);
-                }
-            }
+            mma_group<KIND, NB>(w, sa, sb, qa[v], qb[v], g, tig, K, xr, xv, xal, acc);
             if (a.U == 1) {
 #pragma unroll
                 for (int ni = 0; ni < NB; ni++)
@@ -354,7 +367,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
  * the round's partials in group order. */
 template <int KIND, int MODE, int NB>
 __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
-    const int CPT = mk<KIND>::CPT, SPC = 8 / CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
+    const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
     const int NOUT = 16 * NTOK, PER = (NOUT + DSC_MMA_DW * 32 - 1) / (DSC_MMA_DW * 32);
     extern __shared__ float part[]; /* [SLOTS][16][NTOK] */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -400,44 +413,8 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
         for (int u = 0; u < GW; u++) {
             int slot = warp * GW + u, g = g0 + slot;
             if (g >= ng) break;
-            float sca = 1.0f, scb = 1.0f;
-            if (KIND == DS_W_FP4) {
-                sca = mma_scale<KIND>(w, sa, g * 4 + tig);
-                scb = mma_scale<KIND>(w, sb, g * 4 + tig);
-            }
             float acc[NB][4];
-#pragma unroll
-            for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                uint32_t a0, a1, a2, a3;
-                afrag<KIND>(qa[u][kk / SPC], kk % SPC, sca, a0, a2);
-                afrag<KIND>(qb[u][kk / SPC], kk % SPC, scb, a1, a3);
-                int col = g * DSC_MMA_G + tig * 32 + kk * 4;
-#pragma unroll
-                for (int ni = 0; ni < NB; ni++) {
-                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (xv[ni] && col < K) {
-                        const float *p = xr[ni] + col;
-                        if (xal) v = *(const float4 *)p;
-                        else v = make_float4(p[0], p[1], p[2], p[3]);
-                    }
-                    uint32_t b[4];
-                    split4(v, b);
-                    mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
-                    mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
-                }
-            }
-            if (KIND == DS_W_FP8) {
-                float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
-#pragma unroll
-                for (int ni = 0; ni < NB; ni++) {
-                    acc[ni][0] = __fmul_rn(acc[ni][0], s0);
-                    acc[ni][1] = __fmul_rn(acc[ni][1], s0);
-                    acc[ni][2] = __fmul_rn(acc[ni][2], s1);
-                    acc[ni][3] = __fmul_rn(acc[ni][3], s1);
-                }
-            }
+            mma_group<KIND, NB>(w, sa, sb, qa[u], qb[u], g, tig, K, xr, xv, xal, acc);
             float *ps = part + (size_t)slot * 16 * NTOK;
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
