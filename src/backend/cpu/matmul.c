@@ -1046,7 +1046,6 @@ static int fp8_raw_ok(const float *x, size_t n) {
 #endif
 }
 
-
 /* Sets up product jb: its kernels and the layout of its x copy (rows on
  * 64-byte lines: no split vector loads; in FP4 order for MXFP4; scaled by
  * 2^112 for FP8_RAW). Returns the floats its copy needs, or 0 when one of

@@ -73,7 +73,7 @@ int dsc_buf_grow(dsc_buf *b, size_t bytes, size_t min_cap, cudaStream_t st) {
     if (b->p) {
         if (cs == cudaStreamCaptureStatusActive) {
             /* captured kernels may read it when the graph runs */
-            if (b->n_old == (int)(sizeof b->old / sizeof b->old[0])) return -1;
+            if (b->n_old == (int)(sizeof b->old / sizeof b->old[0])) return -2;
             b->old[b->n_old++] = b->p;
         } else {
             cudaStreamSynchronize(st); /* earlier kernels may still read it */
@@ -95,13 +95,13 @@ void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char 
     dsc_buf *b = &I->scratch[which];
     if (bytes == 0) bytes = 16;
     if (b->cap >= bytes) return b->p;
-    if (dsc_buf_grow(b, bytes, 4096, I->stream)) {
-        char what[96];
-        snprintf(what, sizeof what, "out of device memory for %zu bytes of scratch", bytes);
-        dsc_failmsg(err, op, "%s", what);
-        return NULL;
-    }
-    return b->p;
+    int rc = dsc_buf_grow(b, bytes, 4096, I->stream);
+    if (rc == -2)
+        dsc_failmsg(err, op, "scratch slot %d grew more than %d times inside one captured step (DSV4_CUDA_GRAPH=0 "
+                    "runs without graphs)", which, (int)(sizeof b->old / sizeof b->old[0]));
+    else if (rc)
+        dsc_failmsg(err, op, "out of device memory for %zu bytes of scratch", bytes);
+    return rc ? NULL : b->p;
 }
 
 /* ---- CUDA graphs ---------------------------------------------------------- */

@@ -24,9 +24,9 @@ typedef struct dsc_buf {
     int n_old;
 } dsc_buf;
 
-/* Grows b to at least bytes (contents lost); 0 or -1 (out of memory, or too
- * many growths inside one captured step). Outside a capture it waits for the
- * stream's earlier work before freeing the old allocation. */
+/* Grows b to at least bytes (contents lost); 0, -1 (out of device memory) or
+ * -2 (grown too often inside one captured step). Outside a capture it waits
+ * for the stream's earlier work before freeing the old allocation. */
 int dsc_buf_grow(dsc_buf *b, size_t bytes, size_t min_cap, cudaStream_t st);
 
 /* CUDA graphs of small steps (backend.cu; docs/cuda.md "CUDA graphs"). */
