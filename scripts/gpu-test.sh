@@ -167,15 +167,17 @@ ep_gpu() {
     b=$(awk -v V="$2" 'BEGIN { s = 99; for (i = 0; i < 41; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(s / 65536) % V } }')
     "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.one" --backend cuda >/dev/null 2>&1 ||
       { f=$((f + 1)); echo "FAIL $dir: single-process logits"; continue; }
-    for r in 2 3; do
-      if ! timeout "${EP_TIMEOUT:-600}" mpirun -np "$r" "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.np$r" \
-        --backend cuda --prefill-chunk 7 >"$T/ep.out" 2>"$T/ep.err"; then
+    for r in 2 3 2r; do # data-parallel attention (the default) on 2 and 3 ranks; replicated on 2
+      local att="" mode="data parallel"
+      [ "$r" = 2r ] && att="--ep-attention replicated" mode="replicated"
+      if ! timeout "${EP_TIMEOUT:-600}" mpirun -np "${r%r}" "$bin" logits -m "$dir" --tokens "$a" --tokens "$b" -o "$T/ep.np$r" \
+        --backend cuda --prefill-chunk 7 $att >"$T/ep.out" 2>"$T/ep.err"; then
         f=$((f + 1)); echo "FAIL $dir: mpirun -np $r"; tail -20 "$T/ep.err"; continue
       fi
-      grep -q "expert parallel over $r ranks" "$T/ep.err" || { f=$((f + 1)); echo "FAIL $dir: not expert parallel"; continue; }
+      grep -q "expert parallel over ${r%r} ranks" "$T/ep.err" || { f=$((f + 1)); echo "FAIL $dir: not expert parallel"; continue; }
       for i in 0 1; do
-        if cmp -s "$T/ep.one.$i.f32" "$T/ep.np$r.$i.f32"; then n=$((n + 1)); echo "ok   $dir seq $i: EP=$r on the GPU = one process (bits)"
-        else f=$((f + 1)); echo "FAIL $dir seq $i: EP=$r logits differ from one process"; fi
+        if cmp -s "$T/ep.one.$i.f32" "$T/ep.np$r.$i.f32"; then n=$((n + 1)); echo "ok   $dir seq $i: EP=${r%r} ($mode attention) on the GPU = one process (bits)"
+        else f=$((f + 1)); echo "FAIL $dir seq $i: EP=${r%r} ($mode attention) logits differ from one process"; fi
       done
     done
   done

@@ -94,6 +94,39 @@ check_batch "np 2 round robin" 2
 check_batch "np 3 placement file with replicas" 3 --placement "$tmp/placement"
 check_batch "np 3 by load, 6 redundant experts" 3 --expert-load "$tmp/load" --redundant-experts 6
 check_batch "np 4 by load, no replicas" 4 --expert-load "$tmp/load" --threads 1
+check_batch "np 3 replicated attention" 3 --ep-attention replicated
+
+# 2b. data-parallel attention: each sequence runs its attention on one home rank,
+#     the live sequence with the fewest live sequences (lowest rank on a tie), so
+#     A B C D go to ranks 0 1 0 1 (2 ranks) and 0 1 2 0 (3 ranks); the leader's
+#     report counts each rank's attention rows (replicated: every rank all rows)
+declare -A len=([A]=130 [B]=7 [C]=64 [D]=1)
+rows_line() { # ranks homes-of-A-B-C-D...
+  local n="$1" r k=0 names=(A B C D)
+  shift
+  local -a c=()
+  for ((r = 0; r < n; r++)); do c[r]=0; done
+  for r in "$@"; do c[r]=$((c[r] + len[${names[k]}])); k=$((k + 1)); done
+  echo "${c[*]}"
+}
+for spec in "2 data:parallel 0 1 0 1" "3 data:parallel 0 1 2 0" "2 replicated -1"; do
+  set -- $spec
+  n="$1" mode="${2/:/ }"
+  shift 2
+  if [ "$1" = -1 ]; then want="$(printf '202 %.0s' $(seq "$n") | sed 's/ $//')" extra="--ep-attention replicated"
+  else want="$(rows_line "$n" "$@")" extra=""; fi
+  mpi "$n" "$bin" logits -m "$dir" --tokens "$A" --tokens "$B" --tokens "$C" --tokens "$D" -o "$tmp/r" $extra \
+    >/dev/null 2>"$tmp/err"
+  got="$(grep -o "attention rows per rank ($mode): [0-9 ]*" "$tmp/err" | sed 's/.*: //')"
+  [ "$got" = "$want" ] && ok "np $n $mode attention: rows per rank $got" || { bad "np $n $mode: rows per rank '$got', want '$want'"; cat "$tmp/err"; }
+done
+
+# 2c. dsv4 stats (the route hook sees every rank's rows) writes the load file of one process
+head -c 3000 "$dir/heldout.txt" >"$tmp/text"
+"$bin" stats -m "$dir" --file "$tmp/text" --window 96 --load-out "$tmp/load1" >/dev/null 2>&1
+mpi 3 "$bin" stats -m "$dir" --file "$tmp/text" --window 96 --load-out "$tmp/load3" >/dev/null 2>"$tmp/err"
+[ -s "$tmp/load1" ] && cmp -s "$tmp/load1" "$tmp/load3" && ok "stats over 3 ranks: the load file of one process" ||
+  { bad "stats over 3 ranks: load file differs"; tail -3 "$tmp/err"; }
 
 # 3. sampled generation: the same tokens as one process
 g="--tokens $(tokens 6000 20 11) -n 24 --temperature 0.9 --top-p 0.95 --seed 7"
@@ -146,6 +179,8 @@ expect_fail "placement names rank 5 of 2" "placement file .*badplace line 1: ran
   -np 2 "$bin" $L --placement "$tmp/badplace"
 expect_fail "rank 1 fails its 3rd step" "rank 1: a step: DSV4_EP_FAIL_STEP" \
   -np 2 -x DSV4_EP_FAIL_STEP=1:3 "$bin" generate -m "$dir" --tokens 1,2,3 -n 10
+expect_fail "intermediates under data-parallel attention" "dump them with --ep-attention replicated" \
+  -np 2 "$bin" $L --dump "$tmp/dump"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -255,7 +255,8 @@ typedef struct ds_moe_experts_params {
     const ds_weight *sw1, *sw2, *sw3; /* shared expert, or NULL */
     float limit;
     float *slot_out;            /* [T][k][D] */
-    float *shared_out;          /* [T][D] */
+    float *shared_out;          /* [T][D]: the shared expert's rows (zeros without one); may be
+                                   NULL when sw1 is, then nothing is written there */
 } ds_moe_experts_params;
 
 /* Then the combine, moe's own: out[t] = sum over t's slots in ascending

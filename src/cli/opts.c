@@ -34,6 +34,8 @@ const cli_opt cli_backend_opts[] = {
     CLI_END,
 };
 
+static const char *const EP_ATTENTION[] = {"dp", "replicated", NULL}; /* DS_EP_ATT_* */
+
 const cli_opt cli_ep_opts[] = {
     CLI_STRING_OPT("--placement", NULL, ds_ep_opts, placement, "FILE",
                    "which rank serves each routed expert (default: expert e on rank e % ranks)"),
@@ -41,6 +43,9 @@ const cli_opt cli_ep_opts[] = {
                    "place experts by measured load (written by dsv4 stats --load-out)"),
     CLI_INT_OPT("--redundant-experts", NULL, ds_ep_opts, redundant, 0, 1 << 20, "N",
                 "extra replicas per layer of the busiest experts (needs --expert-load)"),
+    CLI_CHOICE_OPT("--ep-attention", NULL, ds_ep_opts, attention, EP_ATTENTION,
+                   "under mpirun, who runs a sequence's attention: dp (default: its home rank only, the sequences "
+                   "spread over the ranks) or replicated (every rank, for every sequence); the same bits either way"),
     CLI_END,
 };
 

@@ -194,8 +194,9 @@ static int bind_ranks(const char *cmd, ds_model *m, const ds_backend_opts *o, ds
             ds_model_expert_bytes(m, r, &ex, &rest);
             fprintf(stderr, " %.1f", (double)ex / (1 << 20));
         }
-        fprintf(stderr, "; exchange: %s\n",
-                ds_ep_transport(ep) ? "NCCL, device to device" : "MPI through host memory");
+        fprintf(stderr, "; exchange: %s; attention: %s\n",
+                ds_ep_transport(ep) ? "NCCL, device to device" : "MPI through host memory",
+                ds_ep_dp(ep) ? "data parallel (each sequence on one rank)" : "replicated on every rank");
         return 0;
     }
     int frc = ds_ep_follow(m, be);

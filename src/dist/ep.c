@@ -20,7 +20,7 @@ static struct {
     FILE *captured; /* followers: what the process printed on stderr before it */
     ds_ep *ep;      /* the model's EP, for the leader's quit at the end */
     ds_ep_opts opts;
-} S = {0, 0, 1, 0, 1, 0, 0, 2, NULL, NULL, {NULL, 0, NULL}};
+} S = {0, 0, 1, 0, 1, 0, 0, 2, NULL, NULL, {NULL, 0, NULL, DS_EP_ATT_DP}};
 
 ds_ep_opts *ds_ep_session_opts(void) { return &S.opts; }
 
@@ -197,11 +197,15 @@ int ds_ep_session_end(int rc) {
 /* ---- one model --------------------------------------------------------- */
 
 struct ds_ep {
-    int rank, size, layers, experts, k, next_id, quit;
+    int rank, size, layers, experts, k, next_id, quit, attention;
+    int *live;             /* [size] the leader's live sequences per home rank */
+    uint64_t *att_rows;    /* [size] the leader's count of the rows each rank's attention ran */
     const char *transport; /* "NCCL" (the backend's ep_exchange) or NULL: MPI through host memory */
     ds_placement pl;
-    int *owner;           /* [pairs] */
-    unsigned char *sel;   /* [pairs] */
+    int *owner;          /* [pairs] */
+    unsigned char *sel;  /* [pairs] */
+    unsigned char *none; /* [cap_none] zeros */
+    size_t cap_none;
     int *counts, *displs; /* [size] */
     size_t cap_pairs, cap_f;
     float *send, *recv;
@@ -227,7 +231,10 @@ int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, 
     ep->counts = calloc((size_t)S.size, sizeof *ep->counts);
     ep->displs = calloc((size_t)S.size, sizeof *ep->displs);
     ep->served = calloc((size_t)S.size * (size_t)(layers > 0 ? layers : 1), sizeof *ep->served);
-    if (!ep->counts || !ep->displs || !ep->served) {
+    ep->live = calloc((size_t)S.size, sizeof *ep->live);
+    ep->att_rows = calloc((size_t)S.size, sizeof *ep->att_rows);
+    ep->attention = o->attention;
+    if (!ep->counts || !ep->displs || !ep->served || !ep->live || !ep->att_rows) {
         ds_ep_free(ep);
         return ds_fail(err, "out of memory");
     }
@@ -245,11 +252,28 @@ void ds_ep_free(ds_ep *ep) {
     if (S.ep == ep) S.ep = NULL;
     ds_placement_free(&ep->pl);
     free(ep->owner), free(ep->sel), free(ep->counts), free(ep->displs), free(ep->send), free(ep->recv);
-    free(ep->served), free(ep->items), free(ep->tokens);
+    free(ep->served), free(ep->items), free(ep->tokens), free(ep->live), free(ep->none);
+    free(ep->att_rows);
     free(ep);
 }
 
 int ds_ep_next_seq_id(ds_ep *ep) { return ep->next_id++; }
+
+int ds_ep_dp(const ds_ep *ep) { return ep->size > 1 && ep->attention == DS_EP_ATT_DP; }
+
+void ds_ep_count_attention(ds_ep *ep, int home, int rows) {
+    for (int r = 0; r < ep->size; r++)
+        if (home < 0 || home == r) ep->att_rows[r] += (uint64_t)rows;
+}
+
+int ds_ep_seq_home(ds_ep *ep) {
+    if (!ds_ep_dp(ep)) return -1;
+    int h = 0;
+    for (int r = 1; r < ep->size; r++)
+        if (ep->live[r] < ep->live[h]) h = r;
+    ep->live[h]++;
+    return h;
+}
 
 #ifdef DSV4_HAVE_MPI
 static void bcast(void *p, int n, MPI_Datatype t, const char *what) {
@@ -267,19 +291,24 @@ static void send_hdr(ds_ep *ep, int64_t type, int64_t a, int64_t b, int64_t c) {
 }
 #endif
 
-void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len) {
+void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len, int home) {
 #ifdef DSV4_HAVE_MPI
-    send_hdr(ep, DS_EP_MSG_SEQ_NEW, id, max_len, 0);
+    send_hdr(ep, DS_EP_MSG_SEQ_NEW, id, max_len, home);
 #else
-    (void)ep, (void)id, (void)max_len;
+    (void)ep, (void)id, (void)max_len, (void)home;
 #endif
 }
 
-void ds_ep_send_seq_free(ds_ep *ep, int id) {
+void ds_ep_seq_unhome(ds_ep *ep, int home) {
+    if (ep->rank == 0 && home >= 0 && home < ep->size && ep->live[home] > 0) ep->live[home]--;
+}
+
+void ds_ep_send_seq_free(ds_ep *ep, int id, int home) {
+    ds_ep_seq_unhome(ep, home);
 #ifdef DSV4_HAVE_MPI
     send_hdr(ep, DS_EP_MSG_SEQ_FREE, id, 0, 0);
 #else
-    (void)ep, (void)id;
+    (void)id;
 #endif
 }
 
@@ -287,7 +316,7 @@ void ds_ep_send_step(ds_ep *ep, int n_items, const int64_t *items, const int32_t
 #ifdef DSV4_HAVE_MPI
     if (ep->rank != 0 || ep->size < 2 || ep->quit) return;
     send_hdr(ep, DS_EP_MSG_STEP, n_items, T, 0);
-    bcast((void *)items, 3 * n_items, MPI_INT64_T, "a step's items");
+    bcast((void *)items, DS_EP_ITEM_FIELDS * n_items, MPI_INT64_T, "a step's items");
     bcast((void *)tokens, T, MPI_INT32_T, "a step's tokens");
 #else
     (void)ep, (void)n_items, (void)items, (void)tokens, (void)T;
@@ -310,10 +339,11 @@ int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err) {
     if (msg->type == DS_EP_MSG_SEQ_NEW || msg->type == DS_EP_MSG_SEQ_FREE) {
         msg->id = (int)h[1];
         msg->max_len = h[2];
+        msg->home = (int)h[3];
     } else if (msg->type == DS_EP_MSG_STEP) {
         msg->n_items = (int)h[1];
         msg->T = (int)h[2];
-        size_t ni = 3 * (size_t)msg->n_items, nt = (size_t)msg->T;
+        size_t ni = DS_EP_ITEM_FIELDS * (size_t)msg->n_items, nt = (size_t)msg->T;
         if (ni > ep->cap_items) {
             free(ep->items);
             ep->items = malloc(ni * sizeof *ep->items);
@@ -362,7 +392,22 @@ int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigne
     return 0;
 }
 
+const unsigned char *ds_ep_no_pairs(ds_ep *ep, int n, ds_err *err) {
+    size_t need = n > 0 ? (size_t)n : 1;
+    if (need > ep->cap_none) {
+        free(ep->none);
+        ep->none = calloc(need, 1);
+        ep->cap_none = ep->none ? need : 0;
+        if (!ep->none) ds_fail(err, "out of memory for a selection of %d pairs", n);
+    }
+    return ep->none;
+}
+
 int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
+    return ds_ep_exchange_rows(ep, rows, n_pairs, D, ep->owner, err);
+}
+
+int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n_pairs, int D, const int *owner, ds_err *err) {
 #ifdef DSV4_HAVE_MPI
     size_t need = (size_t)n_pairs * D;
     if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
@@ -373,25 +418,26 @@ int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
         ep->cap_f = ep->send && ep->recv ? need : 0;
         if (!ep->cap_f) return ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
     }
-    /* every rank's rows in ascending pair order, rank after rank */
+    /* every rank's rows in ascending row order, rank after rank; as 32-bit
+     * words (idx rows are int32: no float conversion may touch them) */
     memset(ep->counts, 0, (size_t)ep->size * sizeof *ep->counts);
-    for (int i = 0; i < n_pairs; i++) ep->counts[ep->owner[i]] += D;
+    for (int i = 0; i < n_pairs; i++) ep->counts[owner[i]] += D;
     for (int r = 0, off = 0; r < ep->size; r++) ep->displs[r] = off, off += ep->counts[r];
     size_t ns = 0;
     for (int i = 0; i < n_pairs; i++)
-        if (ep->owner[i] == ep->rank) memcpy(ep->send + ns, rows + (size_t)i * D, (size_t)D * sizeof(float)), ns += D;
-    if (MPI_Allgatherv(ep->send, (int)ns, MPI_FLOAT, ep->recv, ep->counts, ep->displs, MPI_FLOAT, MPI_COMM_WORLD) !=
-        MPI_SUCCESS)
+        if (owner[i] == ep->rank) memcpy(ep->send + ns, rows + (size_t)i * D, (size_t)D * sizeof(float)), ns += D;
+    if (MPI_Allgatherv(ep->send, (int)ns, MPI_UINT32_T, ep->recv, ep->counts, ep->displs, MPI_UINT32_T,
+                       MPI_COMM_WORLD) != MPI_SUCCESS)
         return ds_fail(err, "expert exchange: MPI_Allgatherv failed");
     for (int r = 0; r < ep->size; r++) ep->counts[r] = ep->displs[r];
     for (int i = 0; i < n_pairs; i++) {
-        int r = ep->owner[i];
+        int r = owner[i];
         if (r != ep->rank) memcpy(rows + (size_t)i * D, ep->recv + ep->counts[r], (size_t)D * sizeof(float));
         ep->counts[r] += D;
     }
     return 0;
 #else
-    (void)ep, (void)rows, (void)n_pairs, (void)D;
+    (void)ep, (void)rows, (void)n_pairs, (void)D, (void)owner;
     return ds_fail(err, "expert parallelism: this build has no MPI");
 #endif
 }
@@ -412,6 +458,9 @@ void ds_ep_report(const ds_ep *ep, FILE *f) {
     if (!n) return;
     fprintf(f,
             "dsv4: expert parallel over %d ranks: %llu (token, expert) pairs served; busiest rank / mean per "
-            "layer: %.3f on average, %.3f at worst (layer %d)\n",
-            ep->size, (unsigned long long)total, sum_ratio / n, worst, worst_l);
+            "layer: %.3f on average, %.3f at worst (layer %d); attention rows per rank (%s):",
+            ep->size, (unsigned long long)total, sum_ratio / n, worst, worst_l,
+            ds_ep_dp(ep) ? "data parallel" : "replicated");
+    for (int r = 0; r < ep->size; r++) fprintf(f, " %llu", (unsigned long long)ep->att_rows[r]);
+    fputc('\n', f);
 }

@@ -1,16 +1,17 @@
 /* ep.h — expert parallelism over processes (docs/ep.md).
  *
  * Ranks are processes started by Open MPI's mpirun; MPI is the transport and
- * the bootstrap. Every rank holds the dense weights and runs attention for
- * every token (replicated); the routed experts are placed on ranks (round
+ * the bootstrap. Every rank holds the dense weights; each sequence's
+ * attention runs on its home rank (data parallel; or on every rank:
+ * --ep-attention replicated); the routed experts are placed on ranks (round
  * robin, a placement file, or by measured load with redundant replicas).
- * Per MoE layer each rank computes the (token, slot) pairs whose expert it
- * serves; an all-gather brings every pair's output to every rank, where the
- * backend's combine sums a token's k outputs in ascending expert id, the
- * shared expert last — the single-process order, so any rank count gives
- * the same bits. Rank 0 leads: it runs the command (scheduling, sampling,
- * output) and sends every sequence creation / release and every step's
- * token table to the followers, which run the same steps (runtime/ep_follow.h).
+ * Per MoE layer the ranks all-gather their rows' MoE inputs and routes, each
+ * computes the (token, slot) pairs whose expert it serves, an all-gather
+ * brings every pair's output to every rank, and each combines its own
+ * tokens: a token's k outputs in ascending expert id, the shared expert
+ * last — the single-process order, so any rank count gives the same bits.
+ * Rank 0 leads: it runs the command (scheduling, sampling, output) and sends every sequence creation / release and
+ * every step's token table to the followers, which run the same steps (runtime/ep_follow.h).
  *
  * Two parts: a placement (plain data, no MPI: tests and `dsv4 stats` use it
  * without ranks), and the process's MPI session (ds_ep_session_*), the one
@@ -30,7 +31,12 @@ typedef struct ds_ep_opts {
     const char *placement; /* placement file, or NULL: round robin (expert e on rank e % ranks) */
     int redundant;         /* EPLB: extra replicas per layer, placed by load (needs load) */
     const char *load;      /* load file written by `dsv4 stats --load-out` */
+    int attention;         /* DS_EP_ATT_DP (default) or DS_EP_ATT_REPLICATED (--ep-attention) */
 } ds_ep_opts;
+
+/* Who runs a sequence's attention: its home rank only (data parallel: the
+ * sequence's state lives there), or every rank (replicated). */
+enum { DS_EP_ATT_DP = 0, DS_EP_ATT_REPLICATED = 1 };
 
 /* Which ranks serve each expert of each layer. */
 typedef struct ds_placement {
@@ -100,12 +106,25 @@ int ds_ep_rank(const ds_ep *ep);
 int ds_ep_size(const ds_ep *ep);
 const ds_placement *ds_ep_placement(const ds_ep *ep);
 
+/* 1 when attention is data parallel over more than one rank. */
+int ds_ep_dp(const ds_ep *ep);
+
 /* The leader's messages to the followers (no-ops on a follower). */
 int ds_ep_next_seq_id(ds_ep *ep);
-void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len);
-void ds_ep_send_seq_free(ds_ep *ep, int id);
-/* A step: per item (sequence id, position, tokens) in items[3*i ..], then
- * the T tokens of all items in order. */
+/* The leader: the home rank of a new sequence under data-parallel attention
+ * (the rank with the fewest live sequences, the lowest on a tie), or -1
+ * (every rank) when attention is replicated. ds_ep_seq_unhome (and
+ * ds_ep_send_seq_free) give the home's place back. */
+int ds_ep_seq_home(ds_ep *ep);
+void ds_ep_seq_unhome(ds_ep *ep, int home);
+/* The leader: a step ran `rows` rows of a sequence of home `home` (-1:
+ * every rank), for the report. */
+void ds_ep_count_attention(ds_ep *ep, int home, int rows);
+void ds_ep_send_seq_new(ds_ep *ep, int id, int64_t max_len, int home);
+void ds_ep_send_seq_free(ds_ep *ep, int id, int home);
+/* A step: per item (sequence id, position, tokens, DS_EP_ITEM_* flags) in
+ * items[DS_EP_ITEM_FIELDS*i ..], then the T tokens of all items in order. */
+enum { DS_EP_ITEM_FIELDS = 4, DS_EP_ITEM_LOGITS = 1, DS_EP_ITEM_ALL_LOGITS = 2 };
 void ds_ep_send_step(ds_ep *ep, int n_items, const int64_t *items, const int32_t *tokens, int T);
 void ds_ep_send_quit(ds_ep *ep);
 
@@ -113,7 +132,8 @@ enum { DS_EP_MSG_QUIT = 0, DS_EP_MSG_SEQ_NEW = 1, DS_EP_MSG_SEQ_FREE = 2, DS_EP_
 typedef struct ds_ep_msg {
     int type, id, n_items, T;
     int64_t max_len;
-    const int64_t *items;  /* STEP: [n_items][3] (id, pos, n_tokens); valid until the next receive */
+    int home;              /* SEQ_NEW: the home rank, -1 for every rank */
+    const int64_t *items;  /* STEP: [n_items][DS_EP_ITEM_FIELDS]; valid until the next receive */
     const int32_t *tokens; /* STEP: [T] */
 } ds_ep_msg;
 /* A follower's next message from the leader. */
@@ -125,6 +145,11 @@ int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err);
 int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err);
 /* rows: [n_pairs][D] host rows, this rank's own filled in; on return every row. */
 int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
+/* The same for any rows: owner[i] is the rank that filled row i (an
+ * all-gather in row order; the bytes are copied, never converted). */
+int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n, int D, const int *owner, ds_err *err);
+/* n zeros: a selection of no pairs (grow-only, owned by ep), or NULL with err. */
+const unsigned char *ds_ep_no_pairs(ds_ep *ep, int n, ds_err *err);
 /* The owner rank of each pair of the last ds_ep_route. */
 const int *ds_ep_owner(const ds_ep *ep);
 /* The exchange between devices: name (e.g. "NCCL") when the backend's
@@ -134,7 +159,8 @@ const char *ds_ep_transport(const ds_ep *ep);
 /* Pairs served so far, [layers][ranks] (every rank counts all ranks). */
 const uint64_t *ds_ep_served(const ds_ep *ep);
 /* One line: pairs served, and per layer the busiest rank's pairs over the
- * mean (1 = balanced), averaged over layers and the worst layer. */
+ * mean (1 = balanced), averaged over layers and the worst layer; the rows
+ * each rank's attention ran. */
 void ds_ep_report(const ds_ep *ep, FILE *f);
 
 #endif

@@ -220,7 +220,7 @@ static int balance_layer(ds_placement *p, int l, const double *load, int extra, 
 }
 
 int ds_placement_build(ds_placement *p, int ranks, int layers, int experts, const ds_ep_opts *o, ds_err *err) {
-    ds_ep_opts none = {NULL, 0, NULL};
+    ds_ep_opts none = {NULL, 0, NULL, DS_EP_ATT_DP};
     if (!o) o = &none;
     if (ranks < 1) return ds_fail(err, "expert placement: %d ranks", ranks);
     if (o->redundant < 0 || o->redundant > experts * (ranks - 1))

@@ -51,9 +51,12 @@ static int layer(const ds_step *S, int li, ds_err *err) {
     const ds_layer *ly = &S->m->layers[li];
     ds_runstate *rs = S->rs;
     int T = S->T, D = c->dim, nD = c->hc_mult * c->dim;
+    /* data parallel: the MoE's inputs go straight into every rank's table */
+    float *fxn = S->dp ? rs->g_xn + (size_t)S->dp->off * D : rs->xn, *tmp;
     ds_rmsnorm_params an = {rs->x_in, ly->attn_norm, rs->xn, T, D, c->rms_eps};
-    ds_rmsnorm_params fn = {rs->x_in, ly->ffn_norm, rs->xn, T, D, c->rms_eps};
-    float *tmp;
+    ds_rmsnorm_params fn = {rs->x_in, ly->ffn_norm, fxn, T, D, c->rms_eps};
+    if (T == 0) /* data parallel, no rows here: this rank still serves its experts */
+        return ds_moe(S, li, NULL, NULL, err) ? ds_fail_prefix(err, "layer %d MoE", li) : 0;
     if (ds_mhc_pre(S, &ly->hc_attn, rs->X, rs->x_in, err) || ds_step_dump(S, "attn_in", li, rs->x_in, T, D, err) ||
         S->be->rmsnorm(S->be, &an, err) || ds_step_dump(S, "attn_norm", li, rs->xn, T, D, err))
         return -1;
@@ -63,38 +66,58 @@ static int layer(const ds_step *S, int li, ds_err *err) {
     if (ds_step_dump(S, "attn_res", li, rs->X, T, nD, err)) return -1;
 
     if (ds_mhc_pre(S, &ly->hc_ffn, rs->X, rs->x_in, err) || ds_step_dump(S, "ffn_in", li, rs->x_in, T, D, err) ||
-        S->be->rmsnorm(S->be, &fn, err) || ds_step_dump(S, "ffn_norm", li, rs->xn, T, D, err))
+        S->be->rmsnorm(S->be, &fn, err) || ds_step_dump(S, "ffn_norm", li, fxn, T, D, err))
         return -1;
-    if (ds_moe(S, li, rs->xn, rs->y, err)) return ds_fail_prefix(err, "layer %d MoE", li);
+    if (ds_moe(S, li, fxn, rs->y, err)) return ds_fail_prefix(err, "layer %d MoE", li);
     if (ds_step_dump(S, "ffn_out", li, rs->y, T, D, err) || ds_mhc_post(S, rs->X, rs->y, rs->X2, err)) return -1;
     tmp = rs->X, rs->X = rs->X2, rs->X2 = tmp;
     return ds_step_dump(S, "ffn_res", li, rs->X, T, nD, err);
 }
 
-/* The rows that want logits: streams → hc head → norm → head → items. */
-static int head(const ds_step *S, const ds_batch_item *items, int n_items, int R, ds_err *err) {
+/* What the leader asked of item i: DS_EP_ITEM_* flags (want: a follower's,
+ * from the leader; NULL: the item's own logits buffer). */
+static int want_of(const ds_batch_item *items, const unsigned char *want, int i) {
+    if (want) return want[i];
+    return items[i].logits ? DS_EP_ITEM_LOGITS | (items[i].all_logits ? DS_EP_ITEM_ALL_LOGITS : 0) : 0;
+}
+
+static int head_rows(int want, int n_tokens) { return !want ? 0 : want & DS_EP_ITEM_ALL_LOGITS ? n_tokens : 1; }
+
+/* The rows that want logits: streams → hc head → norm (into xn) of this
+ * rank's items loc[0..n_loc); R rows. */
+static int head_norm(const ds_step *S, const ds_batch_item *items, const unsigned char *want, const int *loc, int n_loc,
+                     int R, float *xn, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
     const ds_backend *be = S->be;
     ds_runstate *rs = S->rs;
-    int D = c->dim, V = c->vocab_size, r = 0;
-    for (int i = 0; i < n_items; i++) {
-        if (!items[i].logits) continue;
-        int first = items[i].all_logits ? 0 : items[i].n_tokens - 1;
-        for (int j = first; j < items[i].n_tokens; j++) rs->hrow[r++] = rs->seq_row0[i] + j;
+    int D = c->dim, r = 0;
+    for (int s = 0; s < n_loc; s++) {
+        int i = loc[s], rows = head_rows(want_of(items, want, i), items[i].n_tokens);
+        for (int j = items[i].n_tokens - rows; j < items[i].n_tokens; j++) rs->hrow[r++] = rs->seq_row0[s] + j;
     }
     ds_gather_params g = {rs->X, rs->hrow, R, c->hc_mult * D, rs->X2};
-    ds_rmsnorm_params fn = {rs->x_in, m->norm, rs->xn, R, D, c->rms_eps};
+    ds_rmsnorm_params fn = {rs->x_in, m->norm, xn, R, D, c->rms_eps};
     if (be->gather(be, &g, err) || ds_mhc_head(S, rs->X2, R, rs->x_in, err) ||
         ds_step_dump(S, "head_in", -1, rs->x_in, R, D, err) || be->rmsnorm(be, &fn, err) ||
-        ds_step_dump(S, "final_norm", -1, rs->xn, R, D, err) || ds_matmul(be, &m->head, rs->xn, R, rs->hlog, err) ||
-        ds_step_dump(S, "logits", -1, rs->hlog, R, V, err))
+        ds_step_dump(S, "final_norm", -1, xn, R, D, err))
         return ds_fail_prefix(err, "head");
-    r = 0;
-    for (int i = 0; i < n_items; i++) {
-        if (!items[i].logits) continue;
-        int rows = items[i].all_logits ? items[i].n_tokens : 1;
-        if (be->download(be, items[i].logits, rs->hlog + (size_t)r * V, (size_t)rows * V * sizeof(float), err))
+    return 0;
+}
+
+/* The head's product over R normed rows, then each asking item's rows of
+ * logits, in the order of `order` (n items). */
+static int head_out(const ds_step *S, const ds_batch_item *items, const int *order, int n, const float *xn, int R,
+                    ds_err *err) {
+    const ds_backend *be = S->be;
+    ds_runstate *rs = S->rs;
+    int V = S->m->cfg.vocab_size;
+    if (ds_matmul(be, &S->m->head, xn, R, rs->hlog, err) || ds_step_dump(S, "logits", -1, rs->hlog, R, V, err))
+        return ds_fail_prefix(err, "head");
+    for (int s = 0, r = 0; s < n; s++) {
+        const ds_batch_item *it = &items[order[s]];
+        int rows = head_rows(want_of(items, NULL, order[s]), it->n_tokens);
+        if (rows && be->download(be, it->logits, rs->hlog + (size_t)r * V, (size_t)rows * V * sizeof(float), err))
             return -1;
         r += rows;
     }
@@ -102,15 +125,15 @@ static int head(const ds_step *S, const ds_batch_item *items, int n_items, int R
 }
 
 static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
-                   const ds_observer *obs, ds_err *err);
+                   const unsigned char *want, const ds_observer *obs, ds_err *err);
 
 /* Under expert parallelism the leader sends the step to the followers
  * (runtime/ep_follow.h), and every rank runs it; a step that fails on any
  * rank after that ends the job (the others would wait for it forever). */
 static int send_step(const ds_model *m, const ds_batch_item *items, int n_items, ds_err *err) {
-    int T = 0;
+    int T = 0, F = DS_EP_ITEM_FIELDS;
     for (int i = 0; i < n_items; i++) T += items[i].n_tokens;
-    int64_t *it = malloc((size_t)n_items * 3 * sizeof *it);
+    int64_t *it = malloc((size_t)n_items * F * sizeof *it);
     int32_t *tok = malloc((size_t)T * sizeof *tok);
     if (!it || !tok) {
         free(it), free(tok);
@@ -121,9 +144,10 @@ static int send_step(const ds_model *m, const ds_batch_item *items, int n_items,
             free(it), free(tok);
             return ds_fail(err, "sequence %d: not created by this model's ranks", i);
         }
-        it[3 * i] = items[i].seq->ep_id;
-        it[3 * i + 1] = items[i].seq->pos;
-        it[3 * i + 2] = items[i].n_tokens;
+        it[F * i] = items[i].seq->ep_id;
+        it[F * i + 1] = items[i].seq->pos;
+        it[F * i + 2] = items[i].n_tokens;
+        it[F * i + 3] = want_of(items, NULL, i);
         for (int j = 0; j < items[i].n_tokens; j++) tok[r++] = items[i].tokens[j];
     }
     ds_ep_send_step(m->ep, n_items, it, tok, T);
@@ -136,9 +160,15 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
     if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
     if (n_items < 1) return ds_fail(err, "empty batch");
     if (check_items(m, items, n_items, err)) return -1;
-    if (!m->ep) return forward(m, be, items, n_items, obs, err);
-    if (ds_ep_rank(m->ep) == 0 && send_step(m, items, n_items, err)) return -1;
-    if (forward(m, be, items, n_items, obs, err)) {
+    if (!m->ep) return forward(m, be, items, n_items, NULL, obs, err);
+    if (obs && obs->tensor && ds_ep_dp(m->ep))
+        return ds_fail(err, "intermediates of a step under expert parallelism with data-parallel attention live on "
+                            "several ranks: dump them with --ep-attention replicated");
+    if (ds_ep_rank(m->ep) == 0) {
+        if (send_step(m, items, n_items, err)) return -1;
+        for (int i = 0; i < n_items; i++) ds_ep_count_attention(m->ep, items[i].seq->ep_home, items[i].n_tokens);
+    }
+    if (forward(m, be, items, n_items, NULL, obs, err)) {
         char msg[1100];
         snprintf(msg, sizeof msg, "a step of %d sequences failed: %s", n_items, err->msg);
         ds_ep_session_fatal(msg);
@@ -146,37 +176,83 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
     return 0;
 }
 
+int ds_forward_follow(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                      const unsigned char *want, ds_err *err) {
+    if (check_items(m, items, n_items, err)) return -1;
+    return forward(m, be, items, n_items, want, NULL, err);
+}
+
+/* The step on this rank: every item, or with data-parallel attention the
+ * items whose home is this rank (rows rank after rank, see ds_step_dp). */
 static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
-                   const ds_observer *obs, ds_err *err) {
+                   const unsigned char *want, const ds_observer *obs, ds_err *err) {
     const ds_config *c = &m->cfg;
-    int T = 0, R = 0;
-    for (int i = 0; i < n_items; i++) {
-        T += items[i].n_tokens;
-        if (items[i].logits) R += items[i].all_logits ? items[i].n_tokens : 1;
-    }
     ds_runstate *rs = m->rs;
-    if (ds_runstate_reserve(rs, c, T, R, n_items, err)) return -1;
-    for (int i = 0, r = 0; i < n_items; i++) {
-        rs->seq_row0[i] = r;
-        rs->seq_n[i] = items[i].n_tokens;
-        rs->seq_pos0[i] = items[i].seq->pos;
-        rs->seq_mem[i] = items[i].seq->layers;
-        for (int j = 0; j < items[i].n_tokens; j++, r++) {
-            rs->tok_seq[r] = i;
-            rs->tok_pos[r] = items[i].seq->pos + j;
-            rs->tok_id[r] = items[i].tokens[j];
+    int dp = m->ep && ds_ep_dp(m->ep), me = dp ? ds_ep_rank(m->ep) : 0, ranks = dp ? ds_ep_size(m->ep) : 1;
+    ds_step_size z = {0, 0, n_items, 0, 0, 0};
+    int off = 0, roff = 0;
+    if (!dp) want = NULL; /* replicated: the leader alone runs the head */
+    for (int i = 0; i < n_items; i++) {
+        int home = dp ? items[i].seq->ep_home : me, rows = head_rows(want_of(items, want, i), items[i].n_tokens);
+        if (home < 0 || home >= ranks)
+            return ds_fail(err, "sequence %d: home rank %d, not one of the %d ranks", i, home, ranks);
+        z.Tg += items[i].n_tokens, z.Rg += rows;
+        if (home == me) z.T += items[i].n_tokens, z.R += rows;
+        if (home < me) off += items[i].n_tokens, roff += rows;
+    }
+    z.Rh = !dp ? z.R : me == 0 ? z.Rg : 0;
+    if (!dp) z.Rg = 0; /* no head rows cross ranks */
+    if (ds_runstate_reserve(rs, c, &z, err)) return -1;
+    int T = z.T, R = z.R, n_loc = 0, *mine = rs->loc;
+    for (int i = 0; i < n_items; i++)
+        if (!dp || items[i].seq->ep_home == me) mine[n_loc++] = i;
+    for (int s = 0, r = 0; s < n_loc; s++) {
+        const ds_batch_item *it = &items[mine[s]];
+        rs->seq_row0[s] = r;
+        rs->seq_n[s] = it->n_tokens;
+        rs->seq_pos0[s] = it->seq->pos;
+        rs->seq_mem[s] = it->seq->layers;
+        for (int j = 0; j < it->n_tokens; j++, r++) {
+            rs->tok_seq[r] = s;
+            rs->tok_pos[r] = it->seq->pos + j;
+            rs->tok_id[r] = it->tokens[j];
         }
     }
-    ds_step_desc desc = {T,           n_items,      c->n_layers,  rs->tok_id,  rs->tok_pos,
-                         rs->tok_seq, rs->seq_row0, rs->seq_n,    rs->seq_pos0, rs->seq_mem};
-    ds_step S = {m, be, obs, rs, T, n_items};
+    ds_step_dp D = {z.Tg, off, rs->g_owner, rs->g_item, rs->g_tok};
+    if (dp) /* every rank's rows, rank after rank; then the head rows likewise */
+        for (int q = 0, t = 0, h = z.Tg; q < ranks; q++)
+            for (int i = 0; i < n_items; i++) {
+                if (items[i].seq->ep_home != q) continue;
+                for (int j = 0; j < items[i].n_tokens; j++, t++)
+                    rs->g_owner[t] = q, rs->g_item[t] = i, rs->g_tok[t] = j;
+                for (int j = head_rows(want_of(items, want, i), items[i].n_tokens); j > 0; j--) rs->g_owner[h++] = q;
+            }
+    ds_step_desc desc = {T,           n_loc,        c->n_layers, rs->tok_id,   rs->tok_pos,
+                         rs->tok_seq, rs->seq_row0, rs->seq_n,   rs->seq_pos0, rs->seq_mem};
+    ds_step S = {m, be, obs, rs, T, n_loc, dp ? &D : NULL};
     ds_embed_params ep = {&m->embed, c->hc_mult, rs->X};
-    if (be->begin_step(be, &desc, err) || be->embed(be, &ep, err) ||
-        ds_step_dump(&S, "embed", -1, rs->X, T, c->hc_mult * c->dim, err))
+    if (T > 0 && (be->begin_step(be, &desc, err) || be->embed(be, &ep, err) ||
+                  ds_step_dump(&S, "embed", -1, rs->X, T, c->hc_mult * c->dim, err)))
         return -1;
     for (int li = 0; li < c->n_layers; li++)
         if (layer(&S, li, err)) return -1;
-    if (R && head(&S, items, n_items, R, err)) return -1;
+    if (!dp) {
+        if (R && (head_norm(&S, items, want, mine, n_loc, R, rs->xn, err) ||
+                  head_out(&S, items, mine, n_loc, rs->xn, R, err)))
+            return -1;
+    } else if (z.Rg) { /* every rank's normed rows to rank 0, which runs the head for all */
+        float *hx = rs->g_head + (size_t)roff * c->dim;
+        if ((R && head_norm(&S, items, want, mine, n_loc, R, hx, err)) ||
+            ds_step_exchange(&S, rs->g_head, z.Rg, c->dim, rs->g_owner + z.Tg, err))
+            return -1;
+        if (me == 0) {
+            int *order = rs->loc, n = 0;
+            for (int q = 0; q < ranks; q++)
+                for (int i = 0; i < n_items; i++)
+                    if (items[i].seq->ep_home == q) order[n++] = i;
+            if (head_out(&S, items, order, n, rs->g_head, z.Rg, err)) return -1;
+        }
+    }
     for (int i = 0; i < n_items; i++) items[i].seq->pos += items[i].n_tokens;
     return 0;
 }

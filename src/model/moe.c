@@ -27,37 +27,89 @@ static int observe(const ds_step *S, int li, ds_err *err) {
     return 0;
 }
 
-/* Expert parallelism (docs/ep.md): this rank's pairs, the exchange, then the
- * backend's combine over every pair in the single-process order. */
+int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, ds_err *err) {
+    const ds_backend *be = S->be;
+    ds_runstate *rs = S->rs;
+    if (n <= 0) return 0;
+    if (ds_ep_transport(S->m->ep)) return be->ep_exchange(be, rows, n, D, owner, err); /* device to device */
+    size_t bytes = (size_t)n * D * sizeof(float);
+    double t0 = be->profile ? ds_now() : 0; /* download, MPI and upload return when done */
+    if (be->download(be, rs->ep_rows, rows, bytes, err) ||
+        ds_ep_exchange_rows(S->m->ep, rs->ep_rows, n, D, owner, err) || be->upload(be, rows, rs->ep_rows, bytes, err))
+        return -1;
+    if (be->profile) be->profile->exchange_seconds += ds_now() - t0;
+    return 0;
+}
+
+/* Data-parallel attention: the route hook over every rank's rows (the
+ * leader's observer sees the whole step). */
+static void observe_all(const ds_step *S, int li) {
+    int k = S->m->cfg.n_active_experts, ids[64];
+    for (int t = 0; t < S->dp->Tg; t++) {
+        for (int j = 0; j < k; j++) ids[j] = S->rs->idx_host[(size_t)t * k + j];
+        S->obs->route(S->obs->ctx, li, S->dp->item[t], S->dp->tok[t], ids, k);
+    }
+}
+
+/* Expert parallelism (docs/ep.md): under data-parallel attention first every
+ * rank's MoE inputs and routes (rank after rank); then this rank's pairs,
+ * the exchange of the pairs' rows, and the backend's combine over this
+ * rank's tokens in the single-process order. */
 static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
     const ds_layer *ly = &m->layers[li];
     const ds_backend *be = S->be;
     ds_runstate *rs = S->rs;
-    int T = S->T, E = c->n_routed_experts, k = c->n_active_experts, D = c->dim, sh = c->n_shared_experts > 0;
-    size_t n_pairs = (size_t)T * k, bytes = n_pairs * D * sizeof(float);
+    const ds_step_dp *dp = S->dp;
+    int T = S->T, Tg = dp ? dp->Tg : T, off = dp ? dp->off : 0;
+    int E = c->n_routed_experts, k = c->n_active_experts, D = c->dim, sh = c->n_shared_experts > 0;
+    const float *x = xn;
+    const int32_t *idx = rs->idx;
+    const float *wts = rs->wts;
+    if (dp) {
+        if (ds_step_exchange(S, rs->g_xn, Tg, D, dp->owner, err) ||
+            ds_step_exchange(S, (float *)rs->g_idx, Tg, k, dp->owner, err) ||
+            ds_step_exchange(S, rs->g_wts, Tg, k, dp->owner, err))
+            return -1;
+        x = rs->g_xn, idx = rs->g_idx, wts = rs->g_wts;
+    }
+    size_t n_pairs = (size_t)Tg * k;
     const unsigned char *sel = NULL;
-    if (be->download(be, rs->idx_host, rs->idx, n_pairs * sizeof(int32_t), err) ||
-        ds_ep_route(m->ep, li, rs->idx_host, (int)n_pairs, &sel, err))
-        return -1;
-    ds_moe_experts_params xp = {xn,          T,      D,      E,      k, rs->idx, sel, ly->w1, ly->w2, ly->w3,
-                                sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL, c->swiglu_limit,
-                                rs->slot_out, rs->shared_out};
-    ds_moe_combine_params cp = {T, D, k, rs->idx, rs->wts, rs->slot_out, rs->shared_out, out};
-    if (ds_ep_transport(m->ep)) /* device to device (the backend's communicator) */
-        return be->moe_experts(be, &xp, err) ||
-                       be->ep_exchange(be, rs->slot_out, (int)n_pairs, D, ds_ep_owner(m->ep), err) ||
-                       be->moe_combine(be, &cp, err)
-                   ? -1
-                   : 0;
+    if (be->download(be, rs->idx_host, idx, n_pairs * sizeof(int32_t), err)) return -1;
+    if (dp && S->obs && S->obs->route) observe_all(S, li);
+    if (ds_ep_route(m->ep, li, rs->idx_host, (int)n_pairs, &sel, err)) return -1;
+    /* the routed pairs of every rank's rows served here; the shared expert
+     * (or zeros) for this rank's rows: with them unless attention is data parallel */
+    const ds_weight *sw1 = sh && !dp ? &ly->sw1 : NULL, *sw2 = sh && !dp ? &ly->sw2 : NULL,
+                    *sw3 = sh && !dp ? &ly->sw3 : NULL;
+    ds_moe_experts_params xp = {x,   Tg,  D,   E,  k, idx, sel, ly->w1, ly->w2, ly->w3, sw1, sw2, sw3, c->swiglu_limit,
+                                rs->slot_out, dp ? NULL : rs->shared_out};
     if (be->moe_experts(be, &xp, err)) return -1;
-    double t0 = be->profile ? ds_now() : 0; /* download, MPI and upload return when done */
-    if (be->download(be, rs->ep_rows, rs->slot_out, bytes, err) ||
-        ds_ep_exchange(m->ep, rs->ep_rows, (int)n_pairs, D, err) ||
-        be->upload(be, rs->slot_out, rs->ep_rows, bytes, err))
-        return -1;
-    if (be->profile) be->profile->exchange_seconds += ds_now() - t0;
+    if (dp && T > 0) {
+        const unsigned char *none = ds_ep_no_pairs(m->ep, T * k, err);
+        ds_moe_experts_params sp = {xn,
+                                    T,
+                                    D,
+                                    E,
+                                    k,
+                                    idx + (size_t)off * k,
+                                    none,
+                                    ly->w1,
+                                    ly->w2,
+                                    ly->w3,
+                                    sh ? &ly->sw1 : NULL,
+                                    sh ? &ly->sw2 : NULL,
+                                    sh ? &ly->sw3 : NULL,
+                                    c->swiglu_limit,
+                                    rs->slot_out + (size_t)off * k * D,
+                                    rs->shared_out};
+        if (!none || be->moe_experts(be, &sp, err)) return -1;
+    }
+    if (ds_step_exchange(S, rs->slot_out, (int)n_pairs, D, ds_ep_owner(m->ep), err)) return -1;
+    if (T == 0) return 0;
+    ds_moe_combine_params cp = {
+        T, D, k, idx + (size_t)off * k, wts + (size_t)off * k, rs->slot_out + (size_t)off * k * D, rs->shared_out, out};
     return be->moe_combine(be, &cp, err);
 }
 
@@ -68,10 +120,13 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     const ds_backend *be = S->be;
     ds_runstate *rs = S->rs;
     int T = S->T, E = c->n_routed_experts, k = c->n_active_experts;
-    ds_route_params rp = {rs->logits, T,  E, k, score_func(c), ly->gate_bias, ly->is_hash ? ly->tid2eid : NULL,
-                          c->route_scale, rs->idx, rs->wts};
-    if (ds_matmul(be, &ly->gate, xn, T, rs->logits, err) || be->route(be, &rp, err)) return -1;
-    if (S->obs && S->obs->route && observe(S, li, err)) return -1;
+    size_t off = S->dp ? (size_t)S->dp->off * k : 0; /* data parallel: routes into every rank's table */
+    int32_t *idx = S->dp ? rs->g_idx + off : rs->idx;
+    float *wts = S->dp ? rs->g_wts + off : rs->wts;
+    ds_route_params rp = {rs->logits,     T,   E,  k, score_func(c), ly->gate_bias, ly->is_hash ? ly->tid2eid : NULL,
+                          c->route_scale, idx, wts};
+    if (T > 0 && (ds_matmul(be, &ly->gate, xn, T, rs->logits, err) || be->route(be, &rp, err))) return -1;
+    if (!S->dp && S->obs && S->obs->route && observe(S, li, err)) return -1;
     int sh = c->n_shared_experts > 0;
     if (m->ep) return moe_ep(S, li, xn, out, err);
     ds_moe_params mp = {xn,     T,      c->dim, E,           k,           rs->idx,     rs->wts,      ly->w1,

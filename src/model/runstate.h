@@ -28,26 +28,39 @@ typedef struct ds_runstate {
     int *sel, *n_sel;       /* [T][index_topk], [T] */
     float *logits, *wts;    /* [T][E], [T][k] */
     int32_t *idx;           /* [T][k] */
-    float *hlog;            /* [R][vocab] */
-    /* expert parallelism only (ep set before the first reserve) */
-    int ep;
-    float *slot_out;        /* [T][k][D] every (token, slot) pair's expert output */
+    float *hlog;            /* [Rh][vocab] the rows whose head runs here */
+    /* expert parallelism only (ep set before the first reserve); Tg = the
+     * step's rows on every rank (= T unless attention is data parallel) */
+    int ep, Tg, Rg;
+    float *slot_out;        /* [Tg][k][D] every (token, slot) pair's expert output */
     float *shared_out;      /* [T][D] */
-    float *ep_rows;         /* host [T][k][D]: the pairs' rows for the exchange */
+    float *g_xn, *g_wts;    /* data parallel: [Tg][D] the MoE's inputs, [Tg][k] */
+    int32_t *g_idx;         /* data parallel: [Tg][k] */
+    float *g_head;          /* data parallel: [Rg][D] the head's normed rows of every rank */
+    float *ep_rows;         /* host [Tg][k][D] (at least [Tg][D], [Rg][D]): rows for the exchange */
     size_t ep_rows_cap;
+    int *g_owner, *g_item, *g_tok; /* data parallel, host: [Tg + Rg] each row's rank; [Tg] item, token */
     /* host memory: the step's token table (see ds_step_desc) */
     void *host;
     size_t host_cap;
     int32_t *tok_id, *idx_host;
     int64_t *tok_pos, *seq_pos0;
     int *tok_seq, *seq_row0, *seq_n, *hrow;
+    int *loc;               /* [n_seqs] the batch items this rank runs (all unless data parallel) */
     const struct ds_layer_mem **seq_mem;
 } ds_runstate;
 
-/* Carves the buffers for a step of T tokens, R logit rows and n_seqs
- * sequences, growing the arena (or the host table) only when this step is
- * larger than every earlier one. */
-int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, int T, int R, int n_seqs, ds_err *err);
+/* The sizes of a step on this rank: T tokens, R logit rows, n_seqs
+ * sequences; under expert parallelism Tg tokens and Rg logit rows on every
+ * rank together (data-parallel attention; else Tg = T, Rg = 0), and Rh rows
+ * whose head runs here. */
+typedef struct ds_step_size {
+    int T, R, n_seqs, Tg, Rg, Rh;
+} ds_step_size;
+
+/* Carves the buffers for a step of these sizes, growing the arena (or the
+ * host table) only when this step is larger than every earlier one. */
+int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, const ds_step_size *z, ds_err *err);
 void ds_runstate_free(ds_runstate *rs);
 
 #endif

@@ -36,26 +36,34 @@ static uint64_t layout(const ds_model *m, int64_t max_len, float *base, ds_layer
     return off;
 }
 
-static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err);
+static int seq_alloc(const ds_model *m, int64_t max_len, int state, ds_seq **out, ds_err *err);
 
-/* Under expert parallelism the leader's sequences exist on every rank. */
+/* Under expert parallelism the leader's sequences exist on every rank; with
+ * data-parallel attention their state only on their home rank. */
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
-    if (seq_alloc(m, max_len, out, err)) return -1;
-    if (m->ep && ds_ep_rank(m->ep) == 0) {
-        (*out)->ep = m->ep;
-        (*out)->ep_id = ds_ep_next_seq_id(m->ep);
-        ds_ep_send_seq_new(m->ep, (*out)->ep_id, max_len);
+    ds_ep *ep = m->ep && ds_ep_rank(m->ep) == 0 ? m->ep : NULL;
+    int home = ep ? ds_ep_seq_home(ep) : -1;
+    if (seq_alloc(m, max_len, home <= 0, out, err)) {
+        if (ep) ds_ep_seq_unhome(ep, home);
+        return -1;
+    }
+    (*out)->ep_home = home;
+    if (ep) {
+        (*out)->ep = ep;
+        (*out)->ep_id = ds_ep_next_seq_id(ep);
+        ds_ep_send_seq_new(ep, (*out)->ep_id, max_len, home);
     }
     return 0;
 }
 
-int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, ds_seq **out, ds_err *err) {
-    if (seq_alloc(m, max_len, out, err)) return -1;
+int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, int home, ds_seq **out, ds_err *err) {
+    if (seq_alloc(m, max_len, home < 0 || home == ds_ep_rank(m->ep), out, err)) return -1;
     (*out)->ep_id = id;
+    (*out)->ep_home = home;
     return 0;
 }
 
-static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err) {
+static int seq_alloc(const ds_model *m, int64_t max_len, int state, ds_seq **out, ds_err *err) {
     *out = NULL;
     if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
     if (max_len < 1) return ds_fail(err, "sequence capacity must be positive (got %lld)", (long long)max_len);
@@ -64,8 +72,17 @@ static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *e
     s->max_len = max_len;
     s->n_layers = m->cfg.n_layers;
     s->be = m->be;
+    s->ep_home = -1;
     s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
     uint64_t bytes = ds_seq_bytes(m, max_len);
+    if (!state) { /* another rank's: no state here */
+        if (s->layers) {
+            *out = s;
+            return 0;
+        }
+        ds_seq_free(s);
+        return ds_fail(err, "out of memory for a sequence");
+    }
     if (s->layers) s->mem = m->be->alloc(m->be, (size_t)bytes, err);
     if (!s->layers || !s->mem) {
         ds_seq_free(s);
@@ -79,7 +96,7 @@ static int seq_alloc(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *e
 
 void ds_seq_free(ds_seq *s) {
     if (!s) return;
-    if (s->ep) ds_ep_send_seq_free(s->ep, s->ep_id);
+    if (s->ep) ds_ep_send_seq_free(s->ep, s->ep_id, s->ep_home);
     if (s->mem) s->be->free(s->be, s->mem);
     free(s->layers);
     free(s);

@@ -22,13 +22,16 @@ typedef struct ds_seq {
     void *mem;              /* the backend block holding every layer's state */
     struct ds_ep *ep;       /* expert parallelism: the model's, or NULL */
     int ep_id;              /* the leader's name for it on every rank */
+    int ep_home;            /* data-parallel attention: the rank holding its state and running its
+                               attention (no state on the others); -1: every rank */
 } ds_seq;
 
 /* A sequence of capacity max_len for m (which must be bound). */
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err);
 void ds_seq_free(ds_seq *s);
-/* A follower's copy of the leader's sequence `id` (runtime/ep_follow.h). */
-int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, ds_seq **out, ds_err *err);
+/* A follower's copy of the leader's sequence `id` with home rank `home`
+ * (runtime/ep_follow.h): its state only when home is this rank or -1. */
+int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, int home, ds_seq **out, ds_err *err);
 void ds_seq_reset(ds_seq *s);
 /* Bytes of backend state one sequence of max_len holds. */
 uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len);

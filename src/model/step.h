@@ -12,13 +12,23 @@
 #include "model/runstate.h"
 #include "model/state.h"
 
+/* Data-parallel attention (docs/ep.md): each rank runs the rows of its own
+ * sequences; the MoE works on the rows of every rank, rank 0's first. */
+typedef struct ds_step_dp {
+    int Tg;                /* the step's rows on every rank */
+    int off;               /* this rank's first row among them */
+    const int *owner;      /* [Tg] each row's rank, then [Rg] each head row's */
+    const int *item, *tok; /* [Tg] each row's batch item and token in it (the route hook) */
+} ds_step_dp;
+
 typedef struct ds_step {
     const ds_model *m;
     const ds_backend *be;
     const ds_observer *obs; /* may be NULL */
     ds_runstate *rs;        /* the step's buffers */
-    int T;                  /* tokens in the step (rows of every activation) */
+    int T;                  /* tokens of the step on this rank (rows of every activation; 0 possible under dp) */
     int n_seqs;
+    const ds_step_dp *dp;   /* NULL unless attention is data parallel */
 } ds_step;
 
 /* Hands a named intermediate [rows][cols] (backend memory) to the
@@ -46,7 +56,12 @@ int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int w
  * rs->n_sel. qr: the q residual [T][q_lora]. */
 int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, ds_err *err);
 
-/* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D]. */
+/* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D].
+ * Under data-parallel attention xn is this rank's rows of rs->g_xn. */
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
+
+/* Expert parallelism: rows [n][D] of backend memory, row i filled by rank
+ * owner[i]; on return every rank has every row (the bytes, copied). */
+int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, ds_err *err);
 
 #endif

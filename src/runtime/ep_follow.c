@@ -12,6 +12,7 @@ typedef struct {
     ds_seq **seq; /* by the leader's id */
     size_t n;
     ds_batch_item *items;
+    unsigned char *want;
     size_t cap_items;
 } table;
 
@@ -31,7 +32,7 @@ static ds_seq *seq_of(const table *t, int64_t id) {
 }
 
 int ds_ep_follow(const ds_model *m, const ds_backend *be) {
-    table t = {NULL, 0, NULL, 0};
+    table t = {NULL, 0, NULL, NULL, 0};
     ds_err err = {{0}};
     /* tests: DSV4_EP_FAIL_STEP=R:N — step N (from 1) fails on follower R */
     const char *fs = getenv("DSV4_EP_FAIL_STEP");
@@ -51,33 +52,37 @@ int ds_ep_follow(const ds_model *m, const ds_backend *be) {
                 t.seq = s, t.n = n;
             }
             if (t.seq[msg.id]) ds_ep_session_fatal("rank 0 reused a sequence id");
-            if (ds_seq_new_follower(m, msg.max_len, msg.id, &t.seq[msg.id], &err)) fatal("a new sequence", &err);
+            if (ds_seq_new_follower(m, msg.max_len, msg.id, msg.home, &t.seq[msg.id], &err))
+                fatal("a new sequence", &err);
         } else if (msg.type == DS_EP_MSG_SEQ_FREE) {
             ds_seq_free(seq_of(&t, msg.id));
             t.seq[msg.id] = NULL;
         } else if (msg.type == DS_EP_MSG_STEP) {
             if ((size_t)msg.n_items > t.cap_items) {
-                free(t.items);
+                free(t.items), free(t.want);
                 t.items = malloc((size_t)msg.n_items * sizeof *t.items);
-                t.cap_items = t.items ? (size_t)msg.n_items : 0;
-                if (!t.items) ds_ep_session_fatal("out of memory for a step's items");
+                t.want = malloc((size_t)msg.n_items);
+                t.cap_items = t.items && t.want ? (size_t)msg.n_items : 0;
+                if (!t.cap_items) ds_ep_session_fatal("out of memory for a step's items");
             }
             const int32_t *tok = msg.tokens;
             for (int i = 0; i < msg.n_items; i++) {
-                ds_seq *s = seq_of(&t, msg.items[3 * i]);
-                s->pos = msg.items[3 * i + 1]; /* the leader's resets and rewinds */
-                t.items[i] = (ds_batch_item){s, tok, (int)msg.items[3 * i + 2], NULL, 0};
-                tok += msg.items[3 * i + 2];
+                const int64_t *f = msg.items + (size_t)DS_EP_ITEM_FIELDS * i;
+                ds_seq *s = seq_of(&t, f[0]);
+                s->pos = f[1]; /* the leader's resets and rewinds */
+                t.items[i] = (ds_batch_item){s, tok, (int)f[2], NULL, 0};
+                t.want[i] = (unsigned char)f[3];
+                tok += f[2];
             }
             if (++steps == fail_step && fail_rank == ds_ep_rank(m->ep)) {
                 ds_fail(&err, "DSV4_EP_FAIL_STEP=%s: this step fails (a test)", fs);
                 fatal("a step", &err);
             }
-            if (ds_forward(m, be, t.items, msg.n_items, &err)) fatal("a step", &err);
+            if (ds_forward_follow(m, be, t.items, msg.n_items, t.want, &err)) fatal("a step", &err);
         }
     }
     for (size_t i = 0; i < t.n; i++) ds_seq_free(t.seq[i]);
     free(t.seq);
-    free(t.items);
+    free(t.items), free(t.want);
     return 0;
 }

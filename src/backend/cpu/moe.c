@@ -153,7 +153,7 @@ int ds_cpu_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_
         if (!p->sel || p->sel[i]) members[fill[p->idx[i]]++] = i;
     M.count = count;
     M.members = members;
-    if (!M.shared) memset(p->shared_out, 0, (size_t)T * D * sizeof(float));
+    if (!M.shared && p->shared_out) memset(p->shared_out, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; e <= E;)
         if ((e = run_batch(be, &M, e, err)) < 0) return ds_fail_prefix(err, "MoE");
     return 0;

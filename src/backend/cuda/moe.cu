@@ -724,6 +724,7 @@ extern "C" int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params
     dim3 gs((unsigned)((D + 255) / 256 < 8 ? (D + 255) / 256 : 8), (unsigned)P);
     moe_scatter_kernel<<<gs, 256, 0, I->stream>>>(idx, o.slot_pos, o.y2, p->E, D, p->slot_out);
     if (dsc_check_launch(err, op)) return -1;
+    if (!p->shared_out) return 0; /* no shared expert asked for */
     cudaError_t ce = o.ys ? cudaMemcpyAsync(p->shared_out, o.ys, (size_t)T * D * sizeof(float),
                                             cudaMemcpyDeviceToDevice, I->stream)
                           : cudaMemsetAsync(p->shared_out, 0, (size_t)T * D * sizeof(float), I->stream);
