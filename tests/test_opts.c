@@ -42,11 +42,13 @@ static const cli_opt opts[] = {
 static args A;
 static ds_sampling SP;
 static ds_backend_opts BO;
+static cli_model_arg MA;
 static const cli_group GROUPS[] = {{NULL, opts, &A},
                                    {"sampling", cli_sampling_opts, &SP},
                                    {"backend", cli_threads_opts, &BO},
-                                   {"backend", cli_backend_opts, &BO}};
-static const cli_cmd CMD = {"test", "[options]", "About the test command.\n", "Notes at the end.\n", GROUPS, 4};
+                                   {"backend", cli_backend_opts, &BO},
+                                   {"model", cli_model_opts, &MA}};
+static const cli_cmd CMD = {"test", "[options]", "About the test command.\n", "Notes at the end.\n", GROUPS, 5};
 
 static char out_text[65536], err_text[65536];
 
@@ -65,6 +67,7 @@ static int parse(int *rc, const char **argv) {
     memset(&A, 0, sizeof A);
     ds_sampling_init(&SP);
     memset(&BO, 0, sizeof BO);
+    memset(&MA, 0, sizeof MA);
     int argc = 0;
     while (argv[argc]) argc++;
     char *copy[64];
@@ -143,6 +146,22 @@ static void test_kinds(void) {
     CHECK(r == 0 && A.ids.v == NULL && A.ids.n == 0 && SP.temperature == 1.0, "no options");
     cli_free(&CMD);
     CHECK(A.ids.v == NULL && A.lists.v == NULL && A.strs.v == NULL, "cli_free zeroes");
+}
+
+/* --synth NAME[:LAYERS] is -m synth:NAME[:LAYERS]; not with -m */
+static void test_synth(void) {
+    int rc;
+    int r = parse(&rc, ARGV("--synth", "flash:4"));
+    CHECK(r == 0 && MA.dir && !strcmp(MA.dir, "synth:flash:4"), "--synth flash:4 -> '%s'", MA.dir ? MA.dir : "(null)");
+    r = parse(&rc, ARGV("--synth=tiny"));
+    CHECK(r == 0 && MA.dir && !strcmp(MA.dir, "synth:tiny"), "--synth=tiny -> '%s'", MA.dir ? MA.dir : "(null)");
+    r = parse(&rc, ARGV("-m", "some/dir"));
+    CHECK(r == 0 && MA.dir && !strcmp(MA.dir, "some/dir") && !MA.synth, "-m alone");
+    expect_error("-m and --synth", ARGV("-m", "d", "--synth", "tiny"), "--synth", "not both");
+    char big[200];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    expect_error("a long --synth", ARGV("--synth", big), "--synth", "too long");
 }
 
 static void test_errors(void) {
@@ -240,6 +259,7 @@ static void test_help(void) {
 
 int main(void) {
     test_kinds();
+    test_synth();
     test_errors();
     test_help();
     cli_free(&CMD);

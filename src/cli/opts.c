@@ -13,16 +13,24 @@
 
 /* ------------------------------------------------------------ shared groups */
 
+#define SYNTH_OPT                                                                                                      \
+    CLI_STRING_OPT("--synth", NULL, cli_model_arg, synth, "NAME[:LAYERS]",                                             \
+                   "instead of -m: the random-weight model `dsv4 synth --like NAME --layers LAYERS` writes, built in " \
+                   "memory (flash, pro, tiny; the same as -m synth:NAME[:LAYERS]; under mpirun each rank builds only " \
+                   "its share; docs/ep.md)")
+
 const cli_opt cli_model_opts[] = {
     CLI_STRING_OPT("--model", "-m", cli_model_arg, dir, "DIR",
                    "model directory (config.json, the safetensors, tokenizer.json); default: $DSV4_MODEL, else "
                    "./models/kjv, else <dir of dsv4>/../models/kjv"),
+    SYNTH_OPT,
     CLI_END,
 };
 
 const cli_opt cli_model_req_opts[] = {
     CLI_STRING_OPT("--model", "-m", cli_model_arg, dir, "DIR",
                    "model directory (config.json, model.safetensors[.index.json] and shards): required"),
+    SYNTH_OPT,
     CLI_END,
 };
 
@@ -308,6 +316,19 @@ int cli_parse(const cli_cmd *c, int argc, char **argv, int *rc) {
             goto err;
         }
         if (store(c, o, a, an, v, dst)) goto err;
+    }
+    for (int g = 0; g < c->n_groups; g++) { /* --synth X is -m synth:X */
+        cli_model_arg *ma = c->groups[g].dst;
+        if ((c->groups[g].opts != cli_model_opts && c->groups[g].opts != cli_model_req_opts) || !ma->synth) continue;
+        if (ma->dir) {
+            fail(c, "--synth", 7, "give -m DIR or --synth NAME, not both");
+            goto err;
+        }
+        if ((size_t)snprintf(ma->synth_dir, sizeof ma->synth_dir, "synth:%s", ma->synth) >= sizeof ma->synth_dir) {
+            fail(c, "--synth", 7, "'%s' is too long for a synth model's name", ma->synth);
+            goto err;
+        }
+        ma->dir = ma->synth_dir;
     }
     return 0;
 err:

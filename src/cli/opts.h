@@ -103,11 +103,14 @@ typedef struct {
 
 /* The shared groups. */
 typedef struct {
-    const char *dir; /* -m DIR, or NULL */
+    const char *dir;   /* -m DIR, or NULL; after cli_parse also "synth:" + --synth's value */
+    const char *synth; /* --synth NAME[:LAYERS], or NULL */
+    char synth_dir[64];
 } cli_model_arg;
-/* -m DIR into cli_model_arg: the model directory, default from cli_model_dir. */
+/* -m DIR (or --synth NAME[:LAYERS], the same as -m synth:NAME[:LAYERS]) into
+ * cli_model_arg: the model directory, default from cli_model_dir. */
 extern const cli_opt cli_model_opts[];
-/* -m DIR into cli_model_arg, required by the command (it checks). */
+/* The same, required by the command (it checks). */
 extern const cli_opt cli_model_req_opts[];
 /* --backend NAME, --gpu N into ds_backend_opts. */
 extern const cli_opt cli_backend_opts[];
