@@ -207,6 +207,7 @@ struct ds_ep {
     unsigned char *none; /* [cap_none] zeros */
     size_t cap_none;
     int *counts, *displs; /* [size] */
+    int *rcounts, *rdispls; /* [size] the receive side of an all-to-all */
     size_t cap_pairs, cap_f;
     float *send, *recv;
     uint64_t *served; /* [layers][size] pairs served */
@@ -232,9 +233,11 @@ int ds_ep_new(ds_ep **out, int layers, int experts, int k, const ds_ep_opts *o, 
     ep->displs = calloc((size_t)S.size, sizeof *ep->displs);
     ep->served = calloc((size_t)S.size * (size_t)(layers > 0 ? layers : 1), sizeof *ep->served);
     ep->live = calloc((size_t)S.size, sizeof *ep->live);
+    ep->rcounts = calloc((size_t)S.size, sizeof *ep->rcounts);
+    ep->rdispls = calloc((size_t)S.size, sizeof *ep->rdispls);
     ep->att_rows = calloc((size_t)S.size, sizeof *ep->att_rows);
     ep->attention = o->attention;
-    if (!ep->counts || !ep->displs || !ep->served || !ep->live || !ep->att_rows) {
+    if (!ep->counts || !ep->displs || !ep->served || !ep->live || !ep->att_rows || !ep->rcounts || !ep->rdispls) {
         ds_ep_free(ep);
         return ds_fail(err, "out of memory");
     }
@@ -253,7 +256,7 @@ void ds_ep_free(ds_ep *ep) {
     ds_placement_free(&ep->pl);
     free(ep->owner), free(ep->sel), free(ep->counts), free(ep->displs), free(ep->send), free(ep->recv);
     free(ep->served), free(ep->items), free(ep->tokens), free(ep->live), free(ep->none);
-    free(ep->att_rows);
+    free(ep->att_rows), free(ep->rcounts), free(ep->rdispls);
     free(ep);
 }
 
@@ -438,6 +441,49 @@ int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n_pairs, int D, const int *o
     return 0;
 #else
     (void)ep, (void)rows, (void)n_pairs, (void)D, (void)owner;
+    return ds_fail(err, "expert parallelism: this build has no MPI");
+#endif
+}
+
+int ds_ep_exchange_to(ds_ep *ep, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err) {
+#ifdef DSV4_HAVE_MPI
+    size_t need = (size_t)n * D;
+    if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
+    if (need > ep->cap_f) {
+        free(ep->send), free(ep->recv);
+        ep->send = malloc(need * sizeof(float));
+        ep->recv = malloc(need * sizeof(float));
+        ep->cap_f = ep->send && ep->recv ? need : 0;
+        if (!ep->cap_f) return ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
+    }
+    /* to each rank the rows this rank filled that it needs, ascending; from
+     * each rank the rows it filled that this rank needs, ascending (32-bit
+     * words, as ds_ep_exchange_rows) */
+    memset(ep->counts, 0, (size_t)ep->size * sizeof *ep->counts);
+    memset(ep->rcounts, 0, (size_t)ep->size * sizeof *ep->rcounts);
+    for (int i = 0; i < n; i++) {
+        if (owner[i] == ep->rank && dest[i] != ep->rank) ep->counts[dest[i]] += D;
+        if (dest[i] == ep->rank && owner[i] != ep->rank) ep->rcounts[owner[i]] += D;
+    }
+    for (int r = 0, so = 0, ro = 0; r < ep->size; r++)
+        ep->displs[r] = so, so += ep->counts[r], ep->rdispls[r] = ro, ro += ep->rcounts[r];
+    for (int i = 0; i < n; i++)
+        if (owner[i] == ep->rank && dest[i] != ep->rank) {
+            memcpy(ep->send + ep->displs[dest[i]], rows + (size_t)i * D, (size_t)D * sizeof(float));
+            ep->displs[dest[i]] += D;
+        }
+    for (int r = 0, so = 0; r < ep->size; r++) ep->displs[r] = so, so += ep->counts[r];
+    if (MPI_Alltoallv(ep->send, ep->counts, ep->displs, MPI_UINT32_T, ep->recv, ep->rcounts, ep->rdispls,
+                      MPI_UINT32_T, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return ds_fail(err, "expert exchange: MPI_Alltoallv failed");
+    for (int i = 0; i < n; i++)
+        if (dest[i] == ep->rank && owner[i] != ep->rank) {
+            memcpy(rows + (size_t)i * D, ep->recv + ep->rdispls[owner[i]], (size_t)D * sizeof(float));
+            ep->rdispls[owner[i]] += D;
+        }
+    return 0;
+#else
+    (void)ep, (void)rows, (void)n, (void)D, (void)owner, (void)dest;
     return ds_fail(err, "expert parallelism: this build has no MPI");
 #endif
 }

@@ -148,6 +148,9 @@ int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
 /* The same for any rows: owner[i] is the rank that filled row i (an
  * all-gather in row order; the bytes are copied, never converted). */
 int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n, int D, const int *owner, ds_err *err);
+/* An all-to-all: row i, filled by rank owner[i], goes to rank dest[i] only
+ * (the other rows of the buffer are left as they are). */
+int ds_ep_exchange_to(ds_ep *ep, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err);
 /* n zeros: a selection of no pairs (grow-only, owned by ep), or NULL with err. */
 const unsigned char *ds_ep_no_pairs(ds_ep *ep, int n, ds_err *err);
 /* The owner rank of each pair of the last ds_ep_route. */

@@ -51,7 +51,7 @@ static int host_table(ds_runstate *rs, const ds_config *c, const ds_step_size *z
     size_t t = (size_t)z->T, s = (size_t)z->n_seqs, tg = (size_t)z->Tg, rg = (size_t)z->Rg;
     size_t need = t * (sizeof(int32_t) + sizeof(int64_t) + sizeof(int)) + tg * c->n_active_experts * sizeof(int32_t) +
                   s * (sizeof(int64_t) + 3 * sizeof(int) + sizeof(void *)) + (size_t)z->R * sizeof(int) +
-                  (3 * tg + rg) * sizeof(int) + 64;
+                  (3 * tg + rg + tg * c->n_active_experts) * sizeof(int) + 64;
     if (need > rs->host_cap) {
         free(rs->host);
         rs->host = malloc(need);
@@ -71,6 +71,7 @@ static int host_table(ds_runstate *rs, const ds_config *c, const ds_step_size *z
     rs->g_owner = (int *)p, p += (tg + rg) * sizeof(int);
     rs->g_item = (int *)p, p += tg * sizeof(int);
     rs->g_tok = (int *)p, p += tg * sizeof(int);
+    rs->g_dest = (int *)p, p += tg * c->n_active_experts * sizeof(int);
     rs->hrow = (int *)p;
     return 0;
 }

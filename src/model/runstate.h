@@ -40,6 +40,7 @@ typedef struct ds_runstate {
     float *ep_rows;         /* host [Tg][k][D] (at least [Tg][D], [Rg][D]): rows for the exchange */
     size_t ep_rows_cap;
     int *g_owner, *g_item, *g_tok; /* data parallel, host: [Tg + Rg] each row's rank; [Tg] item, token */
+    int *g_dest;                   /* data parallel, host: [Tg][k] the rank each pair's row goes to */
     /* host memory: the step's token table (see ds_step_desc) */
     void *host;
     size_t host_cap;

@@ -61,7 +61,9 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
 
 /* Expert parallelism: rows [n][D] of backend memory, row i filled by rank
- * owner[i]; on return every rank has every row (the bytes, copied). */
-int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, ds_err *err);
+ * owner[i]; on return every rank has every row (the bytes, copied) — or,
+ * with dest, at least the rows i with dest[i] = this rank (rows go to their
+ * dest only where the exchange goes through MPI). */
+int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err);
 
 #endif
