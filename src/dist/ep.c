@@ -206,7 +206,7 @@ struct ds_ep {
     unsigned char *sel;  /* [pairs] */
     unsigned char *none; /* [cap_none] zeros */
     size_t cap_none;
-    int *counts, *displs; /* [size] */
+    int *counts, *displs;   /* [size] */
     int *rcounts, *rdispls; /* [size] the receive side of an all-to-all */
     size_t cap_pairs, cap_f;
     float *send, *recv;
@@ -473,8 +473,8 @@ int ds_ep_exchange_to(ds_ep *ep, float *rows, int n, int D, const int *owner, co
             ep->displs[dest[i]] += D;
         }
     for (int r = 0, so = 0; r < ep->size; r++) ep->displs[r] = so, so += ep->counts[r];
-    if (MPI_Alltoallv(ep->send, ep->counts, ep->displs, MPI_UINT32_T, ep->recv, ep->rcounts, ep->rdispls,
-                      MPI_UINT32_T, MPI_COMM_WORLD) != MPI_SUCCESS)
+    if (MPI_Alltoallv(ep->send, ep->counts, ep->displs, MPI_UINT32_T, ep->recv, ep->rcounts, ep->rdispls, MPI_UINT32_T,
+                      MPI_COMM_WORLD) != MPI_SUCCESS)
         return ds_fail(err, "expert exchange: MPI_Alltoallv failed");
     for (int i = 0; i < n; i++)
         if (dest[i] == ep->rank && owner[i] != ep->rank) {
