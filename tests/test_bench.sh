@@ -22,6 +22,12 @@ check "chunks .* median"
 check "where .* per token: .* attention .* other"
 check "batch 2 .* tokens/s"
 check "batch 3 .* tokens/s"
+pout=$("$DSV4" bench -m "$SRC/tests/fixtures/q128" --prompt 8 --gen 2 --batch 2 --batch-profile 2>&1)
+if echo "$pout" | grep -q "where      per step at batch 2 (profiled, ops synchronized): .* attention .* other"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: --batch-profile: no where line for batch 2"
+fi
 kout=$("$DSV4" bench --kernels --mib 64 --reps 1 2>&1)
 [ $? -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: bench --kernels exit status"; }
 for k in "read 1 .* GB/s" "BF16 K=4096 .*(" "FP8 K=1024" "FP8 K=8192" "MXFP4 K=4096 .*("; do

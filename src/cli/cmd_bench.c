@@ -168,6 +168,22 @@ int bench_batch_decode(const ds_model *m, const ds_backend *be, int B, long long
     return ok ? 0 : -1;
 }
 
+int bench_batch_profile(const ds_model *m, ds_backend *be, int B, long long prompt, long long gen,
+                        const int32_t *toks, ds_err *err) {
+    ds_profile prof;
+    memset(&prof, 0, sizeof prof);
+    be->profile = &prof;
+    double t = 0;
+    int rc = bench_batch_decode(m, be, B, prompt, gen, toks, NULL, NULL, NULL, &t, err);
+    be->profile = NULL;
+    if (rc) return -1;
+    char title[96];
+    snprintf(title, sizeof title, "where      per step at batch %d (profiled, ops synchronized):", B);
+    bench_print_profile(title, &prof, (double)gen, t / (double)gen);
+    fflush(stdout);
+    return 0;
+}
+
 /* Counts the distinct experts each MoE layer reads in a step. */
 typedef struct {
     unsigned char *used; /* [layers][experts] */
@@ -212,7 +228,7 @@ static void count_step(void *ctx) {
 typedef struct {
     long long prompt, gen;
     cli_ids batch;
-    int kernels;
+    int kernels, batch_profile;
 } bench_args;
 
 static const cli_opt bench_opts[] = {
@@ -221,6 +237,9 @@ static const cli_opt bench_opts[] = {
     CLI_IDS_OPT("--batch", NULL, bench_args, batch, 1, 4096, "B,...",
                 "also decode with B sequences per step (each prefilled with P/4 tokens) and report tokens/s and the "
                 "weight bytes actually read per step (distinct experts)"),
+    CLI_FLAG_OPT("--batch-profile", NULL, bench_args, batch_profile,
+                 "run each --batch size once more with the backend's profile on (ops synchronized) and print where "
+                 "a step's time goes"),
     CLI_FLAG_OPT("--kernels", NULL, bench_args, kernels,
                  "each decode kernel against the plain read of the same memory (dsv4 bench --kernels --help)"),
     CLI_END,
@@ -259,7 +278,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *batches = ba.batch.v; /* freed below */
     int n_batches = ba.batch.n;
     if (bo.name && strcmp(bo.name, "cpu")) {
-        int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches);
+        int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches, ba.batch_profile);
         free(batches);
         return drc;
     }
@@ -393,6 +412,7 @@ int cmd_bench(int argc, char **argv) {
         free(bu.u.used);
         fflush(stdout);
         if (!ok) goto out;
+        if (ba.batch_profile && bench_batch_profile(m, &be, B, prompt, gen, toks, &err)) goto fail;
     }
     rc = 0;
     goto out;

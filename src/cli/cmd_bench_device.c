@@ -65,7 +65,7 @@ static double token_flops(const ds_model *m) {
 }
 
 int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long prompt, long long gen, const int32_t *batches,
-                     int n_batches) {
+                     int n_batches, int batch_profile) {
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_err err = {{0}};
@@ -152,6 +152,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
             fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg);
         fflush(stdout);
         if (!ok) goto out;
+        if (batch_profile && bench_batch_profile(m, &be, B, prompt, gen, toks, &err)) goto fail;
     }
     rc = 0;
     goto out;

@@ -12,7 +12,7 @@ int cmd_bench(int argc, char **argv);
 /* `dsv4 bench --backend cuda ...` (cmd_bench_device.c) */
 #include "runtime/backend_select.h"
 int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long prompt, long long gen, const int32_t *batches,
-                     int n_batches);
+                     int n_batches, int batch_profile);
 /* Shared by the two bench paths (cmd_bench.c): one line of where the time
  * went per weight kind, attention and the rest; and a batched decode of B
  * sequences (each prefilled with prompt/4 tokens of toks), gen steps timed
@@ -25,6 +25,10 @@ void bench_print_profile(const char *title, const struct ds_profile *p, double s
 int bench_batch_decode(const struct ds_model *m, const struct ds_backend *be, int B, long long prompt, long long gen,
                        const int32_t *toks, const struct ds_observer *obs, void (*after_step)(void *ctx), void *ctx,
                        double *seconds, ds_err *err);
+/* The same batch run again with be's profile on; prints where a step's time
+ * went (--batch-profile). */
+int bench_batch_profile(const struct ds_model *m, struct ds_backend *be, int B, long long prompt, long long gen,
+                        const int32_t *toks, ds_err *err);
 /* `dsv4 bench --kernels` (cmd_bench_kernels.c) */
 int cmd_bench_kernels(int argc, char **argv);
 /* `dsv4 bench --kernels --backend cuda` (cmd_bench_kernels_cuda.c) */
