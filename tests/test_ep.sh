@@ -156,6 +156,41 @@ for n in 1 2 3; do
     ok "synth:tiny over $n ranks == the synth checkpoint on disk" || bad "synth:tiny over $n ranks differs"
 done
 
+# 5b. the server over 2 ranks (data-parallel attention): 4 concurrent sampled
+#     completions give the texts one process gives them one at a time
+serve_texts() { # out-prefix ranks...
+  local pre="$1"
+  shift
+  "$@" serve -m "$dir" --port 0 --threads 1 >"$pre.out" 2>"$pre.err" &
+  local pid=$! url="" i
+  for ((i = 0; i < 600; i++)); do
+    url=$(sed -n 's/^listening on //p' "$pre.out")
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { echo "no server: $(tail -3 "$pre.err")"; kill $pid 2>/dev/null; return 1; }
+  local -a cs=()
+  for i in 1 2 3 4; do
+    curl -s --max-time 600 "$url/v1/completions" -o "$pre.$i" \
+      -d "{\"prompt\":\"And God said $i\",\"max_tokens\":20,\"temperature\":0.8,\"seed\":$i}" &
+    cs+=($!)
+  done
+  wait "${cs[@]}"
+  kill -TERM $pid
+  wait $pid 2>/dev/null
+  for i in 1 2 3 4; do
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$pre.$i" ||
+      { echo "request $i: $(head -c 300 "$pre.$i")"; }
+  done
+}
+if command -v curl >/dev/null; then
+  t1="$(serve_texts "$tmp/sv1" "$bin" 2>&1)"
+  t2="$(serve_texts "$tmp/sv2" timeout 300 mpirun -np 2 "$bin" 2>&1)"
+  [ -n "$t1" ] && [ "$t1" = "$t2" ] && grep -q "attention: data parallel" "$tmp/sv2.err" &&
+    ok "serve over 2 ranks: 4 concurrent sampled completions = one process" ||
+    { bad "serve over 2 ranks differs"; echo "one: $t1"; echo "two: $t2"; tail -3 "$tmp/sv2.err"; }
+fi
+
 # 6. failures end the job with a message naming the rank (timeout: a hang fails)
 expect_fail() { # label regex ranks args...
   local label="$1" re="$2"
