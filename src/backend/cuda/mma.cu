@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/cuda/cuda.h"
 #include "backend/cuda/internal.h"
 
 enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
@@ -57,11 +58,6 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     return d;
 }
 
-/* Two floats that are exact in bf16: their top halves. */
-__device__ __forceinline__ uint32_t bf2_exact(float lo, float hi) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
 /* x = hi + lo for 4 activations: b[0] = hi01, b[1] = hi23, b[2] = lo01, b[3] = lo23. */
 __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[0] = bf2(v.x, v.y);
@@ -72,26 +68,50 @@ __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
 }
 
-/* e4m3 byte p of w, exact as a float (dsc_chunk_elem's identity, no scale). */
-__device__ __forceinline__ float e4m3_at(uint32_t w, int p) {
-    uint32_t mag = p <= 2 ? w << (20 - 8 * p) : w >> (8 * p - 20);
-    uint32_t sgn = w << (24 - 8 * p);
-    return __fmul_rn(__uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u)),
-                     1.329227995784915872903807060280344576e36f); /* 2^120 */
+/* bf16x2 a * b, round to nearest (a fused multiply-add with -0: a * b + -0 =
+ * a * b for every a * b, -0 and +0 included). Subnormal inputs and results are
+ * kept (PTX: fma.rn.bf16x2 has no .ftz). */
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
 }
 
-/* e2m1 nibble p of w times s (a power of two: exact in bf16). */
-__device__ __forceinline__ float e2m1_at(uint32_t w, int p, float s) {
-    uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
-    uint32_t sgn = w << (28 - 4 * p);
-    float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
-    return __fmul_rn(__fmul_rn(v, 8.5070591730234615865843651857942052864e37f), s); /* 2^126 */
+/* Bytes 2h, 2h + 1 of w (e4m3 codes, no NaN) as a bf16x2, exact: the sign to
+ * bit 15 and the 7 magnitude bits to bits 4..10 of each half is the bf16 of
+ * the value times 2^-120 (normals: exponent E - 7 + 127 - 120 = E; the e4m3
+ * subnormals m 2^-9 land on the bf16 subnormals m 2^-129), times 2^120 in one
+ * bf16x2 multiply (exact: e4m3 values are bf16 values). */
+__device__ __forceinline__ uint32_t e4m3x2(uint32_t w, int h) {
+    uint32_t y = __byte_perm(w, 0u, h ? 0x3424 : 0x1404); /* [0, b_2h, 0, b_2h+1] */
+    return bmul2((y & 0x80008000u) | ((y >> 4) & 0x07f007f0u), 0x7b807b80u); /* 2^120 */
 }
+
+/* Nibbles 0..3 of t (e2m1 codes) times the bf16x2 scale m2 (a power of two
+ * in both halves), as two bf16x2 (nibbles 0,1 and 2,3), exact: the
+ * magnitudes' bf16 bytes by table lookup (prmt: 8 entries per table, the high
+ * and the low byte of the bf16 of {0, .5, 1, 1.5, 2, 3, 4, 6}), the signs to
+ * bits 15 and 31, then one bf16x2 multiply by the scale (a product of a
+ * 2-bit-mantissa value and a power of two is exact in bf16 down to 2^-133 and
+ * is +-inf past the bf16 range, as the product in fp32 was). */
+__device__ __forceinline__ void e2m1x4(uint32_t t, uint32_t m2, uint32_t &p01, uint32_t &p23) {
+    uint32_t sel = t & 0x7777u, sg = t & 0x8888u;
+    uint32_t hb = __byte_perm(0x3f3f3f00u, 0x40404040u, sel); /* high bytes of 0 .5 1 1.5 | 2 3 4 6 */
+    uint32_t lb = __byte_perm(0xc0800000u, 0xc0804000u, sel); /* low bytes */
+    uint32_t a = __byte_perm(lb, hb, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); /* signs 3, 7 -> 15, 31 */
+    uint32_t b = __byte_perm(lb, hb, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); /* signs 11, 15 -> 15, 31 */
+    p01 = bmul2(a, m2);
+    p23 = bmul2(b, m2);
+}
+
+/* An FP4 scale (a power of two, 2^-127 included, or NaN) as a bf16x2: exact. */
+__device__ __forceinline__ uint32_t bf2_scale(float s) { return (__float_as_uint(s) >> 16) * 0x10001u; }
 
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
- * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns. */
+ * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
+ * m2: FP4's scale as bf16x2 (bf2_scale). */
 template <int KIND>
-__device__ __forceinline__ void afrag(const uint4 &q, int s, float sc, uint32_t &p01, uint32_t &p23) {
+__device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
         p23 = u4w(q, 2 * s + 1);
@@ -104,14 +124,12 @@ __device__ __forceinline__ void afrag(const uint4 &q, int s, float sc, uint32_t 
             p01 = bf2(f[0], f[1]);
             p23 = bf2(f[2], f[3]);
         } else {
-            p01 = bf2_exact(e4m3_at(w, 0), e4m3_at(w, 1));
-            p23 = bf2_exact(e4m3_at(w, 2), e4m3_at(w, 3));
+            p01 = e4m3x2(w, 0);
+            p23 = e4m3x2(w, 1);
         }
     } else {
         uint32_t w = u4w(q, s >> 1);
-        int b = (s & 1) * 4;
-        p01 = bf2_exact(e2m1_at(w, b, sc), e2m1_at(w, b + 1, sc));
-        p23 = bf2_exact(e2m1_at(w, b + 2, sc), e2m1_at(w, b + 3, sc));
+        e2m1x4((s & 1) ? w >> 16 : w, m2, p01, p23);
     }
 }
 
@@ -205,10 +223,10 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
                                           const uint4 *qb, int g, int tig, int K, const float *const *xr,
                                           const bool *xv, int xal, float acc[NB][4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    float sca = 1.0f, scb = 1.0f;
+    uint32_t sca = 0, scb = 0;
     if (KIND == DS_W_FP4) {
-        sca = mma_scale<KIND>(w, sa, g * 4 + tig);
-        scb = mma_scale<KIND>(w, sb, g * 4 + tig);
+        sca = bf2_scale(mma_scale<KIND>(w, sa, g * 4 + tig));
+        scb = bf2_scale(mma_scale<KIND>(w, sb, g * 4 + tig));
     }
 #pragma unroll
     for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
@@ -521,12 +539,12 @@ __global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
         asm volatile("cp.async.wait_group 1;\n" ::);
         __syncthreads();
         const uint8_t *As = sm + (g & 1) * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
-        float sc[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        uint32_t sc[2][2] = {{0, 0}, {0, 0}};
         if (KIND == DS_W_FP4)
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) sc[mi][h] = mma_scale<KIND>(w, srow[mi][h], g * 4 + tig);
+                for (int h = 0; h < 2; h++) sc[mi][h] = bf2_scale(mma_scale<KIND>(w, srow[mi][h], g * 4 + tig));
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -747,4 +765,52 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
     int rows = up ? 2 * shape.rows : shape.rows;
     if (up) return launch_kind<MMA_UP>(st, mb, kind, dec, a, rows, maxcnt, ny);
     return launch_kind<MMA_DOWN>(st, mb, kind, dec, a, rows, maxcnt, ny);
+}
+
+/* ---- test hook ------------------------------------------------------------------ */
+
+/* The bf16 pairs afrag feeds the MMA (tests/gpu/test_cuda_ops.c checks them
+ * bitwise against host-computed values). */
+__global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
+                                  const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (kind == DS_W_FP8) {
+        if (i >= nw) return;
+        uint4 q = make_uint4(words[i], 0, 0, 0);
+        afrag<DS_W_FP8>(q, 0, 0, out[2 * i], out[2 * i + 1]);
+        return;
+    }
+    if (i >= nw * ns) return;
+    uint4 q = make_uint4(words[i / ns], 0, 0, 0);
+    uint32_t m2 = bf2_scale(dsc_e8m0(scales[i % ns]));
+    afrag<DS_W_FP4>(q, 0, m2, out[4 * i], out[4 * i + 1]);
+    afrag<DS_W_FP4>(q, 1, m2, out[4 * i + 2], out[4 * i + 3]);
+}
+
+extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, const uint32_t *words, int nw, const uint8_t *scales, int ns,
+                                        uint32_t *out, ds_err *err) {
+    const char *op = "mma weight probe";
+    if (kind != DS_W_FP8 && kind != DS_W_FP4) return dsc_failmsg(err, op, "kind %d is neither FP8 nor FP4", kind);
+    if (kind == DS_W_FP8) ns = 1;
+    if (nw <= 0 || ns <= 0) return dsc_failmsg(err, op, "no words or no scales");
+    if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
+    size_t n = (size_t)nw * (size_t)ns, no = n * (kind == DS_W_FP8 ? 2 : 4);
+    uint32_t *dw = NULL, *dout = NULL;
+    uint8_t *ds = NULL;
+    int rc = 0;
+    if (cudaMalloc(&dw, (size_t)nw * 4) != cudaSuccess || cudaMalloc(&ds, (size_t)ns) != cudaSuccess ||
+        cudaMalloc(&dout, no * 4) != cudaSuccess)
+        rc = dsc_failmsg(err, op, "out of device memory");
+    else if (cudaMemcpy(dw, words, (size_t)nw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+             (kind == DS_W_FP4 && cudaMemcpy(ds, scales, (size_t)ns, cudaMemcpyHostToDevice) != cudaSuccess))
+        rc = dsc_failmsg(err, op, "upload failed");
+    else {
+        mma_wprobe_kernel<<<(unsigned)((n + 255) / 256), 256>>>(kind, dw, nw, ds, ns, dout);
+        cudaError_t e = cudaMemcpy(out, dout, no * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) rc = dsc_failmsg(err, op, "kernel or download failed: %s", cudaGetErrorString(e));
+    }
+    cudaFree(dw);
+    cudaFree(ds);
+    cudaFree(dout);
+    return rc;
 }
