@@ -230,6 +230,22 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
     }
 #pragma unroll
     for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+    /* one token tile (NB = 1): the group's 8 activation loads issued before
+     * its MMAs (not ORDER: the same values) */
+    const int XH = NB == 1 ? 8 : 1;
+    float4 xh[XH];
+    if (NB == 1) {
+#pragma unroll
+        for (int kk = 0; kk < XH; kk++) {
+            int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+            xh[kk] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (xv[0] && col < K) {
+                const float *p = xr[0] + col;
+                if (xal) xh[kk] = *(const float4 *)p;
+                else xh[kk] = make_float4(p[0], p[1], p[2], p[3]);
+            }
+        }
+    }
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         uint32_t a0, a1, a2, a3;
@@ -239,7 +255,8 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
             float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (xv[ni] && col < K) {
+            if (NB == 1) xv4 = xh[kk % XH];
+            else if (xv[ni] && col < K) {
                 const float *p = xr[ni] + col;
                 if (xal) xv4 = *(const float4 *)p;
                 else xv4 = make_float4(p[0], p[1], p[2], p[3]);
