@@ -481,6 +481,49 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
 
 /* ---- rmsnorm / rope -------------------------------------------------------- */
 
+/* rmsnorm's documented order on the host, in float: thread i of 256 chains
+ * fmaf over x[i], x[i+256], ...; each warp's xor tree 16, 8, 4, 2, 1; warp
+ * 0 the 8 warp totals (24 zeros) by the same tree; out = w * (x * (1 /
+ * sqrtf(sum / n + eps))). The GPU's bits must be these (any row length). */
+static float h_xor_tree(float *v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float nv[32];
+        for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+        memcpy(v, nv, sizeof nv);
+    }
+    return v[0];
+}
+static void test_rmsnorm_bits(ctx *C, int n, int weighted) {
+    int T = 3;
+    float *x = frandv(C, (size_t)T * n, 3.0f), *w = frandv(C, n, 1.5f), *want = malloc(sizeof(float) * T * n);
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float wt[32] = {0}, th[256];
+        for (int i = 0; i < 256; i++) {
+            float a = 0.0f;
+            for (int j = i; j < n; j += 256) a = fmaf(xr[j], xr[j], a);
+            th[i] = a;
+        }
+        for (int wi = 0; wi < 8; wi++) wt[wi] = h_xor_tree(th + 32 * wi);
+        float ms = h_xor_tree(wt) / (float)n, r = 1.0f / sqrtf(ms + 1e-6f);
+        for (int j = 0; j < n; j++) want[(size_t)t * n + j] = weighted ? w[j] * (xr[j] * r) : xr[j] * r;
+    }
+    float *dx = dput(C, x, sizeof(float) * T * n), *dw = dput(C, w, sizeof(float) * n);
+    float *dy = dput(C, NULL, sizeof(float) * T * n);
+    ds_rmsnorm_params rp = {dx, weighted ? dw : NULL, dy, T, n, 1e-6f};
+    die_if(C, C->be.rmsnorm(&C->be, &rp, &C->err), "rmsnorm");
+    float *y = fget(C, dy, (size_t)T * n);
+    check(C, !memcmp(y, want, sizeof(float) * T * n), "rmsnorm n = %d%s: the documented order's bits (host emulation)", n,
+          weighted ? ", weighted" : "");
+    free(x);
+    free(w);
+    free(want);
+    free(y);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dw);
+    C->be.free(&C->be, dy);
+}
+
 static void test_norm_rope(ctx *C) {
     int T = 5, n = 700;
     float *x = frandv(C, (size_t)T * n, 2.0f), *w = frandv(C, n, 1.0f);
@@ -1510,6 +1553,10 @@ int main(int argc, char **argv) {
     test_matmul(C, DS_W_FP8, 33000, 256, 0);
     test_matmul(C, DS_W_BF16, 66000, 128, 0);
     test_norm_rope(C);
+    {
+        int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};
+        for (int i = 0; i < 7; i++) test_rmsnorm_bits(C, ns[i], i % 2 == 0);
+    }
     test_mhc(C, 4, 256);  /* one mix segment, the warp Sinkhorn */
     test_mhc(C, 4, 1000); /* four segments, the last one short */
     test_mhc(C, 6, 200);  /* n * n > 32: the one-thread Sinkhorn */
