@@ -230,7 +230,8 @@ static int bf16_isnan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f);
  * every E8M0 scale, bitwise against the host's values (exact products: the
  * e4m3 / e2m1 value times 2^(e-127) in fp32 (e2m1: 2 significant bits, so
  * exact in bf16 when finite), its top 16 bits; NaN for a NaN byte or scale). */
-static void test_weight_decode(ctx *C) {
+static void test_weight_decode(ctx *C, int f32) {
+    const char *path = f32 ? "fp32" : "bf16x2";
     /* FP8: word i = bytes i, i+1, i+2, i+3 (each byte at each position), then i x4 */
     int nw = 512;
     uint32_t *w = malloc(sizeof(uint32_t) * nw), *o = malloc(sizeof(uint32_t) * 2 * nw);
@@ -239,7 +240,7 @@ static void test_weight_decode(ctx *C) {
         for (int p = 0; p < 4; p++) w[i] |= (uint32_t)((i + p) & 255) << (8 * p);
         w[256 + i] = (uint32_t)i * 0x01010101u;
     }
-    die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP8, w, nw, NULL, 0, o, &C->err), "weight probe FP8");
+    die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP8, f32, w, nw, NULL, 0, o, &C->err), "weight probe FP8");
     int bad = 0;
     for (int i = 0; i < nw; i++)
         for (int p = 0; p < 4; p++) {
@@ -249,7 +250,8 @@ static void test_weight_decode(ctx *C) {
             int ok = (b & 0x7f) == 0x7f ? bf16_isnan(got) : got == bf16_bits(want);
             if (!ok && bad++ < 4) printf("  e4m3 byte 0x%02x at %d of 0x%08x: bf16 0x%04x, want %g\n", b, p, w[i], got, want);
         }
-    check(C, !bad, "tensor cores: every e4m3 byte at every position of a word = its exact value in bf16 (%d bad)", bad);
+    check(C, !bad, "tensor cores (%s decoding): every e4m3 byte at every position of a word = its exact value in bf16 (%d bad)",
+          path, bad);
     free(w);
     free(o);
     /* FP4: words with each code at each nibble x all 256 scales; all 65536 16-bit
@@ -268,7 +270,7 @@ static void test_weight_decode(ctx *C) {
                 for (int p = 0; p < 8; p++) w[i] |= (uint32_t)((i + p) & 15) << (4 * p);
             }
         }
-        die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP4, w, n, sc, ns, o, &C->err), "weight probe FP4");
+        die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP4, f32, w, n, sc, ns, o, &C->err), "weight probe FP4");
         bad = 0;
         for (int i = 0; i < n; i++)
             for (int j = 0; j < ns; j++)
@@ -280,8 +282,8 @@ static void test_weight_decode(ctx *C) {
                     if (!ok && bad++ < 4)
                         printf("  e2m1 code %d at %d, scale 2^%d: bf16 0x%04x, want %g\n", code, p, sc[j] - 127, got, want);
                 }
-        check(C, !bad, "tensor cores: %s e2m1 codes x %s E8M0 scales = the exact products in bf16 (%d bad)",
-              pass ? "all 65536 4-code patterns" : "every code at every nibble", pass ? "9" : "all 256", bad);
+        check(C, !bad, "tensor cores (%s decoding): %s e2m1 codes x %s E8M0 scales = the exact products in bf16 (%d bad)",
+              path, pass ? "all 65536 4-code patterns" : "every code at every nibble", pass ? "9" : "all 256", bad);
         free(w);
         free(o);
     }
@@ -1531,7 +1533,8 @@ int main(int argc, char **argv) {
     void *huge = C->be.alloc(&C->be, (size_t)1 << 50, &C->err);
     check(C, !huge && strstr(C->err.msg, "alloc") != NULL, "alloc of 1 PiB fails with a message: %s", C->err.msg);
 
-    test_weight_decode(C);
+    test_weight_decode(C, 0);
+    test_weight_decode(C, 1);
     test_onehot(C, DS_W_FP4, 64, 256);   /* 512 (row, 32-column) scales: every scale twice */
     test_onehot(C, DS_W_FP8, 256, 512);  /* every byte in every row block */
     test_onehot(C, DS_W_FP4, 4096, 256); /* 256 tiles: the block decode kernel */
