@@ -216,6 +216,155 @@ static void free_weight(ctx *C, tw *t) {
 /* |y - ref| <= rel * sum|w x| + abs */
 static int close_dot(double y, double ref, double mag, double rel) { return fabs(y - ref) <= rel * mag + 1e-6; }
 
+/* ---- tensor-core weight decoding ------------------------------------------------ */
+
+static uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+static int bf16_isnan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
+
+/* The bf16 values the MMAs get for every e4m3 byte at every position of a
+ * word (NaN words included), and for every e2m1 code at every nibble times
+ * every E8M0 scale, bitwise against the host's values (exact products: the
+ * e4m3 / e2m1 value times 2^(e-127) in fp32 (e2m1: 2 significant bits, so
+ * exact in bf16 when finite), its top 16 bits; NaN for a NaN byte or scale). */
+static void test_weight_decode(ctx *C, int f32) {
+    const char *path = f32 ? "fp32" : "bf16x2";
+    /* FP8: word i = bytes i, i+1, i+2, i+3 (each byte at each position), then i x4 */
+    int nw = 512;
+    uint32_t *w = malloc(sizeof(uint32_t) * nw), *o = malloc(sizeof(uint32_t) * 2 * nw);
+    for (int i = 0; i < 256; i++) {
+        w[i] = 0;
+        for (int p = 0; p < 4; p++) w[i] |= (uint32_t)((i + p) & 255) << (8 * p);
+        w[256 + i] = (uint32_t)i * 0x01010101u;
+    }
+    die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP8, f32, w, nw, NULL, 0, o, &C->err), "weight probe FP8");
+    int bad = 0;
+    for (int i = 0; i < nw; i++)
+        for (int p = 0; p < 4; p++) {
+            uint8_t b = (uint8_t)(w[i] >> (8 * p));
+            uint16_t got = (uint16_t)(o[2 * i + p / 2] >> (16 * (p & 1)));
+            float want = h_fp8(b);
+            int ok = (b & 0x7f) == 0x7f ? bf16_isnan(got) : got == bf16_bits(want);
+            if (!ok && bad++ < 4) printf("  e4m3 byte 0x%02x at %d of 0x%08x: bf16 0x%04x, want %g\n", b, p, w[i], got, want);
+        }
+    check(C, !bad, "tensor cores (%s decoding): every e4m3 byte at every position of a word = its exact value in bf16 (%d bad)",
+          path, bad);
+    free(w);
+    free(o);
+    /* FP4: words with each code at each nibble x all 256 scales; all 65536 16-bit
+     * patterns (in both halves) x scales 0, 1, 2, 100, 127, 252, 253, 254, 255 */
+    static const uint8_t few[9] = {0, 1, 2, 100, 127, 252, 253, 254, 255};
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? 65536 : 16, ns = pass ? 9 : 256;
+        uint8_t sc[256];
+        for (int j = 0; j < ns; j++) sc[j] = pass ? few[j] : (uint8_t)j;
+        w = malloc(sizeof(uint32_t) * n);
+        o = malloc(sizeof(uint32_t) * 4 * (size_t)n * ns);
+        for (int i = 0; i < n; i++) {
+            if (pass) w[i] = (uint32_t)i * 0x10001u;
+            else {
+                w[i] = 0;
+                for (int p = 0; p < 8; p++) w[i] |= (uint32_t)((i + p) & 15) << (4 * p);
+            }
+        }
+        die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP4, f32, w, n, sc, ns, o, &C->err), "weight probe FP4");
+        bad = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < ns; j++)
+                for (int p = 0; p < 8; p++) {
+                    int code = (int)(w[i] >> (4 * p)) & 15;
+                    uint16_t got = (uint16_t)(o[4 * ((size_t)i * ns + j) + p / 2] >> (16 * (p & 1)));
+                    float want = e2m1[code] * h_e8m0(sc[j]);
+                    int ok = sc[j] == 255 ? bf16_isnan(got) : got == bf16_bits(want);
+                    if (!ok && bad++ < 4)
+                        printf("  e2m1 code %d at %d, scale 2^%d: bf16 0x%04x, want %g\n", code, p, sc[j] - 127, got, want);
+                }
+        check(C, !bad, "tensor cores (%s decoding): %s e2m1 codes x %s E8M0 scales = the exact products in bf16 (%d bad)",
+              path, pass ? "all 65536 4-code patterns" : "every code at every nibble", pass ? "9" : "all 256", bad);
+        free(w);
+        free(o);
+    }
+}
+
+/* Through the products: one-hot tokens (x = e_k, split exactly: hi = 1,
+ * lo = 0) read single weights, so y[t][r] = w[r][k_t] exactly (the
+ * dequantized value: e4m3 / e2m1 code times its power-of-two scale). Every
+ * e2m1 code with every E8M0 scale 2^-125 .. 2^125 (all products normal and
+ * finite), every e4m3 byte but NaN with FP8 scales 2^-20 .. 2^20; T = 128
+ * (the tile kernel) and 1, 8, 20 (the decode kernels). Values, not bits:
+ * 0 + (-0) = +0. */
+static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
+    tw t;
+    memset(&t, 0, sizeof t);
+    ds_weight *w = &t.h;
+    w->kind = kind;
+    w->rows = rows;
+    w->cols = cols;
+    w->name = kname[kind];
+    size_t n = (size_t)rows * cols, db = kind == DS_W_FP8 ? n : n / 2, ns;
+    if (kind == DS_W_FP8) ns = (size_t)((rows + 127) / 128) * (size_t)(w->scale_cols = (cols + 127) / 128);
+    else ns = (size_t)rows * (size_t)(w->scale_cols = (cols + 31) / 32);
+    t.hd = calloc(db, 1);
+    t.hs = malloc(ns);
+    for (size_t i = 0; i < n; i++) {
+        int r = (int)(i / (size_t)cols), c = (int)(i % (size_t)cols);
+        if (kind == DS_W_FP8) {
+            uint8_t b = (uint8_t)((r * 7 + c) & 255);
+            if ((b & 0x7f) == 0x7f) b ^= 1;
+            t.hd[i] = b;
+        } else {
+            t.hd[i / 2] |= (uint8_t)(((r * 3 + c) & 15) << (4 * (i & 1)));
+        }
+    }
+    for (size_t i = 0; i < ns; i++) t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 107 + i % 41 : 2 + i % 251);
+    w->data = t.hd;
+    w->scale = t.hs;
+    t.deq = malloc(n * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            t.deq[i] = kind == DS_W_FP8
+                           ? h_fp8(t.hd[i]) * h_scale(w, (size_t)(r / 128) * w->scale_cols + c / 128)
+                           : e2m1[(c & 1) ? t.hd[i / 2] >> 4 : t.hd[i / 2] & 15] * h_scale(w, (size_t)r * w->scale_cols + c / 32);
+        }
+    t.d = t.h;
+    const void *dd = NULL, *ds = NULL;
+    die_if(C, C->be.map_weights(&C->be, t.hd, db, &dd, &C->err), "map_weights");
+    die_if(C, C->be.map_weights(&C->be, t.hs, ns, &ds, &C->err), "map_weights");
+    t.d.data = dd;
+    t.d.scale = ds;
+    int Ts[4] = {128, 1, 8, 20};
+    for (int ti = 0; ti < 4; ti++) {
+        int T = Ts[ti], bad = 0;
+        int *k = malloc(sizeof(int) * T);
+        float *x = calloc((size_t)T * cols, sizeof(float));
+        for (int j = 0; j < T; j++) {
+            k[j] = T == 128 ? j * (cols / 128) + (int)(rnd(C) % (unsigned)(cols / 128)) : (int)(rnd(C) % (unsigned)cols);
+            x[(size_t)j * cols + k[j]] = 1.0f;
+        }
+        float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
+        die_if(C, ds_matmul(&C->be, &t.d, dx, T, dy, &C->err), "matmul");
+        float *y = fget(C, dy, (size_t)T * rows);
+        for (int j = 0; j < T; j++)
+            for (int r = 0; r < rows; r++) {
+                float want = t.deq[(size_t)r * cols + k[j]], got = y[(size_t)j * rows + r];
+                if (!(want == got) && bad++ < 3) /* == : the sum of a -0 weight's product is +0 */
+                    printf("  one-hot %s T %d token %d (k %d) row %d: %g, want %g\n", kname[kind], T, j, k[j], r, got, want);
+            }
+        check(C, !bad, "matmul %s [%d x %d], %d one-hot tokens: y = the weight's exact value (%d bad)", kname[kind],
+              rows, cols, T, bad);
+        free(k);
+        free(x);
+        free(y);
+        C->be.free(&C->be, dx);
+        C->be.free(&C->be, dy);
+    }
+    free_weight(C, &t);
+}
+
 /* ---- a step ------------------------------------------------------------- */
 
 typedef struct {
@@ -333,6 +482,49 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
 }
 
 /* ---- rmsnorm / rope -------------------------------------------------------- */
+
+/* rmsnorm's documented order on the host, in float: thread i of 256 chains
+ * fmaf over x[i], x[i+256], ...; each warp's xor tree 16, 8, 4, 2, 1; warp
+ * 0 the 8 warp totals (24 zeros) by the same tree; out = w * (x * (1 /
+ * sqrtf(sum / n + eps))). The GPU's bits must be these (any row length). */
+static float h_xor_tree(float *v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float nv[32];
+        for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+        memcpy(v, nv, sizeof nv);
+    }
+    return v[0];
+}
+static void test_rmsnorm_bits(ctx *C, int n, int weighted) {
+    int T = 3;
+    float *x = frandv(C, (size_t)T * n, 3.0f), *w = frandv(C, n, 1.5f), *want = malloc(sizeof(float) * T * n);
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float wt[32] = {0}, th[256];
+        for (int i = 0; i < 256; i++) {
+            float a = 0.0f;
+            for (int j = i; j < n; j += 256) a = fmaf(xr[j], xr[j], a);
+            th[i] = a;
+        }
+        for (int wi = 0; wi < 8; wi++) wt[wi] = h_xor_tree(th + 32 * wi);
+        float ms = h_xor_tree(wt) / (float)n, r = 1.0f / sqrtf(ms + 1e-6f);
+        for (int j = 0; j < n; j++) want[(size_t)t * n + j] = weighted ? w[j] * (xr[j] * r) : xr[j] * r;
+    }
+    float *dx = dput(C, x, sizeof(float) * T * n), *dw = dput(C, w, sizeof(float) * n);
+    float *dy = dput(C, NULL, sizeof(float) * T * n);
+    ds_rmsnorm_params rp = {dx, weighted ? dw : NULL, dy, T, n, 1e-6f};
+    die_if(C, C->be.rmsnorm(&C->be, &rp, &C->err), "rmsnorm");
+    float *y = fget(C, dy, (size_t)T * n);
+    check(C, !memcmp(y, want, sizeof(float) * T * n), "rmsnorm n = %d%s: the documented order's bits (host emulation)", n,
+          weighted ? ", weighted" : "");
+    free(x);
+    free(w);
+    free(want);
+    free(y);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dw);
+    C->be.free(&C->be, dy);
+}
 
 static void test_norm_rope(ctx *C) {
     int T = 5, n = 700;
@@ -1341,6 +1533,11 @@ int main(int argc, char **argv) {
     void *huge = C->be.alloc(&C->be, (size_t)1 << 50, &C->err);
     check(C, !huge && strstr(C->err.msg, "alloc") != NULL, "alloc of 1 PiB fails with a message: %s", C->err.msg);
 
+    test_weight_decode(C, 0);
+    test_weight_decode(C, 1);
+    test_onehot(C, DS_W_FP4, 64, 256);   /* 512 (row, 32-column) scales: every scale twice */
+    test_onehot(C, DS_W_FP8, 256, 512);  /* every byte in every row block */
+    test_onehot(C, DS_W_FP4, 4096, 256); /* 256 tiles: the block decode kernel */
     int shapes[3][2] = {{300, 1000}, {256, 1024}, {17, 4096}};
     for (int k = 0; k < 5; k++)
         for (int s = 0; s < 3; s++) test_matmul(C, (ds_wkind)k, shapes[s][0], shapes[s][1], 0);
@@ -1359,6 +1556,10 @@ int main(int argc, char **argv) {
     test_matmul(C, DS_W_FP8, 33000, 256, 0);
     test_matmul(C, DS_W_BF16, 66000, 128, 0);
     test_norm_rope(C);
+    {
+        int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};
+        for (int i = 0; i < 7; i++) test_rmsnorm_bits(C, ns[i], i % 2 == 0);
+    }
     test_mhc(C, 4, 256);  /* one mix segment, the warp Sinkhorn */
     test_mhc(C, 4, 1000); /* four segments, the last one short */
     test_mhc(C, 6, 200);  /* n * n > 32: the one-thread Sinkhorn */

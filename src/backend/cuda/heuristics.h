@@ -46,6 +46,14 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
                                  * (2048 tiles) 33 vs 40 µs, wo_a (512) 29 vs 40, wo_b (256)
                                  * 35 vs 41; wq_a (64) 16 vs 12, wkv (32) 16 vs 10, the BF16
                                  * head (8080) 398 vs 353, shared w1 (128) 17 either way */
+#define DSC_MMA_HX_TILES 1024 /* block kernel at one token tile: a matrix of fewer 16-row
+                                 * tiles loads a group's activations before its MMAs (32
+                                 * more registers: FP8 64 -> 98, 4 -> 2 blocks per SM); more
+                                 * tiles keep the loads per step (not ORDER). ncu, flash b1,
+                                 * with / without: wq_b (2048 tiles) 47 / 32 µs; the FP8
+                                 * products of 256 tiles 19 µs with, 23 before the branch;
+                                 * the split decode kernel always loads ahead at NB = 1: the
+                                 * BF16 head 350 -> 250 µs */
 #define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/cuda/cuda.h"
 #include "backend/cuda/internal.h"
 
 enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
@@ -57,11 +58,6 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     return d;
 }
 
-/* Two floats that are exact in bf16: their top halves. */
-__device__ __forceinline__ uint32_t bf2_exact(float lo, float hi) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
 /* x = hi + lo for 4 activations: b[0] = hi01, b[1] = hi23, b[2] = lo01, b[3] = lo23. */
 __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[0] = bf2(v.x, v.y);
@@ -72,26 +68,74 @@ __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
 }
 
-/* e4m3 byte p of w, exact as a float (dsc_chunk_elem's identity, no scale). */
-__device__ __forceinline__ float e4m3_at(uint32_t w, int p) {
+/* bf16x2 a * b, round to nearest (a fused multiply-add with -0: a * b + -0 =
+ * a * b for every a * b, -0 and +0 included). Subnormal inputs and results are
+ * kept (PTX: fma.rn.bf16x2 has no .ftz). */
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+}
+
+/* Bytes 2h, 2h + 1 of w (e4m3 codes, no NaN) as a bf16x2, exact: the sign to
+ * bit 15 and the 7 magnitude bits to bits 4..10 of each half is the bf16 of
+ * the value times 2^-120 (normals: exponent E - 7 + 127 - 120 = E; the e4m3
+ * subnormals m 2^-9 land on the bf16 subnormals m 2^-129), times 2^120 in one
+ * bf16x2 multiply (exact: e4m3 values are bf16 values). */
+__device__ __forceinline__ uint32_t e4m3x2(uint32_t w, int h) {
+    uint32_t y = __byte_perm(w, 0u, h ? 0x3424 : 0x1404); /* [0, b_2h, 0, b_2h+1] */
+    return bmul2((y & 0x80008000u) | ((y >> 4) & 0x07f007f0u), 0x7b807b80u); /* 2^120 */
+}
+
+/* Nibbles 0..3 of t (e2m1 codes) times the bf16x2 scale m2 (a power of two
+ * in both halves), as two bf16x2 (nibbles 0,1 and 2,3), exact: the
+ * magnitudes' bf16 bytes by table lookup (prmt: 8 entries per table, the high
+ * and the low byte of the bf16 of {0, .5, 1, 1.5, 2, 3, 4, 6}), the signs to
+ * bits 15 and 31, then one bf16x2 multiply by the scale (a product of a
+ * 2-bit-mantissa value and a power of two is exact in bf16 down to 2^-133 and
+ * is +-inf past the bf16 range, as the product in fp32 was). */
+__device__ __forceinline__ void e2m1x4(uint32_t t, uint32_t m2, uint32_t &p01, uint32_t &p23) {
+    uint32_t sel = t & 0x7777u, sg = t & 0x8888u;
+    uint32_t hb = __byte_perm(0x3f3f3f00u, 0x40404040u, sel); /* high bytes of 0 .5 1 1.5 | 2 3 4 6 */
+    uint32_t lb = __byte_perm(0xc0800000u, 0xc0804000u, sel); /* low bytes */
+    uint32_t a = __byte_perm(lb, hb, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); /* signs 3, 7 -> 15, 31 */
+    uint32_t b = __byte_perm(lb, hb, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); /* signs 11, 15 -> 15, 31 */
+    p01 = bmul2(a, m2);
+    p23 = bmul2(b, m2);
+}
+
+/* An FP4 scale (a power of two, 2^-127 included, or NaN) as a bf16x2: exact. */
+__device__ __forceinline__ uint32_t bf2_scale(float s) { return (__float_as_uint(s) >> 16) * 0x10001u; }
+
+/* The same values through fp32 (the code placed in a float's exponent /
+ * mantissa, scaled by a power of two, then its top half): more instructions
+ * per weight, fewer registers where several token tiles share the fragment
+ * (the decode kernels at NB > 1: FP4 experts' up at NB = 4 needs 98
+ * registers with e2m1x4, 80 with these: 3 blocks per SM instead of 2).
+ * Which one a kernel takes is not ORDER (the same values). ncu, the tile
+ * kernel at prefill (40 launches): 15.3 ms with e4m3x2 / e2m1x4, 16.4 with
+ * these. */
+__device__ __forceinline__ float e4m3_f32(uint32_t w, int p) {
     uint32_t mag = p <= 2 ? w << (20 - 8 * p) : w >> (8 * p - 20);
     uint32_t sgn = w << (24 - 8 * p);
     return __fmul_rn(__uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u)),
                      1.329227995784915872903807060280344576e36f); /* 2^120 */
 }
-
-/* e2m1 nibble p of w times s (a power of two: exact in bf16). */
-__device__ __forceinline__ float e2m1_at(uint32_t w, int p, float s) {
+__device__ __forceinline__ float e2m1_f32(uint32_t w, int p, float s) {
     uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
     uint32_t sgn = w << (28 - 4 * p);
     float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
     return __fmul_rn(__fmul_rn(v, 8.5070591730234615865843651857942052864e37f), s); /* 2^126 */
 }
+__device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
 
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
- * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns. */
-template <int KIND>
-__device__ __forceinline__ void afrag(const uint4 &q, int s, float sc, uint32_t &p01, uint32_t &p23) {
+ * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
+ * m2: FP4's scale as bf16x2 (bf2_scale). */
+template <int KIND, bool F32 = false>
+__device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
         p23 = u4w(q, 2 * s + 1);
@@ -103,15 +147,22 @@ __device__ __forceinline__ void afrag(const uint4 &q, int s, float sc, uint32_t 
             for (int i = 0; i < 4; i++) f[i] = dsc_fp8((uint8_t)(w >> (8 * i)));
             p01 = bf2(f[0], f[1]);
             p23 = bf2(f[2], f[3]);
+        } else if (F32) {
+            p01 = bf2_top(e4m3_f32(w, 0), e4m3_f32(w, 1));
+            p23 = bf2_top(e4m3_f32(w, 2), e4m3_f32(w, 3));
         } else {
-            p01 = bf2_exact(e4m3_at(w, 0), e4m3_at(w, 1));
-            p23 = bf2_exact(e4m3_at(w, 2), e4m3_at(w, 3));
+            p01 = e4m3x2(w, 0);
+            p23 = e4m3x2(w, 1);
         }
-    } else {
+    } else if (F32) {
         uint32_t w = u4w(q, s >> 1);
         int b = (s & 1) * 4;
-        p01 = bf2_exact(e2m1_at(w, b, sc), e2m1_at(w, b + 1, sc));
-        p23 = bf2_exact(e2m1_at(w, b + 2, sc), e2m1_at(w, b + 3, sc));
+        float sc = __uint_as_float((m2 & 0xffffu) << 16);
+        p01 = bf2_top(e2m1_f32(w, b, sc), e2m1_f32(w, b + 1, sc));
+        p23 = bf2_top(e2m1_f32(w, b + 2, sc), e2m1_f32(w, b + 3, sc));
+    } else {
+        uint32_t w = u4w(q, s >> 1);
+        e2m1x4((s & 1) ? w >> 16 : w, m2, p01, p23);
     }
 }
 
@@ -200,28 +251,46 @@ template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, c
  * accumulator through the 8 m16n8k16 steps kk ascending, mma(A, x_hi) then
  * mma(A, x_lo), then FP8's group scale (the order of docs/cuda.md). Both
  * decode kernels call it, so they give the same bits as each other. */
-template <int KIND, int NB>
+template <int KIND, int NB, bool HX>
 __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, const uint8_t *sb, const uint4 *qa,
                                           const uint4 *qb, int g, int tig, int K, const float *const *xr,
                                           const bool *xv, int xal, float acc[NB][4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    float sca = 1.0f, scb = 1.0f;
+    uint32_t sca = 0, scb = 0;
     if (KIND == DS_W_FP4) {
-        sca = mma_scale<KIND>(w, sa, g * 4 + tig);
-        scb = mma_scale<KIND>(w, sb, g * 4 + tig);
+        sca = bf2_scale(mma_scale<KIND>(w, sa, g * 4 + tig));
+        scb = bf2_scale(mma_scale<KIND>(w, sb, g * 4 + tig));
     }
 #pragma unroll
     for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+    /* HX (one token tile): the group's 8 activation loads issued before its
+     * MMAs (not ORDER: the same values; 32 more registers) */
+    const int XH = HX ? 8 : 1;
+    float4 xh[XH];
+    if (HX) {
+#pragma unroll
+        for (int kk = 0; kk < XH; kk++) {
+            int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+            xh[kk] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (xv[0] && col < K) {
+                const float *p = xr[0] + col;
+                if (xal) xh[kk] = *(const float4 *)p;
+                else xh[kk] = make_float4(p[0], p[1], p[2], p[3]);
+            }
+        }
+    }
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         uint32_t a0, a1, a2, a3;
-        afrag<KIND>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-        afrag<KIND>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+        /* NB > 1: the fp32 decoding (fewer registers; the same values) */
+        afrag<KIND, (NB > 1)>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+        afrag<KIND, (NB > 1)>(qb[kk / SPC], kk % SPC, scb, a1, a3);
         int col = g * DSC_MMA_G + tig * 32 + kk * 4;
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
             float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (xv[ni] && col < K) {
+            if (HX) xv4 = xh[kk % XH];
+            else if (xv[ni] && col < K) {
                 const float *p = xr[ni] + col;
                 if (xal) xv4 = *(const float4 *)p;
                 else xv4 = make_float4(p[0], p[1], p[2], p[3]);
@@ -306,7 +375,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
             int g = g0 + v;
             if (g >= ge) break;
             float acc[NB][4];
-            mma_group<KIND, NB>(w, sa, sb, qa[v], qb[v], g, tig, K, xr, xv, xal, acc);
+            mma_group<KIND, NB, NB == 1>(w, sa, sb, qa[v], qb[v], g, tig, K, xr, xv, xal, acc);
             if (a.U == 1) {
 #pragma unroll
                 for (int ni = 0; ni < NB; ni++)
@@ -365,7 +434,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
  * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
  * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
  * the round's partials in group order. */
-template <int KIND, int MODE, int NB>
+template <int KIND, int MODE, int NB, bool HX>
 __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
     const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
     const int NOUT = 16 * NTOK, PER = (NOUT + DSC_MMA_DW * 32 - 1) / (DSC_MMA_DW * 32);
@@ -414,7 +483,7 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
             int slot = warp * GW + u, g = g0 + slot;
             if (g >= ng) break;
             float acc[NB][4];
-            mma_group<KIND, NB>(w, sa, sb, qa[u], qb[u], g, tig, K, xr, xv, xal, acc);
+            mma_group<KIND, NB, HX>(w, sa, sb, qa[u], qb[u], g, tig, K, xr, xv, xal, acc);
             float *ps = part + (size_t)slot * 16 * NTOK;
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
@@ -521,12 +590,12 @@ __global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
         asm volatile("cp.async.wait_group 1;\n" ::);
         __syncthreads();
         const uint8_t *As = sm + (g & 1) * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
-        float sc[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        uint32_t sc[2][2] = {{0, 0}, {0, 0}};
         if (KIND == DS_W_FP4)
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) sc[mi][h] = mma_scale<KIND>(w, srow[mi][h], g * 4 + tig);
+                for (int h = 0; h < 2; h++) sc[mi][h] = bf2_scale(mma_scale<KIND>(w, srow[mi][h], g * 4 + tig));
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -638,9 +707,13 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     if (!split || (KIND != DS_W_BF16 && (long)((rows + 15) / 16) * nz >= DSC_MMA_BLK_TILES)) {
         dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
         size_t smem = (size_t)DSC_MMA_DW * mk<KIND>::GW * 16 * 8 * NB * sizeof(float);
-        if (NB == 1) mma_blk_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-        else if (NB == 2) mma_blk_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-        else mma_blk_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        /* activations loaded ahead (more registers, less occupancy) only for
+         * matrices of fewer tiles (heuristics.h) */
+        if (NB == 1 && (rows + 15) / 16 < DSC_MMA_HX_TILES)
+            mma_blk_kernel<KIND, MODE, 1, true><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        else if (NB == 1) mma_blk_kernel<KIND, MODE, 1, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        else if (NB == 2) mma_blk_kernel<KIND, MODE, 2, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+        else mma_blk_kernel<KIND, MODE, 4, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
         return 0;
     }
     int tiles = (rows + 15) / 16, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1, gpw = ng;
@@ -747,4 +820,54 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
     int rows = up ? 2 * shape.rows : shape.rows;
     if (up) return launch_kind<MMA_UP>(st, mb, kind, dec, a, rows, maxcnt, ny);
     return launch_kind<MMA_DOWN>(st, mb, kind, dec, a, rows, maxcnt, ny);
+}
+
+/* ---- test hook ------------------------------------------------------------------ */
+
+/* The bf16 pairs afrag feeds the MMA (tests/gpu/test_cuda_ops.c checks them
+ * bitwise against host-computed values). */
+template <bool F32>
+__global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
+                                  const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (kind == DS_W_FP8) {
+        if (i >= nw) return;
+        uint4 q = make_uint4(words[i], 0, 0, 0);
+        afrag<DS_W_FP8, F32>(q, 0, 0, out[2 * i], out[2 * i + 1]);
+        return;
+    }
+    if (i >= nw * ns) return;
+    uint4 q = make_uint4(words[i / ns], 0, 0, 0);
+    uint32_t m2 = bf2_scale(dsc_e8m0(scales[i % ns]));
+    afrag<DS_W_FP4, F32>(q, 0, m2, out[4 * i], out[4 * i + 1]);
+    afrag<DS_W_FP4, F32>(q, 1, m2, out[4 * i + 2], out[4 * i + 3]);
+}
+
+extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int f32, const uint32_t *words, int nw,
+                                        const uint8_t *scales, int ns, uint32_t *out, ds_err *err) {
+    const char *op = "mma weight probe";
+    if (kind != DS_W_FP8 && kind != DS_W_FP4) return dsc_failmsg(err, op, "kind %d is neither FP8 nor FP4", kind);
+    if (kind == DS_W_FP8) ns = 1;
+    if (nw <= 0 || ns <= 0) return dsc_failmsg(err, op, "no words or no scales");
+    if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
+    size_t n = (size_t)nw * (size_t)ns, no = n * (kind == DS_W_FP8 ? 2 : 4);
+    uint32_t *dw = NULL, *dout = NULL;
+    uint8_t *ds = NULL;
+    int rc = 0;
+    if (cudaMalloc(&dw, (size_t)nw * 4) != cudaSuccess || cudaMalloc(&ds, (size_t)ns) != cudaSuccess ||
+        cudaMalloc(&dout, no * 4) != cudaSuccess)
+        rc = dsc_failmsg(err, op, "out of device memory");
+    else if (cudaMemcpy(dw, words, (size_t)nw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+             (kind == DS_W_FP4 && cudaMemcpy(ds, scales, (size_t)ns, cudaMemcpyHostToDevice) != cudaSuccess))
+        rc = dsc_failmsg(err, op, "upload failed");
+    else {
+        if (f32) mma_wprobe_kernel<true><<<(unsigned)((n + 255) / 256), 256>>>(kind, dw, nw, ds, ns, dout);
+        else mma_wprobe_kernel<false><<<(unsigned)((n + 255) / 256), 256>>>(kind, dw, nw, ds, ns, dout);
+        cudaError_t e = cudaMemcpy(out, dout, no * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) rc = dsc_failmsg(err, op, "kernel or download failed: %s", cudaGetErrorString(e));
+    }
+    cudaFree(dw);
+    cudaFree(ds);
+    cudaFree(dout);
+    return rc;
 }

@@ -93,9 +93,15 @@ __global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args 
             if (lane == 0 && best >= 0) tk[best] = 1;
             __syncwarp();
         }
-        if (lane == 0)
-            for (int e = 0, j = 0; e < E && j < k; e++)
-                if (tk[e]) idx[j++] = e;
+        /* the taken ids ascending: 32 experts a round, each lane's slot by a
+         * ballot (was lane 0 alone over all E) */
+        for (int e0 = 0, j0 = 0; e0 < E && j0 < k; e0 += 32) {
+            int e = e0 + lane, f = e < E && tk[e];
+            unsigned m = __ballot_sync(0xffffffffu, f);
+            int pos = j0 + __popc(m & ((1u << lane) - 1u));
+            if (f && pos < k) idx[pos] = e;
+            j0 += __popc(m);
+        }
     }
     __syncwarp();
     if (lane == 0) {
@@ -141,17 +147,28 @@ __global__ void __launch_bounds__(1024) moe_sort_kernel(const int32_t *__restric
         if (e >= 0 && e < E) atomicAdd(&cnt[e], 1); /* integer counts: order-free */
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0, na = 0;
-        for (int e = 0; e < E; e++) {
-            int c = cnt[e];
-            off[e] = s;
-            if (c) active[na++] = e;
-            cnt[e] = s;
-            s += c;
+    if (threadIdx.x < 32) { /* exclusive prefix sums and the active list, 32 experts a round */
+        int lane = threadIdx.x, s = 0, na = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            int e = e0 + lane, c = e < E ? cnt[e] : 0, inc = c;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int v = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += v;
+            }
+            unsigned m = __ballot_sync(0xffffffffu, c > 0);
+            if (e < E) {
+                off[e] = s + inc - c;
+                cnt[e] = s + inc - c;
+                if (c) active[na + __popc(m & ((1u << lane) - 1u))] = e;
+            }
+            s += __shfl_sync(0xffffffffu, inc, 31);
+            na += __popc(m);
         }
-        off[E] = s;
-        *n_active = na;
+        if (lane == 0) {
+            off[E] = s;
+            *n_active = na;
+        }
     }
     __syncthreads();
     /* each expert's thread walks the pairs in order: tokens in row order */

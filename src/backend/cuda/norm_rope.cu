@@ -30,9 +30,43 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
     for (int j = threadIdx.x; j < n; j += DSC_ROW_THREADS) o[j] = w ? w[j] * (xr[j] * r) : xr[j] * r;
 }
 
+/* Rows of at most R * DSC_ROW_THREADS: the same chain and the same products,
+ * with x and w read once into registers, all loads issued before the sum (the
+ * loop above waits for memory once per 16 elements of a thread, and again
+ * for x and w after the sum: at T = 1 one block on one SM, latency-bound). */
+template <int R>
+__global__ void __launch_bounds__(DSC_ROW_THREADS)
+    rmsnorm_reg_kernel(const float *x, const float *__restrict__ w, float *out, int n, float eps) {
+    __shared__ float sh[32];
+    size_t t = blockIdx.x;
+    const float *xr = x + t * (size_t)n;
+    float *o = out + t * (size_t)n;
+    float v[R], wv[R];
+#pragma unroll
+    for (int u = 0; u < R; u++) {
+        int j = threadIdx.x + u * DSC_ROW_THREADS;
+        v[u] = j < n ? xr[j] : 0.0f;
+        wv[u] = w && j < n ? w[j] : 1.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < R; u++)
+        if (threadIdx.x + u * DSC_ROW_THREADS < n) s = fmaf(v[u], v[u], s);
+    float ms = dsc_block_sum(s, sh) / (float)n;
+    float r = 1.0f / sqrtf(ms + eps);
+#pragma unroll
+    for (int u = 0; u < R; u++) {
+        int j = threadIdx.x + u * DSC_ROW_THREADS;
+        if (j < n) o[j] = w ? wv[u] * (v[u] * r) : v[u] * r;
+    }
+}
+
 int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps) {
     if (T <= 0) return 0;
-    rmsnorm_kernel<<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
+    if (n <= 4 * DSC_ROW_THREADS) rmsnorm_reg_kernel<4><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
+    else if (n <= 16 * DSC_ROW_THREADS) rmsnorm_reg_kernel<16><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
+    else if (n <= 64 * DSC_ROW_THREADS) rmsnorm_reg_kernel<64><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
+    else rmsnorm_kernel<<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
     return 0;
 }
 
