@@ -432,6 +432,7 @@ static void *sched_main(void *arg) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
+        double t_admit = ds_now();
         int k = 0;
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
@@ -512,7 +513,7 @@ static void *sched_main(void *arg) {
             n_prefill += take;
         }
         memset(s->expert_step, 0, n_exp * sizeof *s->expert_step);
-        double t0 = ds_now();
+        const double t0 = ds_now();
         ds_err err = {{0}};
         int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
         double t1 = ds_now();
@@ -535,6 +536,7 @@ static void *sched_main(void *arg) {
                                      &t->id, &s->tok_err[i]);
             if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
         }
+        const double t2 = ds_now();
         int n_gen = 0;
         pthread_mutex_lock(&s->mu);
         for (int j = 0; j < n_samp; j++) {
@@ -573,8 +575,13 @@ static void *sched_main(void *arg) {
             ds_req *r = s->item_req[s->samp[j]];
             if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
         }
+        const double t3 = ds_now();
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
+        s->st.admit_s += t0 - t_admit;
+        s->st.forward_s += t1 - t0;
+        s->st.sample_s += t2 - t1;
+        s->st.publish_s += t3 - t2;
         s->st.prompt_tokens += (uint64_t)n_prefill;
         s->st.gen_tokens += (uint64_t)n_gen;
         int tot = n_prefill + n_decode;
@@ -615,6 +622,7 @@ static void *sched_main(void *arg) {
         }
         s->n_run = k;
         s->st.cached_seqs = s->n_cache;
+        s->st.retire_s += ds_now() - t3;
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;
