@@ -19,26 +19,28 @@
 #include "model/state.h"
 #include "runtime/generate.h"
 
-/* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
- * scheduler bumps after publishing tokens, so waiting and reading tokens
- * never take the scheduler's lock (a client thread preempted while holding
- * it would stall the whole batch on a loaded machine). refs under s->mu. */
-typedef struct ds_waker {
-    _Atomic uint32_t seq;
-    int refs;
-} ds_waker;
-
-static void waker_wake(ds_waker *w) {
-    atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
-    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+/* Waking the waiters: one futex word per scheduler (pub_seq), bumped after
+ * every publication, which the connection threads wait on with a bitset: a
+ * request group (one ds_sched_submit_n) waits on bit (group id mod 32), and
+ * one FUTEX_WAKE_BITSET call wakes any set of groups (the requests a step
+ * ended: one system call; on a small VM each is a trip through the
+ * hypervisor while the batch waits). Two groups may share a bit: the other
+ * wakes, finds nothing new and sleeps again. Waiting and reading tokens never take the scheduler's lock
+ * (a client thread preempted while holding it would stall the whole batch). */
+static void pub_wake(_Atomic uint32_t *seq, uint32_t bits) {
+    if (!bits) return;
+    atomic_fetch_add_explicit(seq, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)seq, FUTEX_WAKE_BITSET_PRIVATE, INT_MAX, NULL, NULL, bits);
 }
 
-/* sleeps while w->seq == seen, at most timeout_s (> 0) */
-static void waker_sleep(ds_waker *w, uint32_t seen, double timeout_s) {
+/* sleeps while *seq == seen and no wake for `bit` came, until t_end (ds_now()'s CLOCK_MONOTONIC) */
+static void pub_sleep(_Atomic uint32_t *seq, uint32_t seen, uint32_t bit, double t_end) {
     struct timespec ts;
-    ts.tv_sec = (time_t)timeout_s;
-    ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
-    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    ts.tv_sec = (time_t)t_end;
+    ts.tv_nsec = (long)((t_end - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    if (ts.tv_nsec < 0) ts.tv_nsec = 0;
+    syscall(SYS_futex, (uint32_t *)seq, FUTEX_WAIT_BITSET_PRIVATE, seen, &ts, NULL, bit);
 }
 
 struct ds_req {
@@ -52,7 +54,7 @@ struct ds_req {
     int cancel;
     ds_req_info info;
     ds_req_token *out; /* [max_new] */
-    ds_waker *wk;
+    uint32_t wbit;     /* the group's wake-up bit (pub_wake) */
     /* published for lock-free readers (release stores after out[] and info) */
     _Atomic int n_pub;   /* out[0..n_pub) are final */
     _Atomic int pub_state; /* ds_req_state; >= DS_REQ_DONE_STOP: info is final */
@@ -78,6 +80,9 @@ struct ds_sched {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t work;
+    _Atomic uint32_t pub_seq;    /* futex word: bumped by every publication (pub_wake) */
+    _Atomic uint32_t next_group; /* submit_n calls so far: a group's wake-up bit */
+    uint32_t wake_bits;          /* under mu: groups that finish_locked ended, to wake after the unlock */
     int stop, joined;
     ds_req *q_head, *q_tail;
     int n_queued;
@@ -92,6 +97,7 @@ struct ds_sched {
     float *logits; /* [max_seqs][vocab] */
     double *lse_tmp;
     ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
+    _Atomic int *scr_busy;   /* [n_scr]: taken by a draw running now */
     int n_scr;
     int *samp;          /* [max_seqs]: the items with logits */
     ds_req_token *tok;  /* [max_seqs]: each item's draw */
@@ -126,7 +132,6 @@ uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.
 
 static void req_free(ds_req *r) {
     if (!r) return;
-    if (r->wk && --r->wk->refs == 0) free(r->wk);
     free(r->hist);
     free(r->out);
     free(r);
@@ -182,9 +187,7 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     for (int i = 0; i < n; i++)
         if (check_params(s, n_prompt, &p[i], err)) return -1;
 
-    ds_waker *wk = calloc(1, sizeof *wk);
-    if (!wk) return ds_fail(err, "out of memory");
-    atomic_init(&wk->seq, 0);
+    const uint32_t wbit = 1u << (atomic_fetch_add_explicit(&s->next_group, 1, memory_order_relaxed) & 31);
     ds_req *rs[DS_SCHED_MAX_GROUP];
     double now = ds_now();
     for (int i = 0; i < n; i++) {
@@ -196,11 +199,9 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
         if (!r || !r->hist || !r->out) {
             if (r) free(r->hist), free(r->out), free(r);
             for (int k = 0; k < i; k++) req_free(rs[k]);
-            if (!i) free(wk);
             return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
         }
-        r->wk = wk;
-        wk->refs++;
+        r->wbit = wbit;
         memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
         r->n_prompt = n_prompt;
         r->p = p[i];
@@ -267,16 +268,16 @@ int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
 
 int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s) {
     if (n < 1) return -1;
-    ds_waker *w = r[0]->wk;
+    _Atomic uint32_t *seq = &r[0]->s->pub_seq;
+    const uint32_t bit = r[0]->wbit;
     double t_end = ds_now() + timeout_s;
     for (;;) {
-        uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
+        uint32_t seen = atomic_load_explicit(seq, memory_order_acquire);
         for (int i = 0; i < n; i++)
             if (have[i] >= 0 && (atomic_load_explicit(&r[i]->n_pub, memory_order_acquire) > have[i] || pub_ended(r[i])))
                 return i;
-        double left = t_end - ds_now();
-        if (left <= 0) return -1;
-        waker_sleep(w, seen, left);
+        if (t_end - ds_now() <= 0) return -1;
+        pub_sleep(seq, seen, bit, t_end);
     }
 }
 
@@ -374,7 +375,8 @@ static void park_seq(ds_sched *s, ds_req *r, int keep) {
     s->cache[s->n_cache++] = (cache_entry){q, toks, n, ++s->clock};
 }
 
-/* Ends r (under mu): state, wake its waiter, drop the scheduler's reference. */
+/* Ends r (under mu): state, its waiter's bit in s->wake_bits (the caller
+ * wakes them after unlocking: unlock_wake_ended), drop the scheduler's reference. */
 static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *msg) {
     r->info.state = st;
     r->info.t_done = ds_now();
@@ -383,8 +385,16 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
     if (st == DS_REQ_FAILED) s->st.requests_failed++;
     atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
     atomic_store_explicit(&r->pub_state, (int)st, memory_order_release);
-    waker_wake(r->wk);
+    s->wake_bits |= r->wbit;
     req_unref_locked(r);
+}
+
+/* Unlocks mu, then wakes the waiters of the requests finish_locked ended. */
+static void unlock_wake_ended(ds_sched *s) {
+    uint32_t bits = s->wake_bits;
+    s->wake_bits = 0;
+    pthread_mutex_unlock(&s->mu);
+    pub_wake(&s->pub_seq, bits);
 }
 
 /* log-softmax of the logits into the token record (double sums in id order). */
@@ -416,6 +426,69 @@ static void rate_add(ds_sched *s, double t, uint64_t n) {
     s->rate_i = (s->rate_i + 1) % 64;
     s->rate_t[s->rate_i] = t;
     s->rate_n[s->rate_i] = n;
+}
+
+/* Appends r's drawn token t (and a forced continuation after it) and wakes
+ * its waiter. No lock: only this draw writes r's tokens during the step, and
+ * readers see them through the release store of n_pub (r->info is read by
+ * others only once pub_state says it is final). */
+static void publish(ds_sched *s, ds_req *r, const ds_req_token *t) {
+    int n_hist = r->n_prompt + r->info.n_out;
+    r->hist[n_hist] = t->id;
+    int n_force = 0; /* a forced continuation after this token */
+    if (r->p.n_force && !r->forced && t->id == r->p.force_after) {
+        r->forced = 1;
+        n_force = r->p.n_force;
+        if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
+        for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
+    }
+    r->last_forced = n_force > 0;
+    r->out[r->info.n_out++] = *t;
+    for (int q = 0; q < n_force; q++) {
+        ds_req_token *f = &r->out[r->info.n_out++];
+        memset(f, 0, sizeof *f);
+        f->id = r->p.force[q];
+    }
+    if (!r->info.t_first) r->info.t_first = ds_now();
+    atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
+    pub_wake(&s->pub_seq, r->wbit);
+}
+
+/* A free sampling scratch: at most n_scr draws run at once, so one is free. */
+static int scratch_take(ds_sched *s) {
+    for (;;)
+        for (int k = 0; k < s->n_scr; k++) {
+            int z = 0;
+            if (!atomic_load_explicit(&s->scr_busy[k], memory_order_relaxed) &&
+                atomic_compare_exchange_strong_explicit(&s->scr_busy[k], &z, 1, memory_order_acquire,
+                                                        memory_order_relaxed))
+                return k;
+        }
+}
+
+/* Samples the step's j-th item with logits (s->samp[j]) and publishes the
+ * token. The draws of a step run in parallel (on the backend's threads, idle
+ * between steps, or OpenMP's): each depends only on its own logits, history,
+ * seed and position, and writes only its own slots and request. Publishing
+ * here rather than after the step's last draw gets each token out as soon as
+ * it is drawn and spreads the waiters' wake-ups (a system call each, and on
+ * a small VM a trip through the hypervisor) over the threads. */
+static void draw(void *ctx, int j) {
+    ds_sched *s = ctx;
+    const int V = s->m->cfg.vocab_size;
+    int i = s->samp[j];
+    ds_req *r = s->item_req[i];
+    float *lg = s->items[i].logits;
+    int n_hist = r->n_prompt + r->info.n_out;
+    ds_req_token *t = &s->tok[i];
+    int k = scratch_take(s);
+    ds_gen_mask_logits(lg, s->mask, s->n_mask);
+    memset(t, 0, sizeof *t);
+    s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
+    if (s->tok_rc[i]) return; /* the scheduler fails the request */
+    if (r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
+    publish(s, r, t);
 }
 
 static void *sched_main(void *arg) {
@@ -467,7 +540,7 @@ static void *sched_main(void *arg) {
             s->n_queued--;
             admit[n_admit++] = r;
         }
-        pthread_mutex_unlock(&s->mu);
+        unlock_wake_ended(s);
         for (int i = 0; i < n_admit; i++) {
             ds_req *r = admit[i];
             ds_err err = {{0}};
@@ -482,7 +555,7 @@ static void *sched_main(void *arg) {
                 s->st.cached_tokens += (uint64_t)r->n_fed;
                 s->run[s->n_run++] = r;
             }
-            pthread_mutex_unlock(&s->mu);
+            unlock_wake_ended(s);
         }
         if (!s->n_run) continue;
 
@@ -518,23 +591,15 @@ static void *sched_main(void *arg) {
         int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
         double t1 = ds_now();
 
-        /* ---- sample (the requests in parallel: each draw depends only on its
-         * own logits, history, seed and position), publish, retire */
+        /* ---- sample and publish (draw), retire */
         int n_samp = 0;
         for (int i = 0; i < n_items && !frc; i++)
             if (s->items[i].logits) s->samp[n_samp++] = i;
+        if (s->be->host_for && n_samp > 1)
+            s->be->host_for(s->be, n_samp, draw, s);
+        else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
-        for (int j = 0; j < n_samp; j++) {
-            int i = s->samp[j];
-            ds_req *r = s->item_req[i];
-            float *lg = s->items[i].logits;
-            int n_hist = r->n_prompt + r->info.n_out;
-            ds_req_token *t = &s->tok[i];
-            ds_gen_mask_logits(lg, s->mask, s->n_mask);
-            memset(t, 0, sizeof *t);
-            s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[omp_get_thread_num()],
-                                     &t->id, &s->tok_err[i]);
-            if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
+            for (int j = 0; j < n_samp; j++) draw(s, j);
         }
         const double t2 = ds_now();
         int n_gen = 0;
@@ -542,46 +607,17 @@ static void *sched_main(void *arg) {
         for (int j = 0; j < n_samp; j++) {
             int i = s->samp[j];
             ds_req *r = s->item_req[i];
-            int n_hist = r->n_prompt + r->info.n_out;
             if (s->tok_rc[i]) {
                 r->cancel = 1; /* removed below */
                 snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
-                continue;
+            } else {
+                n_gen++;
             }
-            ds_req_token t = s->tok[i];
-            r->hist[n_hist] = t.id;
-            n_gen++;
-            int n_force = 0; /* a forced continuation after this token */
-            if (r->p.n_force && !r->forced && t.id == r->p.force_after) {
-                r->forced = 1;
-                n_force = r->p.n_force;
-                if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
-                for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
-            }
-            r->last_forced = n_force > 0;
-            r->out[r->info.n_out++] = t;
-            for (int q = 0; q < n_force; q++) {
-                ds_req_token *f = &r->out[r->info.n_out++];
-                memset(f, 0, sizeof *f);
-                f->id = r->p.force[q];
-            }
-            if (!r->info.t_first) r->info.t_first = ds_now();
-            atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
         }
-        pthread_mutex_unlock(&s->mu);
-        /* wake the waiters outside the lock, so they do not wake only to wait
-         * for it (the scheduler's reference keeps every request alive here) */
-        for (int j = 0; j < n_samp; j++) {
-            ds_req *r = s->item_req[s->samp[j]];
-            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
-        }
-        const double t3 = ds_now();
-        pthread_mutex_lock(&s->mu);
         s->st.steps++;
         s->st.admit_s += t0 - t_admit;
         s->st.forward_s += t1 - t0;
         s->st.sample_s += t2 - t1;
-        s->st.publish_s += t3 - t2;
         s->st.prompt_tokens += (uint64_t)n_prefill;
         s->st.gen_tokens += (uint64_t)n_gen;
         int tot = n_prefill + n_decode;
@@ -622,8 +658,8 @@ static void *sched_main(void *arg) {
         }
         s->n_run = k;
         s->st.cached_seqs = s->n_cache;
-        s->st.retire_s += ds_now() - t3;
-        pthread_mutex_unlock(&s->mu);
+        s->st.retire_s += ds_now() - t2;
+        unlock_wake_ended(s);
     }
     return NULL;
 }
@@ -675,14 +711,16 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         }
         s->n_mask = o->n_mask;
     }
-    s->n_scr = o->threads > 0 ? o->threads : omp_get_num_procs();
+    s->n_scr = be->host_for ? be->host_threads(be) : o->threads > 0 ? o->threads : omp_get_num_procs();
     if (s->n_scr > o->max_seqs) s->n_scr = o->max_seqs;
+    if (s->n_scr < 1) s->n_scr = 1;
     s->scr = calloc((size_t)s->n_scr, sizeof *s->scr);
+    s->scr_busy = calloc((size_t)s->n_scr, sizeof *s->scr_busy);
     s->samp = calloc((size_t)max_items, sizeof *s->samp);
     s->tok = calloc((size_t)max_items, sizeof *s->tok);
     s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
     s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
-    if (!s->scr || !s->samp || !s->tok || !s->tok_rc || !s->tok_err) {
+    if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tok_rc || !s->tok_err) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler's sampling buffers");
@@ -727,7 +765,7 @@ void ds_sched_shutdown(ds_sched *s) {
         s->q_tail = NULL;
         s->n_queued = 0;
         s->n_run = 0;
-        pthread_mutex_unlock(&s->mu);
+        unlock_wake_ended(s);
         s->joined = 1;
     }
 }
@@ -745,6 +783,7 @@ void ds_sched_stop(ds_sched *s) {
     }
     for (int i = 0; s->scr && i < s->n_scr; i++) ds_sample_scratch_free(s->scr[i]);
     free(s->scr);
+    free(s->scr_busy);
     free(s->samp);
     free(s->tok);
     free(s->tok_rc);
