@@ -19,28 +19,26 @@
 #include "model/state.h"
 #include "runtime/generate.h"
 
-/* Waking the waiters: one futex word per scheduler (pub_seq), bumped after
- * every publication, which the connection threads wait on with a bitset: a
- * request group (one ds_sched_submit_n) waits on bit (group id mod 32), and
- * one FUTEX_WAKE_BITSET call wakes any set of groups (a step's tokens, the
- * requests a step ended: one system call rather than one per request; on a
- * small VM each call is a trip through the hypervisor while the batch waits). Two groups may share a bit: the other
- * wakes, finds nothing new and sleeps again. Waiting and reading tokens never take the scheduler's lock
- * (a client thread preempted while holding it would stall the whole batch). */
-static void pub_wake(_Atomic uint32_t *seq, uint32_t bits) {
-    if (!bits) return;
-    atomic_fetch_add_explicit(seq, 1, memory_order_release);
-    syscall(SYS_futex, (uint32_t *)seq, FUTEX_WAKE_BITSET_PRIVATE, INT_MAX, NULL, NULL, bits);
+/* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
+ * scheduler bumps after publishing tokens, so waiting and reading tokens
+ * never take the scheduler's lock (a client thread preempted while holding
+ * it would stall the whole batch on a loaded machine). refs under s->mu. */
+typedef struct ds_waker {
+    _Atomic uint32_t seq;
+    int refs;
+} ds_waker;
+
+static void waker_wake(ds_waker *w) {
+    atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* sleeps while *seq == seen and no wake for `bit` came, until t_end (ds_now()'s CLOCK_MONOTONIC) */
-static void pub_sleep(_Atomic uint32_t *seq, uint32_t seen, uint32_t bit, double t_end) {
+/* sleeps while w->seq == seen, at most timeout_s (> 0) */
+static void waker_sleep(ds_waker *w, uint32_t seen, double timeout_s) {
     struct timespec ts;
-    ts.tv_sec = (time_t)t_end;
-    ts.tv_nsec = (long)((t_end - (double)ts.tv_sec) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    if (ts.tv_nsec < 0) ts.tv_nsec = 0;
-    syscall(SYS_futex, (uint32_t *)seq, FUTEX_WAIT_BITSET_PRIVATE, seen, &ts, NULL, bit);
+    ts.tv_sec = (time_t)timeout_s;
+    ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
+    syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
 }
 
 struct ds_req {
@@ -54,7 +52,7 @@ struct ds_req {
     int cancel;
     ds_req_info info;
     ds_req_token *out; /* [max_new] */
-    uint32_t wbit;     /* the group's wake-up bit (pub_wake) */
+    ds_waker *wk;
     /* published for lock-free readers (release stores after out[] and info) */
     _Atomic int n_pub;   /* out[0..n_pub) are final */
     _Atomic int pub_state; /* ds_req_state; >= DS_REQ_DONE_STOP: info is final */
@@ -80,9 +78,6 @@ struct ds_sched {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t work;
-    _Atomic uint32_t pub_seq;    /* futex word: bumped by every publication (pub_wake) */
-    _Atomic uint32_t next_group; /* submit_n calls so far: a group's wake-up bit */
-    uint32_t wake_bits;          /* under mu: groups that finish_locked ended, to wake after the unlock */
     int stop, joined;
     ds_req *q_head, *q_tail;
     int n_queued;
@@ -132,6 +127,7 @@ uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.
 
 static void req_free(ds_req *r) {
     if (!r) return;
+    if (r->wk && --r->wk->refs == 0) free(r->wk);
     free(r->hist);
     free(r->out);
     free(r);
@@ -187,7 +183,9 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     for (int i = 0; i < n; i++)
         if (check_params(s, n_prompt, &p[i], err)) return -1;
 
-    const uint32_t wbit = 1u << (atomic_fetch_add_explicit(&s->next_group, 1, memory_order_relaxed) & 31);
+    ds_waker *wk = calloc(1, sizeof *wk);
+    if (!wk) return ds_fail(err, "out of memory");
+    atomic_init(&wk->seq, 0);
     ds_req *rs[DS_SCHED_MAX_GROUP];
     double now = ds_now();
     for (int i = 0; i < n; i++) {
@@ -199,9 +197,11 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
         if (!r || !r->hist || !r->out) {
             if (r) free(r->hist), free(r->out), free(r);
             for (int k = 0; k < i; k++) req_free(rs[k]);
+            if (!i) free(wk);
             return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
         }
-        r->wbit = wbit;
+        r->wk = wk;
+        wk->refs++;
         memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
         r->n_prompt = n_prompt;
         r->p = p[i];
@@ -268,16 +268,16 @@ int ds_req_wait(ds_req *r, int have, double timeout_s, ds_req_info *info) {
 
 int ds_req_wait_any(ds_req *const *r, const int *have, int n, double timeout_s) {
     if (n < 1) return -1;
-    _Atomic uint32_t *seq = &r[0]->s->pub_seq;
-    const uint32_t bit = r[0]->wbit;
+    ds_waker *w = r[0]->wk;
     double t_end = ds_now() + timeout_s;
     for (;;) {
-        uint32_t seen = atomic_load_explicit(seq, memory_order_acquire);
+        uint32_t seen = atomic_load_explicit(&w->seq, memory_order_acquire);
         for (int i = 0; i < n; i++)
             if (have[i] >= 0 && (atomic_load_explicit(&r[i]->n_pub, memory_order_acquire) > have[i] || pub_ended(r[i])))
                 return i;
-        if (t_end - ds_now() <= 0) return -1;
-        pub_sleep(seq, seen, bit, t_end);
+        double left = t_end - ds_now();
+        if (left <= 0) return -1;
+        waker_sleep(w, seen, left);
     }
 }
 
@@ -375,8 +375,7 @@ static void park_seq(ds_sched *s, ds_req *r, int keep) {
     s->cache[s->n_cache++] = (cache_entry){q, toks, n, ++s->clock};
 }
 
-/* Ends r (under mu): state, its waiter's bit in s->wake_bits (the caller
- * wakes them after unlocking: unlock_wake_ended), drop the scheduler's reference. */
+/* Ends r (under mu): state, wake its waiter, drop the scheduler's reference. */
 static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *msg) {
     r->info.state = st;
     r->info.t_done = ds_now();
@@ -385,16 +384,8 @@ static void finish_locked(ds_sched *s, ds_req *r, ds_req_state st, const char *m
     if (st == DS_REQ_FAILED) s->st.requests_failed++;
     atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
     atomic_store_explicit(&r->pub_state, (int)st, memory_order_release);
-    s->wake_bits |= r->wbit;
+    waker_wake(r->wk);
     req_unref_locked(r);
-}
-
-/* Unlocks mu, then wakes the waiters of the requests finish_locked ended. */
-static void unlock_wake_ended(ds_sched *s) {
-    uint32_t bits = s->wake_bits;
-    s->wake_bits = 0;
-    pthread_mutex_unlock(&s->mu);
-    pub_wake(&s->pub_seq, bits);
 }
 
 /* log-softmax of the logits into the token record (double sums in id order). */
@@ -428,30 +419,6 @@ static void rate_add(ds_sched *s, double t, uint64_t n) {
     s->rate_n[s->rate_i] = n;
 }
 
-/* Appends r's drawn token t (and a forced continuation after it), under
- * s->mu; readers see them through the release store of n_pub. The caller
- * wakes the waiter. */
-static void publish(ds_req *r, const ds_req_token *t) {
-    int n_hist = r->n_prompt + r->info.n_out;
-    r->hist[n_hist] = t->id;
-    int n_force = 0; /* a forced continuation after this token */
-    if (r->p.n_force && !r->forced && t->id == r->p.force_after) {
-        r->forced = 1;
-        n_force = r->p.n_force;
-        if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
-        for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
-    }
-    r->last_forced = n_force > 0;
-    r->out[r->info.n_out++] = *t;
-    for (int q = 0; q < n_force; q++) {
-        ds_req_token *f = &r->out[r->info.n_out++];
-        memset(f, 0, sizeof *f);
-        f->id = r->p.force[q];
-    }
-    if (!r->info.t_first) r->info.t_first = ds_now();
-    atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
-}
-
 /* A free sampling scratch: at most n_scr draws run at once, so one is free. */
 static int scratch_take(ds_sched *s) {
     for (;;)
@@ -465,11 +432,13 @@ static int scratch_take(ds_sched *s) {
 }
 
 /* Samples the step's j-th item with logits (s->samp[j]) into s->tok etc.
- * The draws of a step run in parallel (on the backend's threads, idle between
- * steps, or OpenMP's): each depends only on its own logits, history, seed and
- * position, and writes only its own slots. The tokens are published after the
- * last draw: a waiter woken mid-draw would compete with the draws for the
- * cores (measured on 2 cores at 32 requests: the sampling phase ~1.5x longer). */
+ * The draws of a step run in parallel: on the backend's threads where it
+ * lends them (the CPU's pool, idle between steps: a second team of threads
+ * would compete with it for the cores), else on an OpenMP team. Each draw
+ * depends only on its own logits, history, seed and position, and writes only
+ * its own slots. The tokens are published after the last draw: a waiter
+ * woken mid-draw would compete with the draws for the cores (measured on 2
+ * cores at 32 requests: the sampling phase ~1.5x as long). */
 static void draw(void *ctx, int j) {
     ds_sched *s = ctx;
     const int V = s->m->cfg.vocab_size;
@@ -500,7 +469,7 @@ static void *sched_main(void *arg) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        double t_admit = ds_now();
+        const double t_admit = ds_now();
         int k = 0;
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
@@ -535,7 +504,7 @@ static void *sched_main(void *arg) {
             s->n_queued--;
             admit[n_admit++] = r;
         }
-        unlock_wake_ended(s);
+        pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < n_admit; i++) {
             ds_req *r = admit[i];
             ds_err err = {{0}};
@@ -550,7 +519,7 @@ static void *sched_main(void *arg) {
                 s->st.cached_tokens += (uint64_t)r->n_fed;
                 s->run[s->n_run++] = r;
             }
-            unlock_wake_ended(s);
+            pthread_mutex_unlock(&s->mu);
         }
         if (!s->n_run) continue;
 
@@ -590,32 +559,51 @@ static void *sched_main(void *arg) {
         int n_samp = 0;
         for (int i = 0; i < n_items && !frc; i++)
             if (s->items[i].logits) s->samp[n_samp++] = i;
-        if (s->be->host_for && n_samp > 1)
+        if (s->be->host_for && n_samp > 1) {
             s->be->host_for(s->be, n_samp, draw, s);
-        else {
+        } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
             for (int j = 0; j < n_samp; j++) draw(s, j);
         }
         const double t2 = ds_now();
         int n_gen = 0;
-        uint32_t bits = 0;
         pthread_mutex_lock(&s->mu);
         for (int j = 0; j < n_samp; j++) {
             int i = s->samp[j];
             ds_req *r = s->item_req[i];
+            int n_hist = r->n_prompt + r->info.n_out;
             if (s->tok_rc[i]) {
                 r->cancel = 1; /* removed below */
                 snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
                 continue;
             }
-            publish(r, &s->tok[i]);
-            bits |= r->wbit;
+            ds_req_token t = s->tok[i];
+            r->hist[n_hist] = t.id;
             n_gen++;
+            int n_force = 0; /* a forced continuation after this token */
+            if (r->p.n_force && !r->forced && t.id == r->p.force_after) {
+                r->forced = 1;
+                n_force = r->p.n_force;
+                if (n_force > r->p.max_new - r->info.n_out - 1) n_force = r->p.max_new - r->info.n_out - 1;
+                for (int f = 0; f < n_force; f++) r->hist[n_hist + 1 + f] = r->p.force[f];
+            }
+            r->last_forced = n_force > 0;
+            r->out[r->info.n_out++] = t;
+            for (int q = 0; q < n_force; q++) {
+                ds_req_token *f = &r->out[r->info.n_out++];
+                memset(f, 0, sizeof *f);
+                f->id = r->p.force[q];
+            }
+            if (!r->info.t_first) r->info.t_first = ds_now();
+            atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
         }
         pthread_mutex_unlock(&s->mu);
         /* wake the waiters outside the lock, so they do not wake only to wait
          * for it (the scheduler's reference keeps every request alive here) */
-        pub_wake(&s->pub_seq, bits);
+        for (int j = 0; j < n_samp; j++) {
+            ds_req *r = s->item_req[s->samp[j]];
+            if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
+        }
         const double t3 = ds_now();
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
@@ -664,7 +652,7 @@ static void *sched_main(void *arg) {
         s->n_run = k;
         s->st.cached_seqs = s->n_cache;
         s->st.retire_s += ds_now() - t3;
-        unlock_wake_ended(s);
+        pthread_mutex_unlock(&s->mu);
     }
     return NULL;
 }
@@ -770,7 +758,7 @@ void ds_sched_shutdown(ds_sched *s) {
         s->q_tail = NULL;
         s->n_queued = 0;
         s->n_run = 0;
-        unlock_wake_ended(s);
+        pthread_mutex_unlock(&s->mu);
         s->joined = 1;
     }
 }
