@@ -419,7 +419,8 @@ static void rate_add(ds_sched *s, double t, uint64_t n) {
     s->rate_n[s->rate_i] = n;
 }
 
-/* A free sampling scratch: at most n_scr draws run at once, so one is free. */
+/* A free sampling scratch: at most n_scr draws run at once, so one is free
+ * (were there more, a draw would spin until another one ends). */
 static int scratch_take(ds_sched *s) {
     for (;;)
         for (int k = 0; k < s->n_scr; k++) {
