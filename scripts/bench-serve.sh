@@ -11,7 +11,10 @@
 # tokens at a time: decode tok/s, TTFT, TPOT). Interleaving the two in time is
 # what makes the ratio mean something on a machine whose speed drifts. Prints
 # every measurement, then per N: the server/bench ratio (median and range
-# over the rounds), both rates, TTFT and TPOT p50 / p99 (medians over rounds).
+# over the rounds), both rates, TTFT and TPOT p50 / p99 (medians over rounds)
+# and the cores the load generator itself kept busy (median; on a machine
+# with few cores that CPU is taken from the server it measures, which the
+# target's comparison does not assume).
 #
 # MODEL may be the bundled model (default, models/kjv) or a checkpoint
 # without a tokenizer (`dsv4 synth --like flash --layers 4 -o D`): then a
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
   --tokens) tokens="$2"; shift 2 ;;
   --rounds) rounds="$2"; shift 2 ;;
   --load) load="$2"; shift 2 ;;
-  -h | --help) sed -n 2,23p "$0"; exit 0 ;;
+  -h | --help) sed -n 2,26p "$0"; exit 0 ;;
   *) echo "bench-serve.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -92,11 +95,12 @@ for line in open(sys.argv[1]):
     rows.setdefault(int(n), []).append((float(b), json.loads(s)))
 print()
 print('   N  server/bench decode: median [min, max]   bench tok/s   server decode tok/s   '
-      'ttft p50 / p99 (s)   tpot p50 / p99 (s)')
+      'ttft p50 / p99 (s)   tpot p50 / p99 (s)   client cores')
 for n in sorted(rows):
     ratios = [s['decode_tok_s'] / b for b, s in rows[n]]
     med = lambda k: st.median(s[k] for _, s in rows[n])
     print(f'{n:4d}  {st.median(ratios):6.3f} [{min(ratios):.3f}, {max(ratios):.3f}]'
           f'{st.median(b for b, _ in rows[n]):22.1f}{med("decode_tok_s"):22.1f}'
-          f'   {med("ttft_p50"):.4f} / {med("ttft_p99"):.4f}   {med("tpot_p50"):.4f} / {med("tpot_p99"):.4f}')
+          f'   {med("ttft_p50"):.4f} / {med("ttft_p99"):.4f}   {med("tpot_p50"):.4f} / {med("tpot_p99"):.4f}'
+          f'   {med("client_cpu"):.2f}')
 PY

@@ -279,6 +279,30 @@ int main(void) {
               out[1][0].logprob <= 0,
           "logprobs filled");
 
+    /* the same through a backend that lends the scheduler no threads (host_for
+     * NULL, as on CUDA): the draws run on the scheduler's OpenMP team instead
+     * of the backend's pool, with the same tokens */
+    {
+        ds_backend nb = be;
+        nb.host_for = NULL;
+        nb.host_threads = NULL;
+        ds_sched_opts o2 = o;
+        o2.threads = 2;
+        ds_sched *s2;
+        CHECK(!ds_sched_start(m, &nb, &o2, &s2, &err), "%s", err.msg);
+        static ds_req_token out2[NREQ][64];
+        int n_out2[NREQ];
+        ds_req_info info2[NREQ];
+        run_all(s2, prompts, np, rp, NREQ, out2, n_out2, info2);
+        for (int i = 0; i < NREQ; i++) {
+            int same = n_out2[i] == ref[i].n;
+            for (int k = 0; same && k < n_out2[i]; k++) same = out2[i][k].id == ref[i].ids[k];
+            CHECK(same, "request %d without the backend's threads: tokens differ from ds_generate (%d vs %d tokens)", i,
+                  n_out2[i], ref[i].n);
+        }
+        ds_sched_stop(s2);
+    }
+
     /* prefix reuse: request 5's prompt + its output + more text extends the sequence it left */
     int32_t ext[512];
     int ne = 0;

@@ -142,6 +142,11 @@ for k in dsv4_requests_total dsv4_queue_depth dsv4_generation_tokens_per_second 
   dsv4_decode_seconds_total dsv4_batch_size_bucket 'dsv4_expert_tokens_total{layer="2",expert="0"}'; do
   grep -q "^$k" "$work/metrics" || fail "metric $k missing"
 done
+for ph in admit forward sample publish retire; do
+  grep -q "^dsv4_step_phase_seconds_total{phase=\"$ph\"} " "$work/metrics" || fail "metric step phase $ph missing"
+done
+awk '/^dsv4_step_phase_seconds_total\{phase="forward"\}/ { ok = $2 > 0 } END { exit !ok }' "$work/metrics" ||
+  fail "no forward time in the step phases after requests ran"
 
 # ---- reproducible under load, and across two server processes
 client repro "$url" >"$work/repro_a"

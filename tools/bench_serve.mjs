@@ -4,8 +4,10 @@
 // (different prompts, max_tokens = tokens) one after the other. Reports output
 // tokens/s over the level's wall time, decode tokens/s of the running phase
 // (tokens after each stream's first / time while all C streams decode), time
-// to first token and time per output token (p50 / p99). --json: one JSON
-// object per level instead of the table (scripts/bench-serve.sh reads it).
+// to first token and time per output token (p50 / p99), and the CPU this
+// client itself used over the level's wall time (client_cpu: 0.5 = half a
+// core; on a small machine it is taken from the server it measures). --json:
+// one JSON object per level instead of the table (scripts/bench-serve.sh reads it).
 import http from 'node:http';
 
 const args = process.argv.slice(2);
@@ -64,16 +66,17 @@ function one(i) {
 }
 
 const pct = (a, p) => { const s = [...a].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p / 100 * s.length))]; };
-if (!json) console.log('conc  requests  out_tok/s  decode_tok/s  ttft_p50  ttft_p99  tpot_p50  tpot_p99   (seconds)');
+if (!json) console.log('conc  requests  out_tok/s  decode_tok/s  ttft_p50  ttft_p99  tpot_p50  tpot_p99   (seconds)  client_cpu');
 for (const c of levels) {
   await Promise.all(Array.from({length: c}, (_, w) => one(w))); // warm-up round
-  const t0 = performance.now();
+  const t0 = performance.now(), cpu0 = process.cpuUsage();
   const all = (await Promise.all(Array.from({length: c}, async (_, w) => {
     const out = [];
     for (let r = 0; r < rounds; r++) out.push(await one(1000 * c + w * rounds + r));
     return out;
   }))).flat();
   const wall = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0), client_cpu = (cpu.user + cpu.system) / 1e6 / wall;
   const total = all.reduce((s, r) => s + r.n, 0);
   // decode rate: tokens after the first of each stream over the summed per-stream decode time, times C
   const dec = all.reduce((s, r) => s + (r.n - 1), 0) / all.reduce((s, r) => s + (r.t1 - r.first) / 1000, 0) * c;
@@ -81,10 +84,10 @@ for (const c of levels) {
   if (json) {
     console.log(JSON.stringify({conc: c, requests: all.length, out_tok_s: total / wall, decode_tok_s: dec,
       ttft_p50: pct(all.map((r) => r.ttft), 50), ttft_p99: pct(all.map((r) => r.ttft), 99),
-      tpot_p50: pct(all.map((r) => r.tpot), 50), tpot_p99: pct(all.map((r) => r.tpot), 99)}));
+      tpot_p50: pct(all.map((r) => r.tpot), 50), tpot_p99: pct(all.map((r) => r.tpot), 99), client_cpu}));
     continue;
   }
   console.log(`${String(c).padStart(4)}  ${String(all.length).padStart(8)}  ${(total / wall).toFixed(1).padStart(9)}  ` +
     `${dec.toFixed(1).padStart(12)}  ${f(pct(all.map((r) => r.ttft), 50))}  ${f(pct(all.map((r) => r.ttft), 99))}  ` +
-    `${f(pct(all.map((r) => r.tpot), 50))}  ${f(pct(all.map((r) => r.tpot), 99))}`);
+    `${f(pct(all.map((r) => r.tpot), 50))}  ${f(pct(all.map((r) => r.tpot), 99))}  ${client_cpu.toFixed(2).padStart(10)}`);
 }

@@ -339,6 +339,14 @@ struct ds_backend {
     int (*ep_comm_init)(const ds_backend *be, const void *id, size_t n, int rank, int size, ds_err *err);
     int (*ep_exchange)(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err);
 
+    /* Host work between steps (the server's sampling) on the backend's own
+     * threads, which are idle then: fn(ctx, i) for i in [0, n), at most
+     * host_threads(be) calls at a time, returning when all are done; each i
+     * must write only its own outputs. NULL: the backend lends no threads
+     * (the caller brings its own). */
+    void (*host_for)(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
+    int (*host_threads)(const ds_backend *be);
+
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);
 };

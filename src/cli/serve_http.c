@@ -745,6 +745,13 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
                   "dsv4_decode_seconds_total counter\ndsv4_decode_seconds_total %.6f\n",
               st.decode_s);
     COUNTER("dsv4_steps_total", "Forward steps.", st.steps);
+    sb_printf(&b, "# HELP dsv4_step_phase_seconds_total The scheduler thread's time by phase of a step: admit "
+                  "(dropping and admitting requests), forward, sample, publish (the tokens to the waiting "
+                  "connections), retire (statistics, finished requests).\n"
+                  "# TYPE dsv4_step_phase_seconds_total counter\n");
+    const char *const ph[5] = {"admit", "forward", "sample", "publish", "retire"};
+    const double phv[5] = {st.admit_s, st.forward_s, st.sample_s, st.publish_s, st.retire_s};
+    for (int i = 0; i < 5; i++) sb_printf(&b, "dsv4_step_phase_seconds_total{phase=\"%s\"} %.6f\n", ph[i], phv[i]);
     GAUGE("dsv4_batch_size_mean", "Mean requests per step.", "%.3f", st.batch_mean);
     sb_printf(&b, "# HELP dsv4_batch_size Requests per step.\n# TYPE dsv4_batch_size histogram\n");
     uint64_t cum = 0;

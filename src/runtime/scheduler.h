@@ -96,6 +96,10 @@ typedef struct ds_sched_stats {
     uint64_t requests, requests_rejected, requests_cancelled, requests_failed;
     uint64_t prompt_tokens, cached_tokens, gen_tokens, steps;
     double prefill_s, decode_s; /* step time split in proportion to prefill / decode tokens */
+    /* the scheduler thread's wall time by phase: the step boundary (dropping
+     * and admitting requests), ds_forward, sampling, publishing the tokens
+     * and waking their waiters, retiring (statistics, finished requests) */
+    double admit_s, forward_s, sample_s, publish_s, retire_s;
     int queued, running, cached_seqs, live_seqs;
     double batch_mean;          /* mean items per step */
     uint64_t batch_hist[8];     /* steps with 1, 2-3, 4-7, ..., >= 128 items */

@@ -260,6 +260,8 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->moe = ds_cpu_moe;
     be->moe_experts = ds_cpu_moe_experts;
     be->moe_combine = ds_cpu_moe_combine;
+    be->host_for = ds_cpu_parallel_for;
+    be->host_threads = ds_backend_cpu_threads;
     be->close = cpu_close;
     return 0;
 }
