@@ -132,8 +132,8 @@ static double prefault(const ds_checkpoint *ck, int *pin_err) {
     return bytes;
 }
 
-int bench_batch_decode(const ds_model *m, const ds_backend *be, int B, long long prompt, long long gen,
-                       const int32_t *toks, const ds_observer *obs, void (*after_step)(void *ctx), void *ctx,
+int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long prompt, long long gen, const int32_t *toks,
+                       const ds_observer *obs, void (*after_step)(void *ctx), void *ctx, ds_profile *prof,
                        double *seconds, ds_err *err) {
     int P = (int)(prompt / 4 > 0 ? prompt / 4 : 1), V = m->cfg.vocab_size;
     ds_seq **ss = calloc((size_t)B, sizeof *ss);
@@ -156,9 +156,11 @@ int bench_batch_decode(const ds_model *m, const ds_backend *be, int B, long long
     for (long long g = 0; ok && g < gen; g++) {
         for (int i = 0; i < B; i++)
             its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
+        be->profile = prof; /* the decode steps only, not the prefill */
         double t1 = ds_now();
         ok = ds_forward_observed(m, be, its, B, obs, err) == 0;
         *seconds += ds_now() - t1;
+        be->profile = NULL;
         if (ok && after_step) after_step(ctx);
     }
     for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
@@ -172,11 +174,8 @@ int bench_batch_profile(const ds_model *m, ds_backend *be, int B, long long prom
                         const int32_t *toks, ds_err *err) {
     ds_profile prof;
     memset(&prof, 0, sizeof prof);
-    be->profile = &prof;
     double t = 0;
-    int rc = bench_batch_decode(m, be, B, prompt, gen, toks, NULL, NULL, NULL, &t, err);
-    be->profile = NULL;
-    if (rc) return -1;
+    if (bench_batch_decode(m, be, B, prompt, gen, toks, NULL, NULL, NULL, &prof, &t, err)) return -1;
     char title[96];
     snprintf(title, sizeof title, "where      per step at batch %d (profiled, ops synchronized):", B);
     bench_print_profile(title, &prof, (double)gen, t / (double)gen);
@@ -400,7 +399,7 @@ int cmd_bench(int argc, char **argv) {
         batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};
         ds_observer obs = {on_route, NULL, &bu.u};
         double t_b = 0;
-        int ok = bu.u.used && bench_batch_decode(m, &be, B, prompt, gen, toks, &obs, count_step, &bu, &t_b, &err) == 0;
+        int ok = bu.u.used && bench_batch_decode(m, &be, B, prompt, gen, toks, &obs, count_step, &bu, NULL, &t_b, &err) == 0;
         double bytes_b = bu.bytes;
         if (ok)
             printf("batch %-4d decode %lld steps: %.1f ms/step, %.1f tokens/s, weights %.3f GB/step -> %.2f GB/s "

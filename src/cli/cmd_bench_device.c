@@ -141,7 +141,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         double t_b = 0;
-        int ok = bench_batch_decode(m, &be, B, prompt, gen, toks, NULL, NULL, NULL, &t_b, &err) == 0;
+        int ok = bench_batch_decode(m, &be, B, prompt, gen, toks, NULL, NULL, NULL, NULL, &t_b, &err) == 0;
         double bb = step_bytes(m, B);
         if (ok)
             printf("batch %-4d decode %lld steps: %.3f ms/step, %.0f tokens/s, ~%.3f GB/step -> %.0f GB/s (%.2f of the "

@@ -16,15 +16,16 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
 /* Shared by the two bench paths (cmd_bench.c): one line of where the time
  * went per weight kind, attention and the rest; and a batched decode of B
  * sequences (each prefilled with prompt/4 tokens of toks), gen steps timed
- * into *seconds, obs and after_step(ctx) applied to every decode step. */
+ * into *seconds, obs and after_step(ctx) applied to every decode step; with
+ * prof, be's profile is on during the decode steps (not the prefill). */
 struct ds_profile;
 struct ds_model;
 struct ds_backend;
 struct ds_observer;
 void bench_print_profile(const char *title, const struct ds_profile *p, double steps, double step_s);
-int bench_batch_decode(const struct ds_model *m, const struct ds_backend *be, int B, long long prompt, long long gen,
+int bench_batch_decode(const struct ds_model *m, struct ds_backend *be, int B, long long prompt, long long gen,
                        const int32_t *toks, const struct ds_observer *obs, void (*after_step)(void *ctx), void *ctx,
-                       double *seconds, ds_err *err);
+                       struct ds_profile *prof, double *seconds, ds_err *err);
 /* The same batch run again with be's profile on; prints where a step's time
  * went (--batch-profile). */
 int bench_batch_profile(const struct ds_model *m, struct ds_backend *be, int B, long long prompt, long long gen,
