@@ -406,21 +406,26 @@ const unsigned char *ds_ep_no_pairs(ds_ep *ep, int n, ds_err *err) {
     return ep->none;
 }
 
+#ifdef DSV4_HAVE_MPI
+/* The exchange's host buffers for `need` 32-bit words (MPI counts are ints). */
+static int grow_f(ds_ep *ep, size_t need, ds_err *err) {
+    if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
+    if (need <= ep->cap_f) return 0;
+    free(ep->send), free(ep->recv);
+    ep->send = malloc(need * sizeof(float));
+    ep->recv = malloc(need * sizeof(float));
+    ep->cap_f = ep->send && ep->recv ? need : 0;
+    return ep->cap_f ? 0 : ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
+}
+#endif
+
 int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
     return ds_ep_exchange_rows(ep, rows, n_pairs, D, ep->owner, err);
 }
 
 int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n_pairs, int D, const int *owner, ds_err *err) {
 #ifdef DSV4_HAVE_MPI
-    size_t need = (size_t)n_pairs * D;
-    if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
-    if (need > ep->cap_f) {
-        free(ep->send), free(ep->recv);
-        ep->send = malloc(need * sizeof(float));
-        ep->recv = malloc(need * sizeof(float));
-        ep->cap_f = ep->send && ep->recv ? need : 0;
-        if (!ep->cap_f) return ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
-    }
+    if (grow_f(ep, (size_t)n_pairs * D, err)) return -1;
     /* every rank's rows in ascending row order, rank after rank; as 32-bit
      * words (idx rows are int32: no float conversion may touch them) */
     memset(ep->counts, 0, (size_t)ep->size * sizeof *ep->counts);
@@ -447,15 +452,7 @@ int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n_pairs, int D, const int *o
 
 int ds_ep_exchange_to(ds_ep *ep, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err) {
 #ifdef DSV4_HAVE_MPI
-    size_t need = (size_t)n * D;
-    if (need > (size_t)0x7fffffff) return ds_fail(err, "expert exchange: %zu floats exceed MPI's int counts", need);
-    if (need > ep->cap_f) {
-        free(ep->send), free(ep->recv);
-        ep->send = malloc(need * sizeof(float));
-        ep->recv = malloc(need * sizeof(float));
-        ep->cap_f = ep->send && ep->recv ? need : 0;
-        if (!ep->cap_f) return ds_fail(err, "out of memory for the expert exchange (%zu floats)", need);
-    }
+    if (grow_f(ep, (size_t)n * D, err)) return -1;
     /* to each rank the rows this rank filled that it needs, ascending; from
      * each rank the rows it filled that this rank needs, ascending (32-bit
      * words, as ds_ep_exchange_rows) */
