@@ -34,6 +34,13 @@ static int collect(void *ctx, int32_t token, int is_stop, const char *text, size
     return 0;
 }
 
+/* 1 when a request's n tokens are the ids ds_generate gave. */
+static int same_tokens(const ds_req_token *out, int n, const gen_out *ref) {
+    int same = n == ref->n;
+    for (int k = 0; same && k < n; k++) same = out[k].id == ref->ids[k];
+    return same;
+}
+
 static void run_all(ds_sched *s, int32_t *const *prompts, const int *np, const ds_req_params *rp, int n,
                     ds_req_token (*out)[64], int *n_out, ds_req_info *info) {
     ds_req *r[NREQ];
@@ -269,9 +276,8 @@ int main(void) {
     ds_req_info info[NREQ];
     run_all(s, prompts, np, rp, NREQ, out, n_out, info);
     for (int i = 0; i < NREQ; i++) {
-        int same = n_out[i] == ref[i].n;
-        for (int k = 0; same && k < n_out[i]; k++) same = out[i][k].id == ref[i].ids[k];
-        CHECK(same, "request %d: scheduler tokens differ from ds_generate (%d vs %d tokens)", i, n_out[i], ref[i].n);
+        CHECK(same_tokens(out[i], n_out[i], &ref[i]), "request %d: scheduler tokens differ from ds_generate (%d vs %d tokens)",
+              i, n_out[i], ref[i].n);
         CHECK(info[i].state == (n_out[i] < rp[i].max_new ? DS_REQ_DONE_STOP : DS_REQ_DONE_LENGTH), "request %d state %d",
               i, info[i].state);
     }
@@ -294,12 +300,10 @@ int main(void) {
         int n_out2[NREQ];
         ds_req_info info2[NREQ];
         run_all(s2, prompts, np, rp, NREQ, out2, n_out2, info2);
-        for (int i = 0; i < NREQ; i++) {
-            int same = n_out2[i] == ref[i].n;
-            for (int k = 0; same && k < n_out2[i]; k++) same = out2[i][k].id == ref[i].ids[k];
-            CHECK(same, "request %d without the backend's threads: tokens differ from ds_generate (%d vs %d tokens)", i,
+        for (int i = 0; i < NREQ; i++)
+            CHECK(same_tokens(out2[i], n_out2[i], &ref[i]),
+                  "request %d without the backend's threads: tokens differ from ds_generate (%d vs %d tokens)", i,
                   n_out2[i], ref[i].n);
-        }
         ds_sched_stop(s2);
     }
 

@@ -419,10 +419,6 @@ static int grow_f(ds_ep *ep, size_t need, ds_err *err) {
 }
 #endif
 
-int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err) {
-    return ds_ep_exchange_rows(ep, rows, n_pairs, D, ep->owner, err);
-}
-
 int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n_pairs, int D, const int *owner, ds_err *err) {
 #ifdef DSV4_HAVE_MPI
     if (grow_f(ep, (size_t)n_pairs * D, err)) return -1;

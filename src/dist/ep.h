@@ -140,13 +140,12 @@ typedef struct ds_ep_msg {
 int ds_ep_recv(ds_ep *ep, ds_ep_msg *msg, ds_err *err);
 
 /* The MoE exchange of layer l: which pairs this rank computes (sel[i] = 1),
- * after ds_ep_route; then ds_ep_exchange gives every rank every pair's
- * output. Host buffers, grow-only, owned by ep. */
+ * after ds_ep_route (owners: ds_ep_owner); then an exchange of the pairs'
+ * output rows. Host buffers, grow-only, owned by ep. */
 int ds_ep_route(ds_ep *ep, int l, const int32_t *idx, int n_pairs, const unsigned char **sel, ds_err *err);
-/* rows: [n_pairs][D] host rows, this rank's own filled in; on return every row. */
-int ds_ep_exchange(ds_ep *ep, float *rows, int n_pairs, int D, ds_err *err);
-/* The same for any rows: owner[i] is the rank that filled row i (an
- * all-gather in row order; the bytes are copied, never converted). */
+/* rows: [n][D] host rows, row i filled by rank owner[i]; on return every
+ * rank has every row (an all-gather in row order; the bytes are copied,
+ * never converted). */
 int ds_ep_exchange_rows(ds_ep *ep, float *rows, int n, int D, const int *owner, ds_err *err);
 /* An all-to-all: row i, filled by rank owner[i], goes to rank dest[i] only
  * (the other rows of the buffer are left as they are). */
@@ -156,7 +155,8 @@ const unsigned char *ds_ep_no_pairs(ds_ep *ep, int n, ds_err *err);
 /* The owner rank of each pair of the last ds_ep_route. */
 const int *ds_ep_owner(const ds_ep *ep);
 /* The exchange between devices: name (e.g. "NCCL") when the backend's
- * ep_exchange moves the rows, NULL (the default) for ds_ep_exchange. */
+ * ep_exchange moves the rows, NULL (the default) for ds_ep_exchange_rows /
+ * ds_ep_exchange_to through host memory. */
 void ds_ep_set_transport(ds_ep *ep, const char *name);
 const char *ds_ep_transport(const ds_ep *ep);
 /* Pairs served so far, [layers][ranks] (every rank counts all ranks). */

@@ -110,7 +110,9 @@ static float h_scale(const ds_weight *w, size_t i) {
 
 static const char *kname[5] = {"F32", "BF16", "F16", "FP8", "FP4"};
 
-static tw make_weight(ctx *C, ds_wkind kind, int rows, int cols, int scale_f32) {
+/* A weight's shape with zeroed host codes and room for its scales (*db code
+ * bytes, *ns scales); the caller fills them, then map_weight. */
+static tw new_weight(ds_wkind kind, int rows, int cols, int scale_f32, size_t *db, size_t *ns) {
     tw t;
     memset(&t, 0, sizeof t);
     ds_weight *w = &t.h;
@@ -119,16 +121,60 @@ static tw make_weight(ctx *C, ds_wkind kind, int rows, int cols, int scale_f32) 
     w->cols = cols;
     w->name = kname[kind];
     w->scale_f32 = scale_f32;
-    size_t n = (size_t)rows * cols, db = kind == DS_W_F32 ? 4 * n : kind == DS_W_FP8 ? n : kind == DS_W_FP4 ? n / 2 : 2 * n;
-    size_t ns = 0;
+    size_t n = (size_t)rows * cols;
+    *db = kind == DS_W_F32 ? 4 * n : kind == DS_W_FP8 ? n : kind == DS_W_FP4 ? n / 2 : 2 * n;
+    *ns = 0;
     if (kind == DS_W_FP8) {
         w->scale_cols = (cols + 127) / 128;
-        ns = (size_t)((rows + 127) / 128) * w->scale_cols;
+        *ns = (size_t)((rows + 127) / 128) * w->scale_cols;
     } else if (kind == DS_W_FP4) {
         w->scale_cols = (cols + 31) / 32;
-        ns = (size_t)rows * w->scale_cols;
+        *ns = (size_t)rows * w->scale_cols;
     }
-    t.hd = malloc(db + 16);
+    t.hd = calloc(*db + 16, 1);
+    if (*ns) t.hs = malloc(*ns * (scale_f32 ? 4 : 1));
+    w->data = t.hd;
+    w->scale = t.hs;
+    return t;
+}
+
+/* The host codes dequantized into deq, then codes and scales mapped to the device. */
+static void map_weight(ctx *C, tw *t, size_t db, size_t ns) {
+    ds_weight *w = &t->h;
+    int rows = w->rows, cols = w->cols;
+    size_t n = (size_t)rows * cols;
+    t->deq = malloc(n * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            float v = 0;
+            uint16_t h;
+            switch (w->kind) {
+            case DS_W_F32: memcpy(&v, t->hd + 4 * i, 4); break;
+            case DS_W_BF16: memcpy(&h, t->hd + 2 * i, 2); v = h_bf16(h); break;
+            case DS_W_F16: memcpy(&h, t->hd + 2 * i, 2); v = h_f16(h); break;
+            case DS_W_FP8: v = h_fp8(t->hd[i]) * h_scale(w, (size_t)(r / 128) * w->scale_cols + c / 128); break;
+            case DS_W_FP4: {
+                uint8_t b = t->hd[i / 2];
+                v = e2m1[(c & 1) ? b >> 4 : b & 15] * h_scale(w, (size_t)r * w->scale_cols + c / 32);
+                break;
+            }
+            }
+            t->deq[i] = v;
+        }
+    t->d = t->h;
+    const void *dd = NULL, *ds = NULL;
+    die_if(C, C->be.map_weights(&C->be, t->hd, db, &dd, &C->err), "map_weights");
+    t->d.data = dd;
+    if (ns) {
+        die_if(C, C->be.map_weights(&C->be, t->hs, ns * (w->scale_f32 ? 4 : 1), &ds, &C->err), "map_weights");
+        t->d.scale = ds;
+    }
+}
+
+static tw make_weight(ctx *C, ds_wkind kind, int rows, int cols, int scale_f32) {
+    size_t db, ns, n = (size_t)rows * cols;
+    tw t = new_weight(kind, rows, cols, scale_f32, &db, &ns);
     for (size_t i = 0; i < n; i++) {
         switch (kind) {
         case DS_W_F32: {
@@ -161,47 +207,15 @@ static tw make_weight(ctx *C, ds_wkind kind, int rows, int cols, int scale_f32) 
             break;
         }
     }
-    if (ns) {
-        size_t sb = ns * (scale_f32 ? 4 : 1);
-        t.hs = malloc(sb);
-        for (size_t i = 0; i < ns; i++) {
-            if (scale_f32) {
-                float f = 0.01f + 0.05f * (frand(C) + 1.0f);
-                memcpy(t.hs + 4 * i, &f, 4);
-            } else {
-                t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 118 + rnd(C) % 6 : 122 + rnd(C) % 5);
-            }
+    for (size_t i = 0; i < ns; i++) {
+        if (scale_f32) {
+            float f = 0.01f + 0.05f * (frand(C) + 1.0f);
+            memcpy(t.hs + 4 * i, &f, 4);
+        } else {
+            t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 118 + rnd(C) % 6 : 122 + rnd(C) % 5);
         }
-        w->scale = t.hs;
     }
-    w->data = t.hd;
-    t.deq = malloc(n * sizeof(float));
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            size_t i = (size_t)r * cols + c;
-            float v = 0;
-            uint16_t h;
-            switch (kind) {
-            case DS_W_F32: memcpy(&v, t.hd + 4 * i, 4); break;
-            case DS_W_BF16: memcpy(&h, t.hd + 2 * i, 2); v = h_bf16(h); break;
-            case DS_W_F16: memcpy(&h, t.hd + 2 * i, 2); v = h_f16(h); break;
-            case DS_W_FP8: v = h_fp8(t.hd[i]) * h_scale(w, (size_t)(r / 128) * w->scale_cols + c / 128); break;
-            case DS_W_FP4: {
-                uint8_t b = t.hd[i / 2];
-                v = e2m1[(c & 1) ? b >> 4 : b & 15] * h_scale(w, (size_t)r * w->scale_cols + c / 32);
-                break;
-            }
-            }
-            t.deq[i] = v;
-        }
-    t.d = t.h;
-    const void *dd = NULL, *ds = NULL;
-    die_if(C, C->be.map_weights(&C->be, t.hd, db, &dd, &C->err), "map_weights");
-    t.d.data = dd;
-    if (ns) {
-        die_if(C, C->be.map_weights(&C->be, t.hs, ns * (scale_f32 ? 4 : 1), &ds, &C->err), "map_weights");
-        t.d.scale = ds;
-    }
+    map_weight(C, &t, db, ns);
     return t;
 }
 
@@ -297,18 +311,8 @@ static void test_weight_decode(ctx *C, int f32) {
  * (the tile kernel) and 1, 8, 20 (the decode kernels). Values, not bits:
  * 0 + (-0) = +0. */
 static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
-    tw t;
-    memset(&t, 0, sizeof t);
-    ds_weight *w = &t.h;
-    w->kind = kind;
-    w->rows = rows;
-    w->cols = cols;
-    w->name = kname[kind];
-    size_t n = (size_t)rows * cols, db = kind == DS_W_FP8 ? n : n / 2, ns;
-    if (kind == DS_W_FP8) ns = (size_t)((rows + 127) / 128) * (size_t)(w->scale_cols = (cols + 127) / 128);
-    else ns = (size_t)rows * (size_t)(w->scale_cols = (cols + 31) / 32);
-    t.hd = calloc(db, 1);
-    t.hs = malloc(ns);
+    size_t db, ns, n = (size_t)rows * cols;
+    tw t = new_weight(kind, rows, cols, 0, &db, &ns);
     for (size_t i = 0; i < n; i++) {
         int r = (int)(i / (size_t)cols), c = (int)(i % (size_t)cols);
         if (kind == DS_W_FP8) {
@@ -320,22 +324,7 @@ static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
         }
     }
     for (size_t i = 0; i < ns; i++) t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 107 + i % 41 : 2 + i % 251);
-    w->data = t.hd;
-    w->scale = t.hs;
-    t.deq = malloc(n * sizeof(float));
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            size_t i = (size_t)r * cols + c;
-            t.deq[i] = kind == DS_W_FP8
-                           ? h_fp8(t.hd[i]) * h_scale(w, (size_t)(r / 128) * w->scale_cols + c / 128)
-                           : e2m1[(c & 1) ? t.hd[i / 2] >> 4 : t.hd[i / 2] & 15] * h_scale(w, (size_t)r * w->scale_cols + c / 32);
-        }
-    t.d = t.h;
-    const void *dd = NULL, *ds = NULL;
-    die_if(C, C->be.map_weights(&C->be, t.hd, db, &dd, &C->err), "map_weights");
-    die_if(C, C->be.map_weights(&C->be, t.hs, ns, &ds, &C->err), "map_weights");
-    t.d.data = dd;
-    t.d.scale = ds;
+    map_weight(C, &t, db, ns);
     int Ts[4] = {128, 1, 8, 20};
     for (int ti = 0; ti < 4; ti++) {
         int T = Ts[ti], bad = 0;
