@@ -409,8 +409,10 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
     /* invariance: token j of the 70-batch at row p of batches of 1, 2, 7, 20 (on the
      * tensor-core path: T = 1..32 run the decode kernel, 70 the tile kernel; the bits
      * must not change: T = 1 = T = large, bitwise) */
-    int sizes[4] = {1, 2, 7, 20};
-    for (int si = 0; si < 4; si++) {
+    /* 1, 2, 7: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert): the
+     * tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
+    int sizes[5] = {1, 2, 7, 12, 20};
+    for (int si = 0; si < 5; si++) {
         int n = sizes[si], same = 1;
         for (int trial = 0; trial < 3; trial++) {
             int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
@@ -595,8 +597,8 @@ static void test_norm_rope(ctx *C) {
 
 static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-static void test_mhc(ctx *C, int n, int D) {
-    int T = 3, rows = (2 + n) * n, iters = 20;
+static void test_mhc(ctx *C, int n, int D, int T) {
+    int rows = (2 + n) * n, iters = 20;
     tw fn = make_weight(C, DS_W_F32, rows, n * D, 0);
     tw fh = make_weight(C, DS_W_F32, n, n * D, 0);
     float *base = frandv(C, rows, 0.5f), sc[3] = {0.7f, 0.3f, 1.1f};
@@ -1388,8 +1390,10 @@ static void test_moe(ctx *C, int MD, int MI) {
     printf("  moe D=%d: worst |out - ref| / tolerance = %.3g\n", MD, worst);
     check(C, !bad, "moe FP4 experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4 + the split's bound; %d bad)", MD, MI,
           bad);
-    int sizes[4] = {1, 2, 7, 20};
-    for (int si = 0; si < 4; si++) {
+    /* 1, 2, 7: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert): the
+     * tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
+    int sizes[5] = {1, 2, 7, 12, 20};
+    for (int si = 0; si < 5; si++) {
         int n = sizes[si], ok = 1;
         for (int trial = 0; trial < 3; trial++) {
             int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
@@ -1549,9 +1553,12 @@ int main(int argc, char **argv) {
         int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};
         for (int i = 0; i < 7; i++) test_rmsnorm_bits(C, ns[i], i % 2 == 0);
     }
-    test_mhc(C, 4, 256);  /* one mix segment, the warp Sinkhorn */
-    test_mhc(C, 4, 1000); /* four segments, the last one short */
-    test_mhc(C, 6, 200);  /* n * n > 32: the one-thread Sinkhorn */
+    test_mhc(C, 4, 256, 3);  /* one mix segment, the warp Sinkhorn */
+    test_mhc(C, 4, 1000, 3); /* four segments, the last one short */
+    test_mhc(C, 6, 200, 3);  /* n * n > 32: the one-thread Sinkhorn */
+    /* many tokens: the mixes by row groups (hc_mix_rg_kernel), = each token alone */
+    test_mhc(C, 4, 1000, 37);
+    test_mhc(C, 6, 200, 40);
     test_embed_gather(C);
     test_attention(C);
     test_compressor(C, 4, 64, 1, 0);

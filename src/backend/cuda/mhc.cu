@@ -164,6 +164,74 @@ __global__ void __launch_bounds__(256) hc_mix_kernel(dsc_w w, const float *__res
     }
 }
 
+/* The same m for many tokens: a block takes HC_MIX_RG rows (F32 rows, 16-byte
+ * aligned, K % 4 == 0), so each token's f is read once per row group instead
+ * of once per row (prefill: 24 rows x 64 KB per token). A lane walks its
+ * chunks l, l+32, ... of the segment ascending and adds each element by one
+ * fmaf per (row, token), the xor tree per segment, the segments in order:
+ * exactly hc_mix_kernel<DS_W_F32>'s (dsc_row_dot's) operations, so the bits
+ * are the same (test_cuda_ops: test_mhc at 1 and many tokens). */
+#define HC_MIX_RG 8
+#define HC_MIX_RG_MIN_T 32 /* tokens from which the row groups pay (not ORDER) */
+__global__ void __launch_bounds__(256) hc_mix_rg_kernel(dsc_w w, const float *__restrict__ f, int T,
+                                                        float *__restrict__ m) {
+    extern __shared__ float seg[]; /* [HC_MIX_RG][HC_MIX_NT][nseg] */
+    int r0 = blockIdx.x * HC_MIX_RG, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int K = w.cols, rows = w.rows, nseg = (K + HC_SEG - 1) / HC_SEG;
+    for (int t0 = blockIdx.y * HC_MIX_NT; t0 < T; t0 += gridDim.y * HC_MIX_NT) {
+        int nt = T - t0 < HC_MIX_NT ? T - t0 : HC_MIX_NT;
+        for (int s = wid; s < nseg; s += nw) {
+            int c0 = s * HC_SEG, nch = (K - c0 < HC_SEG ? K - c0 : HC_SEG) / 4;
+            const float4 *wr[HC_MIX_RG], *xr[HC_MIX_NT];
+            float acc[HC_MIX_RG][HC_MIX_NT];
+#pragma unroll
+            for (int q = 0; q < HC_MIX_RG; q++) {
+                int r = r0 + q < rows ? r0 + q : rows - 1;
+                wr[q] = (const float4 *)(w.data + (size_t)r * (size_t)K * 4) + c0 / 4;
+#pragma unroll
+                for (int j = 0; j < HC_MIX_NT; j++) acc[q][j] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < HC_MIX_NT; j++) xr[j] = (const float4 *)(f + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)K + c0);
+#pragma unroll 1
+            for (int ch = lane; ch < nch; ch += 32) {
+                float4 xv[HC_MIX_NT];
+#pragma unroll
+                for (int j = 0; j < HC_MIX_NT; j++) xv[j] = xr[j][ch];
+#pragma unroll
+                for (int q = 0; q < HC_MIX_RG; q++) {
+                    float4 wv = __ldg(wr[q] + ch);
+#pragma unroll
+                    for (int j = 0; j < HC_MIX_NT; j++) {
+                        float a = acc[q][j];
+                        a = fmaf(wv.x, xv[j].x, a);
+                        a = fmaf(wv.y, xv[j].y, a);
+                        a = fmaf(wv.z, xv[j].z, a);
+                        a = fmaf(wv.w, xv[j].w, a);
+                        acc[q][j] = a;
+                    }
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < HC_MIX_RG; q++)
+#pragma unroll
+                for (int j = 0; j < HC_MIX_NT; j++) {
+                    float a = dsc_warp_sum(acc[q][j]);
+                    if (lane == 0) seg[((size_t)q * HC_MIX_NT + j) * nseg + s] = a;
+                }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < HC_MIX_RG * nt; i += blockDim.x) {
+            int q = i / nt, j = i % nt;
+            if (r0 + q >= rows) continue;
+            float y = 0.0f;
+            for (int s = 0; s < nseg; s++) y = y + seg[((size_t)q * HC_MIX_NT + j) * nseg + s];
+            m[(size_t)(t0 + j) * rows + r0 + q] = y;
+        }
+        __syncthreads();
+    }
+}
+
 /* f = X / rms(X) (scratch A), m = fn @ f (scratch B). */
 static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
                     const char *op) {
@@ -185,16 +253,24 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
     dsc_w w = dsc_wdesc(hc->fn);
     int kind = nd <= (size_t)HC_SEG * HC_MAXSEG ? hc->fn->kind : -1; /* longer rows: the plain product */
-    switch (kind) {
-    case DS_W_F32: hc_mix_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-    case DS_W_BF16: hc_mix_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-    case DS_W_F16: hc_mix_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-    default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
-        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
-            dsc_failmsg(err, op, "fn: unknown storage kind");
-            return NULL;
+    /* many tokens, F32 rows in 16-byte chunks: a block per row group (the same bits) */
+    if (kind == DS_W_F32 && T >= HC_MIX_RG_MIN_T && nd % 4 == 0 && ((uintptr_t)w.data & 15) == 0 &&
+        ((uintptr_t)f & 15) == 0) {
+        dim3 gr((unsigned)((mrows + HC_MIX_RG - 1) / HC_MIX_RG), grid.y);
+        size_t sm = sizeof(float) * HC_MIX_RG * HC_MIX_NT * ((nd + HC_SEG - 1) / HC_SEG);
+        hc_mix_rg_kernel<<<gr, 256, sm, I->stream>>>(w, f, T, m);
+    } else
+        switch (kind) {
+        case DS_W_F32: hc_mix_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+        case DS_W_BF16: hc_mix_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+        case DS_W_F16: hc_mix_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
+        default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
+            if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
+                                  mrows)) {
+                dsc_failmsg(err, op, "fn: unknown storage kind");
+                return NULL;
+            }
         }
-    }
     if (dsc_check_launch(err, op)) return NULL;
     return m;
 }

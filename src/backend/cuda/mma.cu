@@ -23,9 +23,9 @@
  * Two kernels give those bits: mma_dec_kernel (few tokens: the warps of a
  * block take different groups of one 16-row tile, partials meet in shared
  * memory and one thread per output adds them in group order) and
- * mma_tile_kernel (many tokens: 64 x 64 tiles staged in shared memory by
- * cp.async, a warp walks the groups in order). Which one runs never changes a
- * bit. */
+ * mma_tile_kernel (many tokens: 64 x 64 tiles, or 128 x 16 / 128 x 8 for the
+ * experts, staged in shared memory by cp.async, a warp walks the groups in
+ * order). Which one runs never changes a bit. */
 #include <stdio.h>
 #include <string.h>
 
@@ -518,69 +518,76 @@ __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
 }
 
-template <int KIND> struct mt {
+template <int KIND, int BM, int BN> struct mt {
     enum {
         ASTR = mk<KIND>::RB + (mk<KIND>::RB == 64 ? 0 : 64), /* row stride: mod 128 = 64, no bank conflicts */
         BSTR = 32 * 16 + 64,
-        ABYTES = DSC_MMA_BM * ASTR,
-        BBYTES = DSC_MMA_BN * BSTR,
+        ABYTES = BM * ASTR,
+        BBYTES = BN * BSTR,
         STAGE = ABYTES + BBYTES,
-        SMEM = 2 * STAGE + DSC_MMA_BN * 8
+        SMEM = 2 * STAGE + BN * 8
     };
 };
 
-/* One block: DSC_MMA_BM rows x DSC_MMA_BN tokens, 4 warps of 32 x 32 (2 m16
- * tiles x 4 n8 tiles); groups staged by cp.async (2 stages). Shared layout of
- * a stage: A row r, thread-chunk (tig, c) at position c*4 + tig; B token j,
- * chunk (tig, kk) (columns tig*32 + kk*4 ..) at position kk*4 + tig. */
-template <int KIND, int MODE>
-__global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
+/* One block: BM = WM * MI * 16 rows x BN = WN * NI * 8 tokens, warps in a
+ * WM x WN grid, each MI m16 tiles x NI n8 tiles; groups staged by cp.async
+ * (2 stages). Shared layout of a stage: A row r, thread-chunk (tig, c) at
+ * position c*4 + tig; B token j, chunk (tig, kk) (columns tig*32 + kk*4 ..) at
+ * position kk*4 + tig. The shape (heuristics.h: 64 x 64 for the plain
+ * products, 128 x 16 or 128 x 8 for the experts' few tokens each) decides how
+ * often a weight fragment is decoded and an activation fragment read, never
+ * an order: a warp walks the groups in order for each of its outputs. */
+template <int KIND, int MODE, int WM, int WN, int MI, int NI>
+__global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
+    const int BM = WM * MI * 16, BN = WN * NI * 8, NTH = WM * WN * 32;
+    static_assert(BM * 4 * mk<KIND>::CPT % NTH == 0 && BN * 32 % NTH == 0, "whole loads per thread");
+    typedef mt<KIND, BM, BN> T_;
     const int CPT = mk<KIND>::CPT, SPC = 8 / CPT;
     extern __shared__ __align__(16) uint8_t sm[];
-    size_t *xoff = (size_t *)(sm + 2 * mt<KIND>::STAGE);
+    size_t *xoff = (size_t *)(sm + 2 * T_::STAGE);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-    int wm = warp >> 1, wn = warp & 1;
-    int r0 = blockIdx.x * DSC_MMA_BM;
+    int wm = warp / WN, wn = warp % WN;
+    int r0 = blockIdx.x * BM;
     dsc_w w;
     int rl0, yb, cnt, m0;
     size_t xq;
     if (!mma_setup<MODE>(a, r0, w, rl0, yb, xq, cnt, m0)) return;
     if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
-    for (int j0 = blockIdx.y * DSC_MMA_BN; j0 < cnt; j0 += gridDim.y * DSC_MMA_BN) {
+    for (int j0 = blockIdx.y * BN; j0 < cnt; j0 += gridDim.y * BN) {
     const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G;
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16), nchx = K / 4;
-    for (int i = tid; i < DSC_MMA_BN; i += 128) xoff[i] = j0 + i < cnt ? mma_xoff<MODE>(a, m0, j0 + i, xq) / 4 : 0;
+    for (int i = tid; i < BN; i += NTH) xoff[i] = j0 + i < cnt ? mma_xoff<MODE>(a, m0, j0 + i, xq) / 4 : 0;
     __syncthreads();
     auto load = [&](int g, int st) {
-        uint8_t *As = sm + st * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
+        uint8_t *As = sm + st * T_::STAGE, *Bs = As + T_::ABYTES;
 #pragma unroll
-        for (int u = 0; u < 2 * CPT; u++) {
-            int i = tid + 128 * u, row = i / (4 * CPT), c = i % (4 * CPT);
+        for (int u = 0; u < BM * 4 * CPT / NTH; u++) {
+            int i = tid + NTH * u, row = i / (4 * CPT), c = i % (4 * CPT);
             int r = min(rl0 + row, w.rows - 1), ch = g * 4 * CPT + c;
             bool ok = rl0 + row < w.rows && ch < nchr;
-            cp16(As + row * mt<KIND>::ASTR + ((c % CPT) * 4 + c / CPT) * 16,
+            cp16(As + row * T_::ASTR + ((c % CPT) * 4 + c / CPT) * 16,
                  ok ? (const void *)(w.data + (size_t)r * rowbytes + (size_t)ch * 16) : (const void *)w.data, ok);
         }
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
-            int i = tid + 128 * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
+        for (int u = 0; u < BN * 32 / NTH; u++) {
+            int i = tid + NTH * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
             bool ok = j0 + tok < cnt && ch < nchx;
-            cp16(Bs + tok * mt<KIND>::BSTR + ((c % 8) * 4 + c / 8) * 16, ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl,
+            cp16(Bs + tok * T_::BSTR + ((c % 8) * 4 + c / 8) * 16, ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl,
                  ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    const uint8_t *srow[2][2];
+    const uint8_t *srow[MI][2];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) srow[mi][h] = dsc_row_scales(w, KIND, min(rl0 + wm * 32 + mi * 16 + h * 8 + gid, w.rows - 1));
-    float tot[2][4][4], acc[2][4][4];
+        for (int h = 0; h < 2; h++) srow[mi][h] = dsc_row_scales(w, KIND, min(rl0 + wm * MI * 16 + mi * 16 + h * 8 + gid, w.rows - 1));
+    float tot[MI][NI][4], acc[MI][NI][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int q = 0; q < 4; q++) tot[mi][ni][q] = 0.0f;
     load(0, 0);
@@ -589,57 +596,63 @@ __global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
         else asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 1;\n" ::);
         __syncthreads();
-        const uint8_t *As = sm + (g & 1) * mt<KIND>::STAGE, *Bs = As + mt<KIND>::ABYTES;
-        uint32_t sc[2][2] = {{0, 0}, {0, 0}};
+        const uint8_t *As = sm + (g & 1) * T_::STAGE, *Bs = As + T_::ABYTES;
+        uint32_t sc[MI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sc[mi][h] = 0;
         if (KIND == DS_W_FP4)
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) sc[mi][h] = bf2_scale(mma_scale<KIND>(w, srow[mi][h], g * 4 + tig));
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++)
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
 #pragma unroll
         for (int c = 0; c < CPT; c++) {
-            uint4 q[2][2];
+            uint4 q[MI][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    q[mi][h] = *(const uint4 *)(As + (wm * 32 + mi * 16 + h * 8 + gid) * mt<KIND>::ASTR + (c * 4 + tig) * 16);
+                    q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR + (c * 4 + tig) * 16);
 #pragma unroll
             for (int s = 0; s < SPC; s++) {
                 int kk = c * SPC + s;
-                uint32_t af[2][4];
+                uint32_t af[MI][4];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
+                for (int mi = 0; mi < MI; mi++) {
                     afrag<KIND>(q[mi][0], s, sc[mi][0], af[mi][0], af[mi][2]);
                     afrag<KIND>(q[mi][1], s, sc[mi][1], af[mi][1], af[mi][3]);
                 }
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    uint4 b = *(const uint4 *)(Bs + (wn * 32 + ni * 8 + gid) * mt<KIND>::BSTR + (kk * 4 + tig) * 16);
+                for (int ni = 0; ni < NI; ni++) {
+                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR + (kk * 4 + tig) * 16);
 #pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
+                    for (int mi = 0; mi < MI; mi++) {
                         mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
                         mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
                     }
                 }
             }
         }
-        float s[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        float s[MI][2];
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) s[mi][0] = s[mi][1] = 1.0f;
         if (KIND == DS_W_FP8)
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) s[mi][h] = mma_scale<KIND>(w, srow[mi][h], g);
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++)
+        for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     float p = KIND == DS_W_FP8 ? __fmul_rn(acc[mi][ni][q], s[mi][q >> 1]) : acc[mi][ni][q];
@@ -649,16 +662,16 @@ __global__ void __launch_bounds__(128) mma_tile_kernel(mma_args a) {
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int rl = wm * 32 + mi * 16 + h * 8 + gid;
+            int rl = wm * MI * 16 + mi * 16 + h * 8 + gid;
             if (rl0 + rl >= w.rows) continue;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    int j = j0 + wn * 32 + ni * 8 + tig * 2 + e;
+                    int j = j0 + wn * NI * 8 + ni * 8 + tig * 2 + e;
                     if (j < cnt) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + rl)] = tot[mi][ni][h * 2 + e];
                 }
         }
@@ -736,31 +749,47 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     return 0;
 }
 
-template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
-    static int attr = 0;
+/* TS: the tile shape (heuristics.h): DSC_MMA_TS_64 (64 x 64, 2 x 2 warps of
+ * 2 x 4 tiles), DSC_MMA_TS_128 (128 x 64, 4 x 2 warps of 2 x 4), DSC_MMA_TS_X16 (128 x 16: 4 x 1 warps of 2 x 2), DSC_MMA_TS_X8
+ * (128 x 8: 4 x 1 warps of 2 x 1). Not ORDER. */
+template <int KIND, int MODE, int WM, int WN, int MI, int NI>
+static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
+    const int BM = WM * MI * 16, BN = WN * NI * 8, SMEM = mt<KIND, BM, BN>::SMEM;
+    static int attr = 0; /* per instantiation: the kernel's shared-memory limit, set once */
     if (!attr) {
-        cudaFuncSetAttribute(mma_tile_kernel<KIND, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, mt<KIND>::SMEM);
+        cudaFuncSetAttribute(mma_tile_kernel<KIND, MODE, WM, WN, MI, NI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SMEM);
         attr = 1;
     }
-    dim3 grid((unsigned)((rows + DSC_MMA_BM - 1) / DSC_MMA_BM), (unsigned)((T + DSC_MMA_BN - 1) / DSC_MMA_BN), nz);
-    mma_tile_kernel<KIND, MODE><<<grid, 128, mt<KIND>::SMEM, st>>>(a);
+    dim3 grid((unsigned)((rows + BM - 1) / BM), (unsigned)((T + BN - 1) / BN), nz);
+    mma_tile_kernel<KIND, MODE, WM, WN, MI, NI><<<grid, WM * WN * 32, SMEM, st>>>(a);
 }
 
+static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 2 x 2 warps of 2 x 4 tiles");
+template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz, int ts) {
+    if (ts == DSC_MMA_TS_X16) launch_tile_shape<KIND, MODE, 4, 1, 2, 2>(st, a, rows, T, nz);
+    else if (ts == DSC_MMA_TS_X8) launch_tile_shape<KIND, MODE, 4, 1, 2, 1>(st, a, rows, T, nz);
+    else if (ts == DSC_MMA_TS_128) launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
+    else launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
+}
+
+/* dec: the decode kernels; else the tile kernel of shape ts */
 template <int MODE>
-static int launch_kind(cudaStream_t st, dsc_buf *mb, int kind, int dec, const mma_args &a, int rows, int T, unsigned nz) {
+static int launch_kind(cudaStream_t st, dsc_buf *mb, int kind, int dec, int ts, const mma_args &a, int rows, int T,
+                       unsigned nz) {
     int split = MODE == MMA_PLAIN;
     switch (kind) {
     case DS_W_BF16:
         if (dec) return launch_dec<DS_W_BF16, MODE>(st, mb, a, rows, T, nz, split);
-        launch_tile<DS_W_BF16, MODE>(st, a, rows, T, nz);
+        launch_tile<DS_W_BF16, MODE>(st, a, rows, T, nz, ts);
         return 0;
     case DS_W_FP8:
         if (dec) return launch_dec<DS_W_FP8, MODE>(st, mb, a, rows, T, nz, split);
-        launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz);
+        launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz, ts);
         return 0;
     case DS_W_FP4:
         if (dec) return launch_dec<DS_W_FP4, MODE>(st, mb, a, rows, T, nz, split);
-        launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz);
+        launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz, ts);
         return 0;
     }
     return -1;
@@ -785,7 +814,8 @@ int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float 
     }
     /* grouped: blockIdx.z = group, its rows as a matrix of their own */
     int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
-    return launch_kind<MMA_PLAIN>(st, mb, kind, dec, a, G > 1 ? rpg : w.rows, T, (unsigned)G);
+    return launch_kind<MMA_PLAIN>(st, mb, kind, dec, dsc_mma_plain_tile(G > 1 ? rpg : w.rows), a, G > 1 ? rpg : w.rows, T,
+                                  (unsigned)G);
 }
 
 int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
@@ -796,7 +826,6 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
     a.w = shape;
     a.x = x;
     a.xs = xs;
-    a.T = maxcnt;
     a.y = y;
     a.ys = ys;
     a.t1 = t1;
@@ -807,19 +836,26 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
     a.members = members;
     a.k = k;
     a.half = shape.rows;
-    /* few pairs per expert (T*k <= 32 per active expert, on average): the decode
-     * kernel, 32 tokens a pass (it loops over the rest); the same bits either way */
+    /* By the step's shape only (T, k and the experts' count; never the
+     * routing): up to DSC_MMA_XDEC_MAX_T tokens the decode kernels (one token
+     * tile a pass: the weights stream once); with more, the tile kernel in the
+     * shape of the mean pairs per active expert (heuristics.h). The same bits
+     * in every case. */
     size_t P = (size_t)T * (size_t)k;
-    int dec = T <= DSC_MMA_DEC_MAX_T || P <= (size_t)DSC_MMA_DEC_MAX_T * ny;
+    int dec = T <= DSC_MMA_XDEC_MAX_T, ts = dsc_mma_expert_tile(P, ny);
+    if (shape.rows % DSC_MMA_XBM) ts = DSC_MMA_TS_64; /* w1 / w3 halves in whole blocks */
     if (dec && maxcnt > DSC_MMA_DEC_MAX_T) maxcnt = DSC_MMA_DEC_MAX_T;
     if (!dec) {
         size_t n = up ? (size_t)T * (size_t)xs : P * (size_t)xs;
         if (split(st, &mb[0], x, n)) return -1;
         a.xhl = (const uint4 *)mb[0].p;
+        /* the x16 / x8 tiles: at most DSC_MMA_XTOK tokens of an expert per block's pass */
+        if (ts != DSC_MMA_TS_64 && maxcnt > DSC_MMA_XTOK) maxcnt = DSC_MMA_XTOK;
     }
+    a.T = maxcnt;
     int rows = up ? 2 * shape.rows : shape.rows;
-    if (up) return launch_kind<MMA_UP>(st, mb, kind, dec, a, rows, maxcnt, ny);
-    return launch_kind<MMA_DOWN>(st, mb, kind, dec, a, rows, maxcnt, ny);
+    if (up) return launch_kind<MMA_UP>(st, mb, kind, dec, ts, a, rows, maxcnt, ny);
+    return launch_kind<MMA_DOWN>(st, mb, kind, dec, ts, a, rows, maxcnt, ny);
 }
 
 /* ---- test hook ------------------------------------------------------------------ */
