@@ -54,6 +54,12 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
                                  * products of 256 tiles 19 µs with, 23 before the branch;
                                  * the split decode kernel always loads ahead at NB = 1: the
                                  * BF16 head 350 -> 250 µs */
+#define DSC_MMA_STR_TILES 128  /* streaming kernel (one token tile, FP8 / FP4, activations
+                                 * split once per block in shared memory): plain products of
+                                 * at least this many 16-row tiles, and the experts (not ORDER) */
+#define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
+                                 * tile's split activations and partials); more: the other
+                                 * kernels (not ORDER) */
 #define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
