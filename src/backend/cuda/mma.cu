@@ -27,7 +27,6 @@
  * cp.async, a warp walks the groups in order). Which one runs never changes a
  * bit. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
@@ -839,11 +838,6 @@ int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
     return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0;
 }
 
-static long mma_str_tiles(void) {
-    const char *e = getenv("DSV4_CUDA_STR_TILES"); /* TEMPORARY: tuning */
-    return e ? atol(e) : DSC_MMA_STR_TILES;
-}
-
 template <int KIND, int MODE, int UG>
 static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm) {
     static int attr = 0;
@@ -865,7 +859,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
      * shared memory: the streaming kernel (experts, and plain products of at
      * least DSC_MMA_STR_TILES tiles; the same bits) */
     if constexpr (KIND != DS_W_BF16) {
-        if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= mma_str_tiles())) {
+        if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES)) {
         int ntk = a.T < 8 ? a.T : 8, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G;
         size_t sm = mma_str_smem(a.w.cols, ntk);
         if (sm <= DSC_MMA_STR_SMEM) {
