@@ -81,6 +81,14 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
     size_t mean = ny ? (P + ny - 1) / ny : P;
     return mean <= 4 ? DSC_MMA_TS_X8 : mean <= 32 ? DSC_MMA_TS_X16 : DSC_MMA_TS_64;
 }
+#define DSC_MMA_STR_TILES 128  /* streaming kernel (one token tile, FP8 / FP4, activations
+                                 * split once per block in shared memory): plain products of
+                                 * at least this many 16-row tiles, and the experts (not ORDER).
+                                 * Flash b1, one H200: 2.081 ms/token; 32 (wq_a, wkv too):
+                                 * 2.064, within the noise */
+#define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
+                                 * tile's split activations and partials); more: the other
+                                 * kernels (not ORDER) */
 #define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;

@@ -245,13 +245,15 @@ __device__ __forceinline__ void dsc_chunk(const dsc_w &w, int r, int ch, uint4 q
     }
 }
 
-/* acc[j] (lane-partial) += w[r] . x_j for the lane's chunks, j < nt.
+/* acc[j] (lane-partial) += w[r] . x_j for the lane's chunks, j < nt (SX:
+ * x_j's elements each times sx[j] first, one rounded product: the values an
+ * rmsnorm without weight would have stored).
  * ORDER (fixed by cols only): chunks lane, lane+32, ... ascending; inside a
  * chunk elements ascending; one fmaf per element. The vector / scalar load
  * paths give the same values in the same order. */
-template <int KIND, int NT>
+template <int KIND, int NT, bool SX = false>
 __device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, const float *const *xj, int nt, int xvec,
-                                            float *acc) {
+                                            float *acc, const float *sx = nullptr) {
     const int V = dsc_kind<KIND>::V;
     const int K = w.cols;
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
@@ -290,6 +292,7 @@ __device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, con
 #pragma unroll
                     for (int i = 0; i < V; i += 4) {
                         float4 x4 = *(const float4 *)(x + i);
+                        if (SX) x4 = make_float4(x4.x * sx[j], x4.y * sx[j], x4.z * sx[j], x4.w * sx[j]);
                         a = fmaf(wv[i], x4.x, a);
                         a = fmaf(wv[i + 1], x4.y, a);
                         a = fmaf(wv[i + 2], x4.z, a);
@@ -298,7 +301,7 @@ __device__ __forceinline__ void dsc_row_dot(const dsc_w &w, int r, int lane, con
                 } else {
 #pragma unroll
                     for (int i = 0; i < V; i++)
-                        if (i < nv) a = fmaf(wv[i], x[i], a);
+                        if (i < nv) a = fmaf(wv[i], SX ? x[i] * sx[j] : x[i], a);
                 }
                 acc[j] = a;
             }

@@ -7,7 +7,49 @@
 
 #define HC_MAXN 16
 
-/* m: [T][(2+n)n]; X: [T][n][D]. */
+/* The Sinkhorn-normalized comb on warp 0 (n * n <= 32), lane i*n+j holds
+ * comb[i][j]: every sum reads the row's or column's values by shuffles in
+ * the order of the one-thread loop (hc_pre_kernel's n * n > 32 branch), so
+ * the bits are that loop's. N: n known at compile time (the shuffles of a
+ * sum issue together; the adds keep their order), 0: any n. */
+template <int N>
+__device__ __forceinline__ void hc_sinkhorn_warp(const float *__restrict__ mt, const float *__restrict__ base,
+                                                 const float *__restrict__ sc, int nr, int iters, float eps,
+                                                 float *__restrict__ post, float *__restrict__ comb) {
+    const int n = N ? N : nr;
+    int lane = threadIdx.x, i = lane / n, j = lane % n, act = lane < n * n;
+    if (lane < n) post[lane] = 2.0f * dsc_sigmoid(mt[n + lane] * sc[1] + base[n + lane]);
+    float c = act ? mt[2 * n + lane] * sc[2] + base[2 * n + lane] : 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < (N ? N : HC_MAXN); q++)
+        if (N || q < n) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, (i * n + q) & 31));
+    c = expf(c - mx);
+#pragma unroll
+    for (int q = 0; q < (N ? N : HC_MAXN); q++)
+        if (N || q < n) sum += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
+    c = c / sum + eps;
+    for (int it = 0; it < iters; it++) {
+        float s2 = 0.0f;
+        if (it > 0) {
+#pragma unroll
+            for (int q = 0; q < (N ? N : HC_MAXN); q++)
+                if (N || q < n) s2 += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
+            c /= s2 + eps;
+        }
+        s2 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < (N ? N : HC_MAXN); q++)
+            if (N || q < n) s2 += __shfl_sync(0xffffffffu, c, (q * n + j) & 31);
+        c /= s2 + eps;
+    }
+    if (act) comb[lane] = c;
+}
+
+/* m: [T][(2+n)n]; X: [T][n][D]. Blocks y < gridDim.y - 1 of token t: the pre
+ * gates and the stream sums of their channels; the last block: the post
+ * gates and the comb (its Sinkhorn no longer delays the sums: the same
+ * values, each computed once). */
 __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restrict__ base,
                               const float *__restrict__ sc, const float *__restrict__ X, int n, int D, int iters,
                               float eps, float *__restrict__ x_in, float *__restrict__ post,
@@ -16,70 +58,46 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
     size_t t = blockIdx.x;
     int rows = (2 + n) * n;
     const float *mt = m + t * rows;
-    if (blockIdx.y > 0) { /* the other channel blocks: the gates only (the same bits) */
-        if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
-    } else if (n * n <= 32) {
-        /* warp 0, lane i*n+j holds comb[i][j]: every sum reads the row's or
-         * column's values by shuffles in the order of the loop below, so the
-         * bits are those of the one-thread loop */
-        if (threadIdx.x < 32) {
-            int lane = threadIdx.x, i = lane / n, j = lane % n, act = lane < n * n;
-            if (lane < n) {
-                pre[lane] = dsc_sigmoid(mt[lane] * sc[0] + base[lane]) + eps;
-                post[t * n + lane] = 2.0f * dsc_sigmoid(mt[n + lane] * sc[1] + base[n + lane]);
+    if (blockIdx.y == gridDim.y - 1) {
+        if (n == 4) {
+            if (threadIdx.x < 32) hc_sinkhorn_warp<4>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
+        } else if (n * n <= 32) {
+            if (threadIdx.x < 32) hc_sinkhorn_warp<0>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
+        } else if (threadIdx.x == 0) {
+            float *po = post + t * n, *C = comb + t * n * n;
+            for (int i = 0; i < n; i++) po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
+            float c[HC_MAXN * HC_MAXN];
+            for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
+                float mx = -INFINITY, sum = 0.0f;
+                for (int j = 0; j < n; j++) {
+                    c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
+                    mx = fmaxf(mx, c[i * n + j]);
+                }
+                for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
+                for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
             }
-            float c = act ? mt[2 * n + lane] * sc[2] + base[2 * n + lane] : 0.0f;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int q = 0; q < n; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, (i * n + q) & 31));
-            c = expf(c - mx);
-            for (int q = 0; q < n; q++) sum += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
-            c = c / sum + eps;
             for (int it = 0; it < iters; it++) {
-                float s2 = 0.0f;
-                if (it > 0) {
-                    for (int q = 0; q < n; q++) s2 += __shfl_sync(0xffffffffu, c, (i * n + q) & 31);
-                    c /= s2 + eps;
-                }
-                s2 = 0.0f;
-                for (int q = 0; q < n; q++) s2 += __shfl_sync(0xffffffffu, c, (q * n + j) & 31);
-                c /= s2 + eps;
-            }
-            if (act) comb[t * n * n + lane] = c;
-        }
-    } else if (threadIdx.x == 0) {
-        float *po = post + t * n, *C = comb + t * n * n;
-        for (int i = 0; i < n; i++) {
-            pre[i] = dsc_sigmoid(mt[i] * sc[0] + base[i]) + eps;
-            po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
-        }
-        float c[HC_MAXN * HC_MAXN];
-        for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
-            float mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < n; j++) {
-                c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
-                mx = fmaxf(mx, c[i * n + j]);
-            }
-            for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
-            for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int i = 0; i < n; i++) {
+                if (it > 0)
+                    for (int i = 0; i < n; i++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < n; j++) s += c[i * n + j];
+                        for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
+                    }
+                for (int j = 0; j < n; j++) {
                     float s = 0.0f;
-                    for (int j = 0; j < n; j++) s += c[i * n + j];
-                    for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
+                    for (int i = 0; i < n; i++) s += c[i * n + j];
+                    for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
                 }
-            for (int j = 0; j < n; j++) {
-                float s = 0.0f;
-                for (int i = 0; i < n; i++) s += c[i * n + j];
-                for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
             }
+            for (int i = 0; i < n * n; i++) C[i] = c[i];
         }
-        for (int i = 0; i < n * n; i++) C[i] = c[i];
+        return;
     }
+    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
     __syncthreads();
     const float *Xt = X + t * (size_t)n * D;
-    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += gridDim.y * blockDim.x) {
+    int ny = gridDim.y - 1;
+    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += ny * blockDim.x) {
         float s = pre[0] * Xt[k];
         for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
         x_in[t * D + k] = s;
@@ -121,19 +139,53 @@ __global__ void hc_post_kernel(int n, int D, size_t total, const float *__restri
  * segments; a warp reduces a segment in the row-dot order (dsc_row_dot: lane
  * chunks ascending, xor tree), then thread j adds its token's segment sums in
  * ascending segment order, y = ((0 + s0) + s1) + ... ORDER: fixed by n*D
- * (and HC_SEG), never by T or the tile. Unscaled kinds only (fn is F32). */
+ * (and HC_SEG), never by T or the tile. Unscaled kinds only (fn is F32).
+ * FUSE (one token tile: decode): f = X / rms(X) is not stored: every block computes its tokens' 1 / rms in
+ * rmsnorm's order (thread i of 256 chains fmaf over x[i], x[i+256], ...; the
+ * warp trees; warp 0's tree over the 8 warp sums; r = 1 / sqrtf(ms + eps))
+ * and the dot takes x * r, the value rmsnorm would have written: the bits of
+ * rmsnorm then the mix, one kernel instead of two (more tokens: X is f,
+ * stored by rmsnorm first; every block would redo its tokens' sums). */
 #define HC_SEG 1024
 #define HC_MAXSEG 64
 #define HC_MIX_NT 8
-template <int KIND>
-__global__ void __launch_bounds__(256) hc_mix_kernel(dsc_w w, const float *__restrict__ f, int T,
-                                                     float *__restrict__ m) {
+#define HC_MIX_THREADS 512 /* 16 warps: a warp per segment of a 16384-value row (not ORDER) */
+template <int KIND, bool FUSE>
+__global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, float eps,
+                                                                float *__restrict__ m) {
     __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
+    __shared__ float wsum[HC_MIX_NT][8], rs[HC_MIX_NT];
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, K = w.cols;
-    int nseg = (K + HC_SEG - 1) / HC_SEG, xvec = ((uintptr_t)f & 15) == 0 && K % 4 == 0;
+    int nseg = (K + HC_SEG - 1) / HC_SEG, xvec = ((uintptr_t)X & 15) == 0 && K % 4 == 0;
     size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     for (int t0 = blockIdx.y * HC_MIX_NT; t0 < T; t0 += gridDim.y * HC_MIX_NT) {
         int nt = T - t0 < HC_MIX_NT ? T - t0 : HC_MIX_NT;
+        /* 1 / rms: the threads in halves of DSC_ROW_THREADS, half h takes tokens h, h + 2, ... */
+        if (FUSE) {
+            int ti = threadIdx.x % DSC_ROW_THREADS, h = threadIdx.x / DSC_ROW_THREADS;
+            int nh = HC_MIX_THREADS / DSC_ROW_THREADS;
+            for (int tj = h; tj < nt; tj += nh) {
+                const float *xr = X + (size_t)(t0 + tj) * (size_t)K;
+                float s = 0.0f;
+                for (int i = ti; i < K; i += 16 * DSC_ROW_THREADS) { /* 16 loads in flight, the same chain */
+                    float v[16];
+#pragma unroll
+                    for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < K ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < 16; u++)
+                        if (i + u * DSC_ROW_THREADS < K) s = fmaf(v[u], v[u], s);
+                }
+                s = dsc_warp_sum(s);
+                if (lane == 0) wsum[tj][(ti >> 5)] = s;
+            }
+            __syncthreads();
+            if (wid < nt) {
+                float q = lane < DSC_ROW_THREADS / 32 ? wsum[wid][lane] : 0.0f;
+                q = dsc_warp_sum(q);
+                if (lane == 0) rs[wid] = 1.0f / sqrtf(q / (float)K + eps);
+            }
+            __syncthreads();
+        }
         for (int s = wid; s < nseg; s += nw) {
             int c0 = s * HC_SEG;
             dsc_w v = w;
@@ -144,10 +196,10 @@ __global__ void __launch_bounds__(256) hc_mix_kernel(dsc_w w, const float *__res
             float acc[HC_MIX_NT];
 #pragma unroll
             for (int j = 0; j < HC_MIX_NT; j++) {
-                xj[j] = f + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)K + c0;
+                xj[j] = X + (size_t)(t0 + (j < nt ? j : 0)) * (size_t)K + c0;
                 acc[j] = 0.0f;
             }
-            dsc_row_dot<KIND, HC_MIX_NT>(v, 0, lane, xj, nt, xvec, acc);
+            dsc_row_dot<KIND, HC_MIX_NT, FUSE>(v, 0, lane, xj, nt, xvec, acc, rs);
 #pragma unroll
             for (int j = 0; j < HC_MIX_NT; j++) {
                 float a = dsc_warp_sum(acc[j]);
@@ -169,7 +221,7 @@ __global__ void __launch_bounds__(256) hc_mix_kernel(dsc_w w, const float *__res
  * of once per row (prefill: 24 rows x 64 KB per token). A lane walks its
  * chunks l, l+32, ... of the segment ascending and adds each element by one
  * fmaf per (row, token), the xor tree per segment, the segments in order:
- * exactly hc_mix_kernel<DS_W_F32>'s (dsc_row_dot's) operations, so the bits
+ * exactly hc_mix_kernel<DS_W_F32, false>'s (dsc_row_dot's) operations, so the bits
  * are the same (test_cuda_ops: test_mhc at 1 and many tokens). */
 #define HC_MIX_RG 8
 #define HC_MIX_RG_MIN_T 32 /* tokens from which the row groups pay (not ORDER) */
@@ -232,7 +284,7 @@ __global__ void __launch_bounds__(256) hc_mix_rg_kernel(dsc_w w, const float *__
     }
 }
 
-/* f = X / rms(X) (scratch A), m = fn @ f (scratch B). */
+/* m = fn @ (X / rms(X)) (scratch B; scaled fn kinds: f = X / rms(X) in scratch A first). */
 static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
                     const char *op) {
     dsc_impl *I = dsc_of(be);
@@ -245,32 +297,47 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         dsc_failmsg(err, op, "fn is [%d, %d], expected [%d, %zu]", hc->fn->rows, hc->fn->cols, mrows, nd);
         return NULL;
     }
-    float *f = (float *)dsc_scratch(I, DSC_S_A, sizeof(float) * (size_t)T * nd, err, op);
-    float *m = f ? (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op) : NULL;
+    float *m = (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op);
     if (!m) return NULL;
-    dsc_launch_rmsnorm(I->stream, X, NULL, f, T, (int)nd, hc->rms_eps);
     int ty = (T + HC_MIX_NT - 1) / HC_MIX_NT;
     dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
     dsc_w w = dsc_wdesc(hc->fn);
     int kind = nd <= (size_t)HC_SEG * HC_MAXSEG ? hc->fn->kind : -1; /* longer rows: the plain product */
+    int fuse = T <= HC_MIX_NT && (kind == DS_W_F32 || kind == DS_W_BF16 || kind == DS_W_F16);
+    const float *f = X;
+    if (!fuse) {
+        float *fs = (float *)dsc_scratch(I, DSC_S_A, sizeof(float) * (size_t)T * nd, err, op);
+        if (!fs) return NULL;
+        dsc_launch_rmsnorm(I->stream, X, NULL, fs, T, (int)nd, hc->rms_eps);
+        f = fs;
+    }
+    float eps = hc->rms_eps;
     /* many tokens, F32 rows in 16-byte chunks: a block per row group (the same bits) */
-    if (kind == DS_W_F32 && T >= HC_MIX_RG_MIN_T && nd % 4 == 0 && ((uintptr_t)w.data & 15) == 0 &&
+    if (!fuse && kind == DS_W_F32 && T >= HC_MIX_RG_MIN_T && nd % 4 == 0 && ((uintptr_t)w.data & 15) == 0 &&
         ((uintptr_t)f & 15) == 0) {
         dim3 gr((unsigned)((mrows + HC_MIX_RG - 1) / HC_MIX_RG), grid.y);
         size_t sm = sizeof(float) * HC_MIX_RG * HC_MIX_NT * ((nd + HC_SEG - 1) / HC_SEG);
         hc_mix_rg_kernel<<<gr, 256, sm, I->stream>>>(w, f, T, m);
-    } else
-        switch (kind) {
-        case DS_W_F32: hc_mix_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-        case DS_W_BF16: hc_mix_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-        case DS_W_F16: hc_mix_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, f, T, m); break;
-        default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
-            if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
-                                  mrows)) {
-                dsc_failmsg(err, op, "fn: unknown storage kind");
-                return NULL;
-            }
+    } else {
+        switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
+    case DS_W_F32:
+        if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+        else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+        break;
+    case DS_W_BF16:
+        if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+        else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+        break;
+    case DS_W_F16:
+        if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+        else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+        break;
+    default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
+        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
+            dsc_failmsg(err, op, "fn: unknown storage kind");
+            return NULL;
         }
+    }
     if (dsc_check_launch(err, op)) return NULL;
     return m;
 }
@@ -282,7 +349,8 @@ extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_er
     const ds_hc_params *hc = &p->hc;
     float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, err, op);
     if (!m) return -1;
-    dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
+    /* the channel blocks, then one block for the comb */
+    dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64) + 1);
     hc_pre_kernel<<<grid, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
                                                                   hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post,
                                                                   p->comb);

@@ -511,6 +511,149 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
     }
 }
 
+/* Group g's partial of a warp's two rows for one token tile of 8, the
+ * activations taken already split from shared memory (xs: this lane's
+ * token's split chunks, position (g*8 + kk)*4 + tig; xv false: zeros): the
+ * same B values split4 gives mma_group (split4 of zeros is zeros), the same
+ * MMAs in the same order, so the same bits. */
+template <int KIND>
+__device__ __forceinline__ void mma_group_s(const dsc_w &w, const uint8_t *sa, const uint8_t *sb, const uint4 *qa,
+                                            const uint4 *qb, int g, int tig, const uint4 *xs, bool xv, float acc[4]) {
+    const int SPC = 8 / mk<KIND>::CPT;
+    uint32_t sca = 0, scb = 0;
+    if (KIND == DS_W_FP4) {
+        sca = bf2_scale(mma_scale<KIND>(w, sa, g * 4 + tig));
+        scb = bf2_scale(mma_scale<KIND>(w, sb, g * 4 + tig));
+    }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        uint32_t a0, a1, a2, a3;
+        afrag<KIND>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+        afrag<KIND>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+        uint4 b = xv ? xs[(g * 8 + kk) * 4 + tig] : make_uint4(0, 0, 0, 0);
+        mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+        mma16816(acc, a0, a1, a2, a3, b.z, b.w);
+    }
+    if (KIND == DS_W_FP8) {
+        float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
+        acc[0] = __fmul_rn(acc[0], s0);
+        acc[1] = __fmul_rn(acc[1], s0);
+        acc[2] = __fmul_rn(acc[2], s1);
+        acc[3] = __fmul_rn(acc[3], s1);
+    }
+}
+
+/* Shared memory of the streaming kernel: the tile's tokens' activations split
+ * ([tokens][ng*32 + 4] 16-byte chunks; the 64-byte pad keeps a quarter warp's
+ * two tokens on different banks), then the partials [ng][16 rows][8 tokens]. */
+static inline size_t mma_str_smem(int K, int ntok) {
+    size_t ng = (size_t)(K + DSC_MMA_G - 1) / DSC_MMA_G;
+    return (size_t)ntok * (ng * 32 + 4) * 16 + ng * 16 * 8 * sizeof(float);
+}
+
+/* Chunk c4 (columns 4 c4 .. 4 c4 + 3) of a token's split activations at the
+ * position mma_group_s reads it: group g = c4 / 32, tig = c4 / 8 % 4, kk = c4 % 8. */
+__device__ __forceinline__ int mma_str_pos(int c4) { return (c4 & ~31) | ((c4 & 7) << 2) | ((c4 >> 3) & 3); }
+
+/* One 16-row tile and up to 8 tokens (T <= 8), FP8 / FP4: the activations
+ * split once per block into shared memory; warp w takes units (UG
+ * consecutive groups) w, w + DW, ... and loads the next unit's weights before
+ * the MMAs of this one (two register buffers: DSC_MMA_DLOADS-sized units in
+ * flight while the tensor cores run); each group's p_g to shared memory, then
+ * thread o of the first 128 adds output o's partials in group order: the bits
+ * of mma_blk_kernel / mma_dec_kernel. */
+template <int KIND, int MODE, int UG>
+__global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_str_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, DW = DSC_MMA_DW;
+    extern __shared__ __align__(16) uint8_t smx[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    int r0 = blockIdx.x * 16;
+    dsc_w w;
+    int rl0, yb, cnt, m0;
+    size_t xq;
+    if (!mma_setup<MODE>(a, r0, w, rl0, yb, xq, cnt, m0)) return;
+    if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, nu = (ng + UG - 1) / UG, XS = ng * 32 + 4;
+    const int ntk = a.T < 8 ? a.T : 8;
+    uint4 *xs = (uint4 *)smx;
+    float *part = (float *)(xs + (size_t)ntk * XS);
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nchr = (int)(rowbytes / 16);
+    int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
+    const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
+    const uint8_t *sa = dsc_row_scales(w, KIND, ra), *sb = dsc_row_scales(w, KIND, rb);
+    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
+    for (int j0 = blockIdx.y * 8; j0 < cnt; j0 += gridDim.y * 8) {
+        int nt = cnt - j0 < 8 ? cnt - j0 : 8;
+        uint4 qa0[UG][CPT], qb0[UG][CPT], qa1[UG][CPT], qb1[UG][CPT];
+        auto ld = [&](int un, uint4(&qa)[UG][CPT], uint4(&qb)[UG][CPT]) {
+#pragma unroll
+            for (int v = 0; v < UG; v++) {
+                int g = un * UG + v;
+#pragma unroll
+                for (int c = 0; c < CPT; c++) {
+                    int ch = g * 4 * CPT + tig * CPT + c;
+                    bool ok = un < nu && g < ng && ch < nchr;
+                    qa[v][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                    qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+                }
+            }
+        };
+        auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT]) {
+            const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
+#pragma unroll
+            for (int v = 0; v < UG; v++) {
+                int g = un * UG + v;
+                if (g >= ng) break;
+                float acc[4];
+                mma_group_s<KIND>(w, sa, sb, qa[v], qb[v], g, tig, xr, gid < nt, acc);
+                float *ps = part + (size_t)g * 128;
+                *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
+                *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
+            }
+        };
+        int u = warp;
+        ld(u, qa0, qb0); /* the first unit's weights in flight while x is split */
+        for (int i = threadIdx.x; i < nt * ng * 32; i += DW * 32) {
+            int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (col < K) {
+                const float *p = a.x + mma_xoff<MODE>(a, m0, j0 + tj, xq) + col;
+                v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+            }
+            uint32_t b[4];
+            split4(v, b);
+            xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
+        }
+        __syncthreads();
+        for (; u < nu; u += 2 * DW) {
+            ld(u + DW, qa1, qb1);
+            comp(u, qa0, qb0);
+            ld(u + 2 * DW, qa0, qb0);
+            if (u + DW < nu) comp(u + DW, qa1, qb1);
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            int o = threadIdx.x, row = o >> 3, tj = o & 7;
+            if (tj < nt && rl0 + row < w.rows) {
+                float tot = 0.0f;
+                int g = 0;
+                for (; g + 8 <= ng; g += 8) {
+                    float p[8]; /* 8 loads ahead, the adds in group order */
+#pragma unroll
+                    for (int v = 0; v < 8; v++) p[v] = part[(size_t)(g + v) * 128 + o];
+#pragma unroll
+                    for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
+                }
+                for (; g < ng; g++) tot = __fadd_rn(tot, part[(size_t)g * 128 + o]);
+                a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + rl0 + row)] = tot;
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* ---- many tokens ------------------------------------------------------------ */
 
 __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
@@ -708,6 +851,16 @@ int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
     return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0;
 }
 
+template <int KIND, int MODE, int UG>
+static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm) {
+    static int attr = 0;
+    if (!attr) {
+        cudaFuncSetAttribute(mma_str_kernel<KIND, MODE, UG>, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
+        attr = 1;
+    }
+    mma_str_kernel<KIND, MODE, UG><<<grid, DSC_MMA_DW * 32, sm, st>>>(a);
+}
+
 /* split: whether the tiles' groups may be split over units (plain products:
  * nz is the number of row groups, a shape; the experts' nz follows the
  * step's experts, so they keep one unit per tile). */
@@ -715,6 +868,22 @@ template <int KIND, int MODE>
 static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T, unsigned nz, int split) {
     int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
     unsigned ny = (unsigned)((T + 8 * NB - 1) / (8 * NB));
+    /* FP8 / FP4 at one token tile with the tile's activations fitting in
+     * shared memory: the streaming kernel (experts, and plain products of at
+     * least DSC_MMA_STR_TILES tiles; the same bits) */
+    if constexpr (KIND != DS_W_BF16) {
+        if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES)) {
+        int ntk = a.T < 8 ? a.T : 8, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G;
+        size_t sm = mma_str_smem(a.w.cols, ntk);
+        if (sm <= DSC_MMA_STR_SMEM) {
+            dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
+            const int UGM = KIND == DS_W_FP8 ? 2 : 4;
+            if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm);
+            else launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm);
+            return 0;
+        }
+        }
+    }
     /* FP8 / FP4 matrices with many tiles: the block kernel (measured faster
      * there; the same bits) */
     if (!split || (KIND != DS_W_BF16 && (long)((rows + 15) / 16) * nz >= DSC_MMA_BLK_TILES)) {
