@@ -57,6 +57,9 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_STR_TILES 128  /* streaming kernel (one token tile, FP8 / FP4, activations
                                  * split once per block in shared memory): plain products of
                                  * at least this many 16-row tiles, and the experts (not ORDER) */
+#define DSC_MMA_STR_MAXW 16    /* streaming kernel: warps per block of a product of fewer than
+                                 * DSC_MMA_STR_FEW blocks (else DSC_MMA_DW; not ORDER) */
+#define DSC_MMA_STR_FEW 264     /* two blocks per SM of the H200 */
 #define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
                                  * tile's split activations and partials); more: the other
                                  * kernels (not ORDER) */
