@@ -628,6 +628,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         };
         int u = warp;
         ld(u, qa0, qb0, ca0, cb0); /* the first unit's weights in flight while x is split */
+#pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
         for (int i = threadIdx.x; i < nt * ng * 32; i += NTH) {
             int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
