@@ -1550,11 +1550,13 @@ int main(int argc, char **argv) {
     test_matmul(C, DS_W_BF16, 66000, 128, 0);
     /* one token tile (T <= 8) with >= 128 tiles: the streaming kernel (activations
      * split in shared memory, units of groups in flight): FP8 21 groups (the last
-     * one ragged) in units of 2, 2052 rows (ragged; grouped: 4 x 513); FP4 33
-     * groups in units of 4; FP4 9 groups in units of 2, ragged rows */
+     * one ragged), 2052 rows (ragged; grouped: 4 x 513); FP4 33 groups; FP4 9
+     * groups, ragged rows: fewer than DSC_MMA_STR_FEW blocks, 16 warps of
+     * one-group units */
     test_matmul(C, DS_W_FP8, 2052, 2608, 0);
     test_matmul(C, DS_W_FP4, 2064, 4160, 0);
     test_matmul(C, DS_W_FP4, 4100, 1056, 0);
+    test_matmul(C, DS_W_FP8, 4232, 4096, 0); /* 265 tiles: 8 warps, units of 2 groups, two per warp */
     test_norm_rope(C);
     {
         int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};
@@ -1576,7 +1578,7 @@ int main(int argc, char **argv) {
     test_route(C);
     test_moe(C, 200, 96);  /* D not a multiple of 32: the general path */
     test_moe(C, 256, 128); /* regular: the gemv (1, 2 tokens) and tiled (7, 64) paths */
-    test_moe(C, 2304, 256); /* experts' up: 18 groups in units of 2 (warp 0 streams two units) */
+    test_moe(C, 2304, 256); /* experts' up through the streaming kernel: 18 groups */
     if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
 
     C->be.close(&C->be);

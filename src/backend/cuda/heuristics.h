@@ -86,6 +86,9 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
                                  * at least this many 16-row tiles, and the experts (not ORDER).
                                  * Flash b1, one H200: 2.081 ms/token; 32 (wq_a, wkv too):
                                  * 2.064, within the noise */
+#define DSC_MMA_STR_MAXW 16    /* streaming kernel: warps per block of a product of fewer than
+                                 * DSC_MMA_STR_FEW blocks (else DSC_MMA_DW; not ORDER) */
+#define DSC_MMA_STR_FEW 264     /* two blocks per SM of the H200 */
 #define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
                                  * tile's split activations and partials); more: the other
                                  * kernels (not ORDER) */

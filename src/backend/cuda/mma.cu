@@ -517,14 +517,9 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
  * same B values split4 gives mma_group (split4 of zeros is zeros), the same
  * MMAs in the same order, so the same bits. */
 template <int KIND>
-__device__ __forceinline__ void mma_group_s(const dsc_w &w, const uint8_t *sa, const uint8_t *sb, const uint4 *qa,
-                                            const uint4 *qb, int g, int tig, const uint4 *xs, bool xv, float acc[4]) {
+__device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, uint32_t sca, uint32_t scb, int g,
+                                            int tig, const uint4 *xs, bool xv, float acc[4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    uint32_t sca = 0, scb = 0;
-    if (KIND == DS_W_FP4) {
-        sca = bf2_scale(mma_scale<KIND>(w, sa, g * 4 + tig));
-        scb = bf2_scale(mma_scale<KIND>(w, sb, g * 4 + tig));
-    }
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
@@ -536,12 +531,21 @@ __device__ __forceinline__ void mma_group_s(const dsc_w &w, const uint8_t *sa, c
         mma16816(acc, a0, a1, a2, a3, b.z, b.w);
     }
     if (KIND == DS_W_FP8) {
-        float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
+        float s0 = __uint_as_float(sca), s1 = __uint_as_float(scb);
         acc[0] = __fmul_rn(acc[0], s0);
         acc[1] = __fmul_rn(acc[1], s0);
         acc[2] = __fmul_rn(acc[2], s1);
         acc[3] = __fmul_rn(acc[3], s1);
     }
+}
+
+/* The scales mma_group_s takes for group g of rows sa / sb: FP8 the group's
+ * scale (as fp32 bits), FP4 the 32-column group's as a bf16x2; loaded with
+ * the weights, so no load waits between a group's MMAs. */
+template <int KIND> __device__ __forceinline__ uint32_t mma_sc(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    if (KIND == DS_W_FP8) return __float_as_uint(mma_scale<KIND>(w, sp, g));
+    if (KIND == DS_W_FP4) return bf2_scale(mma_scale<KIND>(w, sp, g * 4 + tig));
+    return 0;
 }
 
 /* Shared memory of the streaming kernel: the tile's tokens' activations split
@@ -557,15 +561,18 @@ static inline size_t mma_str_smem(int K, int ntok) {
 __device__ __forceinline__ int mma_str_pos(int c4) { return (c4 & ~31) | ((c4 & 7) << 2) | ((c4 >> 3) & 3); }
 
 /* One 16-row tile and up to 8 tokens (T <= 8), FP8 / FP4: the activations
- * split once per block into shared memory; warp w takes units (UG
- * consecutive groups) w, w + DW, ... and loads the next unit's weights before
- * the MMAs of this one (two register buffers: DSC_MMA_DLOADS-sized units in
- * flight while the tensor cores run); each group's p_g to shared memory, then
+ * split once per block into shared memory; warp w of the block's NW (launch
+ * shape: more warps for matrices of few tiles) takes units (UG consecutive
+ * groups) w, w + NW, ... and loads the next unit's weights and scales
+ * before the MMAs of this one (two register buffers: a unit in flight while
+ * the tensor cores run, no load waited for between a group's MMAs); each
+ * group's p_g to shared memory, then
  * thread o of the first 128 adds output o's partials in group order: the bits
  * of mma_blk_kernel / mma_dec_kernel. */
 template <int KIND, int MODE, int UG>
-__global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_str_kernel(mma_args a) {
-    const int CPT = mk<KIND>::CPT, DW = DSC_MMA_DW;
+__global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32, UG == 2 ? 2 : 1)
+    mma_str_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, DW = blockDim.x >> 5, NTH = blockDim.x;
     extern __shared__ __align__(16) uint8_t smx[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     int r0 = blockIdx.x * 16;
@@ -587,7 +594,8 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_str_kernel(mma_args a) {
     for (int j0 = blockIdx.y * 8; j0 < cnt; j0 += gridDim.y * 8) {
         int nt = cnt - j0 < 8 ? cnt - j0 : 8;
         uint4 qa0[UG][CPT], qb0[UG][CPT], qa1[UG][CPT], qb1[UG][CPT];
-        auto ld = [&](int un, uint4(&qa)[UG][CPT], uint4(&qb)[UG][CPT]) {
+        uint32_t ca0[UG], cb0[UG], ca1[UG], cb1[UG]; /* the units' scales (mma_sc) */
+        auto ld = [&](int un, uint4(&qa)[UG][CPT], uint4(&qb)[UG][CPT], uint32_t(&ca)[UG], uint32_t(&cb)[UG]) {
 #pragma unroll
             for (int v = 0; v < UG; v++) {
                 int g = un * UG + v;
@@ -598,24 +606,29 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_str_kernel(mma_args a) {
                     qa[v][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
                     qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
                 }
+                bool gk = un < nu && g < ng;
+                ca[v] = gk ? mma_sc<KIND>(w, sa, g, tig) : 0u;
+                cb[v] = gk ? mma_sc<KIND>(w, sb, g, tig) : 0u;
             }
         };
-        auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT]) {
+        auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT], const uint32_t(&ca)[UG],
+                        const uint32_t(&cb)[UG]) {
             const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
 #pragma unroll
             for (int v = 0; v < UG; v++) {
                 int g = un * UG + v;
                 if (g >= ng) break;
                 float acc[4];
-                mma_group_s<KIND>(w, sa, sb, qa[v], qb[v], g, tig, xr, gid < nt, acc);
+                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, gid < nt, acc);
                 float *ps = part + (size_t)g * 128;
                 *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
                 *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
             }
         };
         int u = warp;
-        ld(u, qa0, qb0); /* the first unit's weights in flight while x is split */
-        for (int i = threadIdx.x; i < nt * ng * 32; i += DW * 32) {
+        ld(u, qa0, qb0, ca0, cb0); /* the first unit's weights in flight while x is split */
+#pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
+        for (int i = threadIdx.x; i < nt * ng * 32; i += NTH) {
             int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (col < K) {
@@ -628,10 +641,10 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_str_kernel(mma_args a) {
         }
         __syncthreads();
         for (; u < nu; u += 2 * DW) {
-            ld(u + DW, qa1, qb1);
-            comp(u, qa0, qb0);
-            ld(u + 2 * DW, qa0, qb0);
-            if (u + DW < nu) comp(u + DW, qa1, qb1);
+            ld(u + DW, qa1, qb1, ca1, cb1);
+            comp(u, qa0, qb0, ca0, cb0);
+            ld(u + 2 * DW, qa0, qb0, ca0, cb0);
+            if (u + DW < nu) comp(u + DW, qa1, qb1, ca1, cb1);
         }
         __syncthreads();
         if (threadIdx.x < 128) {
@@ -852,13 +865,13 @@ int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
 }
 
 template <int KIND, int MODE, int UG>
-static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm) {
+static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm, int nw) {
     static int attr = 0;
     if (!attr) {
         cudaFuncSetAttribute(mma_str_kernel<KIND, MODE, UG>, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
         attr = 1;
     }
-    mma_str_kernel<KIND, MODE, UG><<<grid, DSC_MMA_DW * 32, sm, st>>>(a);
+    mma_str_kernel<KIND, MODE, UG><<<grid, (unsigned)nw * 32, sm, st>>>(a);
 }
 
 /* split: whether the tiles' groups may be split over units (plain products:
@@ -877,9 +890,15 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
         size_t sm = mma_str_smem(a.w.cols, ntk);
         if (sm <= DSC_MMA_STR_SMEM) {
             dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
-            const int UGM = KIND == DS_W_FP8 ? 2 : 4;
-            if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm);
-            else launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm);
+            const int UGM = 2; /* FP4 units of 4 groups would spill (the scales in flight) */
+            /* fewer blocks than DSC_MMA_STR_FEW: more warps per block (the
+             * smaller units: fewer registers); else the larger units where
+             * every warp gets one */
+            long blocks = (long)grid.x * ny * nz;
+            if (blocks < DSC_MMA_STR_FEW && ng >= DSC_MMA_STR_MAXW * UGM / 2)
+                launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm, DSC_MMA_STR_MAXW);
+            else if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm, DSC_MMA_DW);
+            else launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm, DSC_MMA_DW);
             return 0;
         }
         }
