@@ -320,22 +320,24 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         hc_mix_rg_kernel<<<gr, 256, sm, I->stream>>>(w, f, T, m);
     } else {
         switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
-    case DS_W_F32:
-        if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-        else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
-        break;
-    case DS_W_BF16:
-        if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-        else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
-        break;
-    case DS_W_F16:
-        if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-        else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
-        break;
-    default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
-        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m, mrows)) {
-            dsc_failmsg(err, op, "fn: unknown storage kind");
-            return NULL;
+        case DS_W_F32:
+            if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+            else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            break;
+        case DS_W_BF16:
+            if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+            else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            break;
+        case DS_W_F16:
+            if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
+            else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            break;
+        default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
+            if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
+                                  mrows)) {
+                dsc_failmsg(err, op, "fn: unknown storage kind");
+                return NULL;
+            }
         }
     }
     if (dsc_check_launch(err, op)) return NULL;
