@@ -439,6 +439,22 @@ __device__ __forceinline__ float dsc_warp_sum(float v) {
     return v;
 }
 
+/* Thread i's part of rmsnorm's sum of squares over x[0..n): fmaf over x[i],
+ * x[i + DSC_ROW_THREADS], ... ascending (ORDER), up to 16 loads in flight.
+ * rmsnorm_kernel and the mixes' fused 1 / rms both take it: the same chain. */
+__device__ __forceinline__ float dsc_sumsq_part(const float *xr, int n, int i) {
+    float s = 0.0f;
+    for (; i < n; i += 16 * DSC_ROW_THREADS) {
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < n ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (i + u * DSC_ROW_THREADS < n) s = fmaf(v[u], v[u], s);
+    }
+    return s;
+}
+
 /* Block sum for blockDim.x == DSC_ROW_THREADS: warp trees, then warp 0 sums
  * the 8 warp results by the same tree. sh: 32 floats. All threads get it. */
 __device__ __forceinline__ float dsc_block_sum(float v, float *sh) {

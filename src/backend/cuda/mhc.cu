@@ -166,16 +166,7 @@ __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const f
             int nh = HC_MIX_THREADS / DSC_ROW_THREADS;
             for (int tj = h; tj < nt; tj += nh) {
                 const float *xr = X + (size_t)(t0 + tj) * (size_t)K;
-                float s = 0.0f;
-                for (int i = ti; i < K; i += 16 * DSC_ROW_THREADS) { /* 16 loads in flight, the same chain */
-                    float v[16];
-#pragma unroll
-                    for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < K ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
-#pragma unroll
-                    for (int u = 0; u < 16; u++)
-                        if (i + u * DSC_ROW_THREADS < K) s = fmaf(v[u], v[u], s);
-                }
-                s = dsc_warp_sum(s);
+                float s = dsc_warp_sum(dsc_sumsq_part(xr, K, ti)); /* rmsnorm's chain */
                 if (lane == 0) wsum[tj][(ti >> 5)] = s;
             }
             __syncthreads();

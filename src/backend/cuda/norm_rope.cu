@@ -13,16 +13,7 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
     size_t t = blockIdx.x;
     const float *xr = x + t * (size_t)n;
     float *o = out + t * (size_t)n;
-    float s = 0.0f;
-    int i = threadIdx.x;
-    for (; i < n; i += 16 * DSC_ROW_THREADS) { /* up to 16 loads in flight, the same chain */
-        float v[16];
-#pragma unroll
-        for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < n ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            if (i + u * DSC_ROW_THREADS < n) s = fmaf(v[u], v[u], s);
-    }
+    float s = dsc_sumsq_part(xr, n, threadIdx.x);
     float ms = dsc_block_sum(s, sh) / (float)n;
     float r = 1.0f / sqrtf(ms + eps);
     /* in place is safe: each thread rewrites only what it read */
