@@ -1100,7 +1100,7 @@ static void mm_group(void *ctx, int g) {
     /* from 3 tokens on, rows go in pairs that share each x load (x may then
      * come from L2): 2 tokens of 1 row were measured faster than of 2 */
     int pairs = p->rowt2 && t1 - j->t0 >= 3;
-    if (pairs) tg = NT;
+    if (pairs || p->fmt == X_Q4) tg = NT; /* Q4 x: 2.25 bytes per column */
     for (int t = j->t0; t < t1; t += tg) {
         int nt = t1 - t < tg ? t1 - t : tg, r = r0;
         if (pairs && nt >= 2)
