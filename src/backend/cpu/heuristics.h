@@ -24,9 +24,10 @@ int ds_cpu_has_vnni(void);
  * chunk decoded once), in groups whose x fits DS_CPU_L1_X_BYTES. */
 #define DS_CPU_NT 4
 #define DS_CPU_L1_X_BYTES 32768
-/* From 3 tokens on, FP8 (K % 256 == 0) rows go in
- * pairs sharing each x load, up to DS_CPU_NT tokens per call whatever K (x
- * may then come from L2): more FMAs per load and per weight decode. */
+/* From 3 tokens on, FP8 (K % 256 == 0) rows go in pairs sharing each x
+ * load, up to DS_CPU_NT tokens per call whatever K (x may then come from
+ * L2): more FMAs per load and per weight decode. MXFP4 (x quantized, 2.25
+ * bytes per column) always takes up to DS_CPU_NT tokens per call. */
 /* Prefill tiles (AVX-512, FP8 with K % 256 == 0): a product of at least
  * DS_CPU_TILE_MIN_T tokens goes to threads in groups of DS_CPU_TILE_ROWS rows,
  * decoded DS_CPU_FP8_PANEL columns at a time, then run in 2-row x 3-token
