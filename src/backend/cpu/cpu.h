@@ -74,7 +74,8 @@ int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x,
  * the kernels use, vectorized in SIMD builds — the same bytes). */
 size_t ds_cpu_fp4_quantized_bytes(int K);
 void ds_cpu_fp4_quantize(const float *x, int K, uint8_t *dst, int simd);
-/* One output through the portable path (tests compare). */
+/* One output through the portable path (tests compare; MXFP4: NaN when its
+ * copy of the quantized x cannot be allocated). */
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
 
 /* The other ops, by file. */
