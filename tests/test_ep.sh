@@ -2,7 +2,7 @@
 # test_ep.sh — expert parallelism under mpirun (docs/ep.md): 2 ranks and 3
 # ranks (oversubscribed on a 2-core machine) give logits bitwise equal to the
 # pinned hashes of tests/fixtures/pinned/logits.sha256 (computed by main
-# before EP existed) and to the single-process engine, with batches, chunked
+# before EP existed; MXFP4 models' pins renewed with the integer MXFP4 products) and to the single-process engine, with batches, chunked
 # prefill, other placements (a file with replicas; load-balanced with
 # redundant experts), sampled generation and dsv4 check; a rank that fails to
 # load or fails mid-run ends the job with a message naming it, never a hang.

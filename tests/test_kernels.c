@@ -46,6 +46,39 @@ static void make(ds_weight *w, ds_wkind kind, int rows, int cols, uint8_t **data
     w->data = *data;
 }
 
+/* MXFP4 products quantize x per 32-column group to steps s < 2 max|x| / 127
+ * (matmul.c) with hi + lo / 256 parts: each x is off by at most s / 256. The
+ * bound on |y - exact| that this allows (fp32 rounding aside). */
+static double fp4_bound(const float *w, const float *x, int K) {
+    double b = 0;
+    for (int g = 0; g < K; g += 32) {
+        double amax = 0, wsum = 0;
+        for (int j = g; j < g + 32; j++) amax = fmax(amax, fabs((double)x[j])), wsum += fabs((double)w[j]);
+        b += 2 * amax / 127 / 256 * wsum;
+    }
+    return b;
+}
+
+/* MXFP4 paths on one weight and T tokens: every path and T = 1 against the
+ * portable path's bits (NaN: any NaN); returns 1 when all agree. */
+static int fp4_paths_agree(ds_backend *be, const ds_weight *w, const float *x, int T) {
+    int R = w->rows, K = w->cols, same = 1;
+    float *y = malloc(sizeof(float) * (size_t)T * R), *yp = malloc(sizeof(float) * (size_t)T * R);
+    same &= ds_matmul(be, w, x, T, y, NULL) == 0;
+    for (int path = DS_CPU_GENERIC; path <= ds_cpu_best_path(); path++) {
+        same &= ds_cpu_matmul_path(be, w, x, T, yp, path) == 0;
+        for (int i = 0; i < T * R; i++) same &= !memcmp(&yp[i], &y[i], 4) || (isnan(yp[i]) && isnan(y[i]));
+    }
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            float g = ds_cpu_row_dot(w, r, x + (size_t)t * K), h = y[(size_t)t * R + r];
+            same &= !memcmp(&g, &h, 4) || (isnan(g) && isnan(h));
+        }
+    free(y);
+    free(yp);
+    return same;
+}
+
 int main(void) {
     /* dequantization against the format definitions */
     CHECK(ds_fp8_e4m3_to_f32(0x38) == 1.0f, "e4m3 0x38 = %g", (double)ds_fp8_e4m3_to_f32(0x38));
@@ -94,6 +127,8 @@ int main(void) {
                         double ref = 0, mag = 0;
                         for (int c = 0; c < K; c++) ref += (double)row[c] * (double)x[c], mag += fabs((double)row[c] * (double)x[c]);
                         double rel = fabs(ref - (double)y[r]) / (mag + 1e-30);
+                        if (kinds[k] == DS_W_FP4) /* x is quantized per group: error / its bound */
+                            rel = fabs(ref - (double)y[r]) / (fp4_bound(row, x, K) + 1e-6 * mag + 1e-30) * 1e-5;
                         if (rel > maxrel) maxrel = rel;
                     }
                 }
@@ -189,6 +224,95 @@ int main(void) {
         free(y);
         free(data);
         free(scale);
+    }
+    /* the MXFP4 quantizer: the vectorized one writes the scalar definition's
+     * bytes, for every magnitude (per group: ordinary, huge, tiny, subnormal,
+     * zero, with an infinity or a NaN, ties at .5 steps) */
+    {
+        int K = 96 * 32; /* 96 groups: 6 spans */
+        float *x = malloc(sizeof(float) * K);
+        size_t nb = ds_cpu_fp4_quantized_bytes(K);
+        uint8_t *qa = malloc(nb), *qb = malloc(nb);
+        const float mag[] = {1.0f, 3.0e38f, 1.0e-30f, 1.0e-42f, 0.0f, 1.0f, 1.0f, 127.0f};
+        for (int rep = 0; rep < 20; rep++) {
+            for (int g = 0; g < K / 32; g++)
+                for (int j = 0; j < 32; j++) {
+                    int c = (g + rep) % 8;
+                    float v = frand() * mag[c];
+                    if (c == 7) v = (float)((int)(next() % 511) - 255) * 0.5f; /* x / s at .5 steps: ties */
+                    x[g * 32 + j] = v;
+                }
+            x[(rep * 37) % K] = rep & 1 ? INFINITY : NAN;
+            x[(rep * 101 + 7) % K] = -0.0f;
+            ds_cpu_fp4_quantize(x, K, qa, 0);
+            ds_cpu_fp4_quantize(x, K, qb, 1);
+            CHECK(!memcmp(qa, qb, nb), "MXFP4 quantizer, round %d: vector bytes != scalar bytes", rep);
+        }
+        free(x), free(qa), free(qb);
+    }
+    /* MXFP4 (exact integer products per group): extreme inputs give the same
+     * bits on every path, T and thread count, and the documented values */
+    {
+        int R = 7, K = 1184, T = 6; /* 37 groups: two whole spans and a partial one */
+        ds_weight w;
+        uint8_t *data, *scale;
+        make(&w, DS_W_FP4, R, K, &data, &scale);
+        float *x = malloc(sizeof(float) * (size_t)T * K), *y = malloc(sizeof(float) * (size_t)T * R);
+        float *row = malloc(sizeof(float) * (size_t)K);
+        const float special[] = {0.0f, 3.0e38f, -1.0e-30f, 1.0e-42f, 1.0e-38f, 65504.0f, 127.0f, 0.5f};
+        for (int c = 0; c < 8; c++) { /* whole x of one magnitude, x mixed with it, max codes */
+            for (int i = 0; i < T * K; i++) x[i] = special[c] * (c & 1 ? frand() : 1.0f);
+            for (int i = 0; i < T * K; i += 5) x[i] = -x[i];
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < 32; j++) x[(size_t)t * K + 32 * (t + 3) + j] = frand(); /* one ordinary group */
+            if (c == 2) memset(data, 0x77, (size_t)R * K / 2);       /* +6 everywhere */
+            if (c == 3) memset(data, 0xFF, (size_t)R * K / 2);       /* -6 everywhere */
+            CHECK(fp4_paths_agree(&be3, &w, x, T) && fp4_paths_agree(&be1, &w, x, 1), "MXFP4 x = %g (case %d): paths differ",
+                  (double)special[c], c);
+        }
+        for (int i = 0; i < T * K; i++) x[i] = 0.0f;
+        CHECK(ds_matmul(&be3, &w, x, T, y, NULL) == 0, "MXFP4 zeros");
+        int zero = 1;
+        for (int i = 0; i < T * R; i++) zero &= y[i] == 0.0f;
+        CHECK(zero, "MXFP4: x = 0 gives y = 0");
+        /* a NaN or an infinity in x: y is NaN (the group's step is NaN) */
+        for (int i = 0; i < T * K; i++) x[i] = frand();
+        x[K + 700] = INFINITY, x[3 * K + 5] = NAN, x[5 * K + K - 1] = -INFINITY;
+        CHECK(ds_matmul(&be3, &w, x, T, y, NULL) == 0 && fp4_paths_agree(&be3, &w, x, T), "MXFP4 non-finite x: paths");
+        int nan_ok = 1;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) nan_ok &= (t == 1 || t == 3 || t == 5) ? isnan(y[t * R + r]) : isfinite(y[t * R + r]);
+        CHECK(nan_ok, "MXFP4: a non-finite x makes that token's outputs NaN, and only those");
+        /* E8M0 extremes: 0 (2^-127) and 254 are values, 255 is NaN */
+        for (int i = 0; i < R * K / 32; i++) scale[i] = (uint8_t)(i % 3 == 0 ? 0 : i % 3 == 1 ? 254 : 127);
+        for (int i = 0; i < T * K; i++) x[i] = frand() * 1e-20f;
+        CHECK(fp4_paths_agree(&be3, &w, x, T), "MXFP4 E8M0 0 / 254: paths differ");
+        scale[5 * (K / 32) + 36] = 255; /* row 5, the last group */
+        CHECK(ds_matmul(&be3, &w, x, T, y, NULL) == 0 && fp4_paths_agree(&be3, &w, x, T), "MXFP4 E8M0 255: paths");
+        int nan_row = 1;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) nan_row &= r == 5 ? isnan(y[t * R + r]) : !isnan(y[t * R + r]);
+        CHECK(nan_row, "MXFP4: E8M0 255 makes its row NaN, and only it");
+        /* x on the quantization grid (max|x| = 127 * 2^-3 per group: step 2^-3,
+         * lo = 0) loses nothing: y is the exact sum up to fp32 rounding */
+        for (int i = 0; i < R * K / 32; i++) scale[i] = (uint8_t)(120 + i % 10);
+        for (int i = 0; i < T * K; i++) x[i] = (float)((int)(next() % 255) - 127) * 0.125f;
+        for (int i = 0; i < T * K; i += 32) x[i] = 127 * 0.125f;
+        CHECK(ds_matmul(&be3, &w, x, T, y, NULL) == 0, "MXFP4 grid");
+        double worst = 0;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) {
+                ds_weight_row_f32(&w, r, row);
+                double ref = 0, mag = 0;
+                for (int c = 0; c < K; c++) {
+                    ref += (double)row[c] * (double)x[(size_t)t * K + c];
+                    mag += fabs((double)row[c] * (double)x[(size_t)t * K + c]);
+                }
+                double rel = fabs(ref - (double)y[t * R + r]) / mag;
+                worst = rel > worst ? rel : worst;
+            }
+        CHECK(worst < 1e-6, "MXFP4 on-grid x: relative error %g (fp32 rounding of 37 exact group sums)", worst);
+        free(x), free(y), free(row), free(data), free(scale);
     }
     /* the small fixed-order dot used by norms and attention = the portable path */
     for (int n = 1; n < 300; n += 7) {

@@ -69,7 +69,13 @@ int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, d
 int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
 /* One product through a chosen kernel path (every path gives the same bits). */
 int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
-/* One output through the portable path (tests compare). */
+/* MXFP4 products quantize x per token (matmul.c): the bytes of one token's
+ * quantized x, and the quantizer (simd 0: the scalar definition; 1: the one
+ * the kernels use, vectorized in SIMD builds — the same bytes). */
+size_t ds_cpu_fp4_quantized_bytes(int K);
+void ds_cpu_fp4_quantize(const float *x, int K, uint8_t *dst, int simd);
+/* One output through the portable path (tests compare; MXFP4: NaN when its
+ * copy of the quantized x cannot be allocated). */
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
 
 /* The other ops, by file. */

@@ -15,3 +15,11 @@ int ds_cpu_best_path(void) {
     return DS_CPU_GENERIC;
 #endif
 }
+
+int ds_cpu_has_vnni(void) {
+#ifdef DS_X86
+    return ds_cpu_best_path() == DS_CPU_AVX512 && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}

@@ -10,6 +10,9 @@ enum { DS_CPU_GENERIC = 0, DS_CPU_AVX2 = 1, DS_CPU_AVX512 = 2 };
 /* The fastest path this CPU runs (CPUID): AVX-512 (F, BW, VL, DQ), else AVX2
  * (the build requires AVX2 + FMA + F16C on x86-64), else the portable C. */
 int ds_cpu_best_path(void);
+/* 1 when the CPU has AVX-512 VNNI (vpdpbusd): the AVX-512 path's MXFP4
+ * kernel; without it MXFP4 runs the AVX2 kernel (the same bits). */
+int ds_cpu_has_vnni(void);
 
 /* matmul: rows go to threads in groups of DS_CPU_ROW_GROUP (one memory
  * stream per thread) ... */
@@ -21,9 +24,10 @@ int ds_cpu_best_path(void);
  * chunk decoded once), in groups whose x fits DS_CPU_L1_X_BYTES. */
 #define DS_CPU_NT 4
 #define DS_CPU_L1_X_BYTES 32768
-/* From 3 tokens on, FP8 (K % 256 == 0) and MXFP4 (K % 512 == 0) rows go in
- * pairs sharing each x load, up to DS_CPU_NT tokens per call whatever K (x
- * may then come from L2): more FMAs per load and per weight decode. */
+/* From 3 tokens on, FP8 (K % 256 == 0) rows go in pairs sharing each x
+ * load, up to DS_CPU_NT tokens per call whatever K (x may then come from
+ * L2): more FMAs per load and per weight decode. MXFP4 (x quantized, 2.25
+ * bytes per column) always takes up to DS_CPU_NT tokens per call. */
 /* Prefill tiles (AVX-512, FP8 with K % 256 == 0): a product of at least
  * DS_CPU_TILE_MIN_T tokens goes to threads in groups of DS_CPU_TILE_ROWS rows,
  * decoded DS_CPU_FP8_PANEL columns at a time, then run in 2-row x 3-token

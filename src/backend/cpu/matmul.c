@@ -10,16 +10,21 @@
  *    A[b % 2]); y = hsum(A0 + A1). (The AVX-512 path places the e4m3 fields
  *    in fp32 bit patterns, value * 2^-120, against x * 2^112: the same
  *    products, so the same bits, whenever that scaling of x is exact.)
- *  - MXFP4 (32-column groups, E2M1 values, in blocks of 128 columns = 4
- *    groups): lane i of block b covers columns 128b + 8i + k, k = 0..7 (the
- *    4 bytes 4i..4i+3 of the block, a quarter of group 4b + i/4); plane k
- *    holds w_k[i], x_k[i] for column 128b + 8i + k. Two chains, even and
- *    odd planes: E = w0 * x0, E = fma(w_k, x_k, E) for k = 2, 4, 6, and O
- *    likewise from w1 * x1 over k = 3, 5, 7; P = E + O, and
- *    A[b % 2] = fma(P, s, A[b % 2]) with s[i] = scale of group 4b + i/4;
- *    y = hsum(A0 + A1). In a last block of fewer than 4 groups the missing
- *    lanes have w = x = s = 0. The kernels read x in "FP4 order" (per block:
- *    plane k's 16 values, then plane k+1's), made once per matmul.
+ *  - MXFP4 (32-column groups) is an exact integer product per group, so only
+ *    the fp32 sum over groups has an order. x is quantized once per token
+ *    (fp4_quantize_x, the same code for every path): per group a power-of-
+ *    two step s = 2^e, e the smallest with max|x| <= 127 s (e >= -117, so
+ *    s * 2^-9 is a normal float), hi = rint(x / s) and lo = clamp(rint((x / s
+ *    - hi) * 256), -128, 127), x ~ s (hi + lo / 256). With the weights' codes
+ *    doubled (integers w2 in {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}), a
+ *    group's S = sum(w2 * (256 hi + lo)) is an exact integer, |S| < 2^24,
+ *    in any order of summation. Groups go 16 at a time (a 512-column span
+ *    m); lane l = 4q + p of one 16-lane accumulator A takes group 16m + 4p +
+ *    q, m ascending: A[l] = fma((float)S, f, A[l]) with f = ws * sx (one fp32
+ *    product: ws the weight's group scale, sx = s * 2^-9); y = hsum(A). A
+ *    group holding a NaN or an infinity has sx = NaN (y is NaN), an all-zero
+ *    group sx = 0, groups past the last (a partial span) S = f = 0. E8M0
+ *    scale 255 reads as NaN, 0 as 2^-127 (ds_e8m0_to_f32's values).
  *  - hsum(v) = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) with a_i = v_i + v_{i+8}.
  * Several independent chains keep one row's reduction from waiting on FMA
  * latency, so a thread can stream one row at a time (one memory stream).
@@ -47,9 +52,9 @@
 
 /* ---- scalar decoders (the same values as the SIMD decoders) ---- */
 
-/* E8M0 -> float: 2^(e-127); e = 0 gives 2^-127, e = 255 gives +inf. */
+/* E8M0 -> float: 2^(e-127); e = 0 gives 2^-127, e = 255 NaN (the OCP value). */
 static inline float e8m0(uint8_t e) {
-    uint32_t u = e == 0 ? 0x00400000u : (uint32_t)e << 23;
+    uint32_t u = e == 0 ? 0x00400000u : e == 255 ? 0x7FC00000u : (uint32_t)e << 23;
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -142,19 +147,160 @@ static void chunks_generic(const ds_weight *w, const uint8_t *row, const float *
     }
 }
 
-#define FP4_BLOCK 128 /* columns of an MXFP4 block: 4 groups */
+/* ---- MXFP4: x quantized per group, exact integer products ----
+ * The quantized x of one token ("Q4 layout"), per 512-column span m (16
+ * groups), Q4_SPAN_BYTES bytes: for each 128-column block p = 0..3 four
+ * 64-byte vectors hiL, hiH, loL, loH, byte 16q + k of hiL / loL holding
+ * column 128p + 32q + 2k (the low nibble of weight byte 64p + 16q + k) and
+ * of hiH / loH column 128p + 32q + 2k + 1 (its high nibble); then int32 C[16]
+ * and float sx[16] in lane order (lane 4q + p: group 4p + q of the span),
+ * C = 12 * sum(256 hi + lo) over the group (the kernels multiply unsigned
+ * codes w2 + 12 and subtract C). Columns and groups past K are zero. */
+#define Q4_SPAN 512
+#define Q4_SPAN_BYTES 1152
+#define Q4_EMIN (-117) /* smallest group step exponent: s * 2^-9 stays normal */
 
-static inline int fp4_padded(int K) { return (K + FP4_BLOCK - 1) / FP4_BLOCK * FP4_BLOCK; }
+static inline int q4_spans(int K) { return (K + Q4_SPAN - 1) / Q4_SPAN; }
 
-/* x in FP4 order (K % 32 == 0): xp[128b + 16k + i] = x[128b + 8i + k], zero
- * where column 128b + 8i + k >= K; xp has fp4_padded(K) floats. */
-static void fp4_order_x(const float *x, int K, float *xp) {
-    for (int b = 0; b < K; b += FP4_BLOCK) /* per block a 16 x 8 transpose */
-        for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 16; i++) {
-                int c = b + 8 * i + k;
-                xp[b + 16 * k + i] = c < K ? x[c] : 0.0f;
-            }
+/* Floats (4-byte units) of one token's Q4 layout. */
+static inline size_t q4_floats(int K) { return (size_t)q4_spans(K) * (Q4_SPAN_BYTES / 4); }
+
+/* The step exponent e of a group from the bits of max|x| (finite, > 0):
+ * max = mant * 2^k, mant in [0.5, 1); e = k - 7 when mant <= 127/128, else
+ * k - 6; at least Q4_EMIN (subnormal maxima land there too). */
+static inline int q4_exp(uint32_t abits) {
+    int E = (int)(abits >> 23), e = (abits & 0x7FFFFFu) <= 63u << 17 ? E - 133 : E - 132;
+    return e < Q4_EMIN ? Q4_EMIN : e;
+}
+
+static inline float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Group g's C and sx into its span's lane tables. */
+static inline void q4_put(uint8_t *span, int g, int32_t c, float sx) {
+    int lane = 4 * (g % 4) + (g % 16) / 4;
+    memcpy(span + 1024 + 4 * lane, &c, 4);
+    memcpy(span + 1088 + 4 * lane, &sx, 4);
+}
+
+/* Quantizes one token's x (K % 32 == 0) into the Q4 layout at dst: the
+ * scalar definition. v = x * 2^-e is one product by a power of two (exact
+ * unless it underflows: then rounded, as IEEE defines); rint rounds to
+ * nearest even (the default mode); every value below is an exact function
+ * of x, so the SIMD version computes the same bytes. */
+static void fp4_quantize_x_c(const float *x, int K, uint8_t *dst) {
+    int G = K / DS_FP4_GROUP;
+    memset(dst, 0, (size_t)q4_spans(K) * Q4_SPAN_BYTES);
+    for (int g = 0; g < G; g++) {
+        const float *xg = x + (size_t)g * DS_FP4_GROUP;
+        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + 256 * ((g % 16) / 4);
+        int q = g % 4;
+        uint32_t amax = 0; /* the largest |x| as bits: above 0x7F800000 - 1 when a NaN or inf is present */
+        for (int j = 0; j < DS_FP4_GROUP; j++) {
+            uint32_t u;
+            memcpy(&u, &xg[j], 4);
+            u &= 0x7FFFFFFFu;
+            amax = u > amax ? u : amax;
+        }
+        if (amax >= 0x7F800000u || amax == 0) {
+            q4_put(span, g, 0, amax ? NAN : 0.0f);
+            continue;
+        }
+        int e = q4_exp(amax);
+        float inv = f32_of((uint32_t)(127 - e) << 23);
+        int32_t csum = 0;
+        for (int j = 0; j < DS_FP4_GROUP; j++) {
+            float v = xg[j] * inv;
+            long hi = lrintf(v), lo = lrintf((v - (float)hi) * 256.0f);
+            lo = lo > 127 ? 127 : lo;
+            int at = 16 * q + j / 2 + (j & 1) * 64; /* L or H vector */
+            blk[at] = (uint8_t)(int8_t)hi;
+            blk[at + 128] = (uint8_t)(int8_t)lo;
+            csum += (int32_t)(256 * hi + lo);
+        }
+        q4_put(span, g, 12 * csum, f32_of((uint32_t)(127 + e - 9) << 23));
+    }
+}
+
+#ifdef DS_X86
+/* fp4_quantize_x_c with 8-lane vectors (the same operations, so the same
+ * bytes): a group's even and odd columns in 4 registers, cvtps2dq rounding
+ * to nearest even, packs (no saturation: |hi| <= 127, lo in [-128, 127]). */
+static void fp4_quantize_x_avx2(const float *x, int K, uint8_t *dst) {
+    int G = K / DS_FP4_GROUP;
+    memset(dst, 0, (size_t)q4_spans(K) * Q4_SPAN_BYTES);
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), pk = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i i127 = _mm256_set1_epi32(127);
+    const __m256 k256 = _mm256_set1_ps(256.0f);
+    for (int g = 0; g < G; g++) {
+        const float *xg = x + (size_t)g * DS_FP4_GROUP;
+        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + 256 * ((g % 16) / 4);
+        int q = g % 4;
+        __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
+               x3 = _mm256_loadu_ps(xg + 24);
+        __m256i m = _mm256_max_epi32(_mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(x0), absm),
+                                                      _mm256_and_si256(_mm256_castps_si256(x1), absm)),
+                                     _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(x2), absm),
+                                                      _mm256_and_si256(_mm256_castps_si256(x3), absm)));
+        __m128i m4 = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+        m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0x4E));
+        m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0xB1));
+        uint32_t amax = (uint32_t)_mm_cvtsi128_si32(m4);
+        if (amax >= 0x7F800000u || amax == 0) {
+            q4_put(span, g, 0, amax ? NAN : 0.0f);
+            continue;
+        }
+        int e = q4_exp(amax);
+        __m256 inv = _mm256_set1_ps(f32_of((uint32_t)(127 - e) << 23));
+        /* even / odd columns: ev0 = 0, 2, .., 14; ev1 = 16, .., 30; od likewise */
+        __m256 v[4];
+        v[0] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xD8));
+        v[1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x2, x3, 0x88)), 0xD8));
+        v[2] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xDD)), 0xD8));
+        v[3] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x2, x3, 0xDD)), 0xD8));
+        __m256i hi[4], lo[4], cs = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            __m256 u = _mm256_mul_ps(v[i], inv);
+            hi[i] = _mm256_cvtps_epi32(u);
+            lo[i] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(u, _mm256_cvtepi32_ps(hi[i])), k256)), i127);
+            cs = _mm256_add_epi32(cs, _mm256_add_epi32(_mm256_slli_epi32(hi[i], 8), lo[i]));
+        }
+        __m256i h8 = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3])), pk);
+        __m256i l8 = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3])), pk);
+        _mm_storeu_si128((__m128i *)(void *)(blk + 16 * q), _mm256_castsi256_si128(h8));
+        _mm_storeu_si128((__m128i *)(void *)(blk + 64 + 16 * q), _mm256_extracti128_si256(h8, 1));
+        _mm_storeu_si128((__m128i *)(void *)(blk + 128 + 16 * q), _mm256_castsi256_si128(l8));
+        _mm_storeu_si128((__m128i *)(void *)(blk + 192 + 16 * q), _mm256_extracti128_si256(l8, 1));
+        __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(cs), _mm256_extracti128_si256(cs, 1));
+        c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
+        c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
+        q4_put(span, g, 12 * _mm_cvtsi128_si32(c4), f32_of((uint32_t)(127 + e - 9) << 23));
+    }
+}
+#endif
+
+/* The quantizer every path uses (the SIMD build's vector version gives the
+ * scalar definition's bytes: test_kernels compares them). */
+static void fp4_quantize_x(const float *x, int K, uint8_t *dst) {
+#ifdef DS_X86
+    fp4_quantize_x_avx2(x, K, dst);
+#else
+    fp4_quantize_x_c(x, K, dst);
+#endif
+}
+
+size_t ds_cpu_fp4_quantized_bytes(int K) { return (size_t)q4_spans(K) * Q4_SPAN_BYTES; }
+
+void ds_cpu_fp4_quantize(const float *x, int K, uint8_t *dst, int simd) {
+    if (simd)
+        fp4_quantize_x(x, K, dst);
+    else
+        fp4_quantize_x_c(x, K, dst);
 }
 
 /* Scale of group g of row r, 0 past the last group. */
@@ -162,48 +308,53 @@ static inline float fp4_scale(const ds_weight *w, int r, int g) {
     return g < w->cols / DS_FP4_GROUP ? scale_of(w, (size_t)r * (size_t)w->scale_cols + (size_t)g) : 0.0f;
 }
 
-/* Block b of row r with xb (128 floats) in FP4 order: A[b % 2] += P * s. */
-static void fp4_block_generic(const ds_weight *w, const uint8_t *row, int r, int b, const float *xb, l16 *acc) {
-    int c0 = b * FP4_BLOCK;
-    for (int i = 0; i < 16; i++) {
-        float wk[8], e, o;
-        for (int k = 0; k < 8; k++) wk[k] = c0 + 8 * i + k < w->cols ? elem(w, row, c0 + 8 * i + k) : 0.0f;
-        e = wk[0] * xb[i];
-        o = wk[1] * xb[16 + i];
-        for (int k = 2; k < 8; k += 2) {
-            e = fmaf(wk[k], xb[16 * k + i], e);
-            o = fmaf(wk[k + 1], xb[16 * (k + 1) + i], o);
-        }
-        float p = e + o;
-        acc[b & 1].v[i] = fmaf(p, fp4_scale(w, r, 4 * b + i / 4), acc[b & 1].v[i]);
+/* The doubled E2M1 values (exact integers). */
+static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* y from the 16 exact sums S[lane] of each span (the order every path keeps). */
+static inline void fp4_span_acc(const ds_weight *w, int r, int m, const int32_t *S, const uint8_t *span, float *acc) {
+    for (int l = 0; l < 16; l++) {
+        float sx;
+        memcpy(&sx, span + 1088 + 4 * l, 4);
+        float f = fp4_scale(w, r, 16 * m + 4 * (l & 3) + (l >> 2)) * sx;
+        acc[l] = fmaf((float)S[l], f, acc[l]);
     }
 }
 
-/* The portable MXFP4 row with x already in FP4 order. */
-static float row_fp4_generic(const ds_weight *w, int r, const float *xp) {
-    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
-    l16 acc[2];
-    memset(acc, 0, sizeof acc);
-    for (int b = 0; b * FP4_BLOCK < w->cols; b++) fp4_block_generic(w, row, r, b, xp + b * FP4_BLOCK, acc);
-    l16 a = l16_add(acc[0], &acc[1]);
-    return hsum16(a.v);
+/* The portable MXFP4 row with x in the Q4 layout. */
+static float row_fp4_generic(const ds_weight *w, int r, const float *xq) {
+    const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2), *xb = (const uint8_t *)xq;
+    int G = w->cols / DS_FP4_GROUP;
+    float acc[16] = {0};
+    for (int m = 0; m * 16 < G; m++) {
+        const uint8_t *span = xb + (size_t)m * Q4_SPAN_BYTES;
+        int32_t S[16] = {0};
+        for (int l = 0; l < 16; l++) {
+            int p = l & 3, q = l >> 2, g = 16 * m + 4 * p + q;
+            if (g >= G) continue;
+            const uint8_t *wb = row + 16 * (size_t)g, *blk = span + 256 * p + 16 * q;
+            for (int k = 0; k < 16; k++) {
+                int32_t a = e2m1_x2[wb[k] & 15], b = e2m1_x2[wb[k] >> 4];
+                S[l] += a * (256 * (int8_t)blk[k] + (int8_t)blk[128 + k]);
+                S[l] += b * (256 * (int8_t)blk[64 + k] + (int8_t)blk[192 + k]);
+            }
+        }
+        fp4_span_acc(w, r, m, S, span, acc);
+    }
+    return hsum16(acc);
 }
 
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x) {
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
     int K = w->cols;
     l16 p[4];
-    if (w->kind == DS_W_FP4) { /* one block of x in FP4 order at a time */
-        float xp[FP4_BLOCK];
-        l16 acc[2];
-        memset(acc, 0, sizeof acc);
-        for (int b = 0; b * FP4_BLOCK < K; b++) {
-            int n = K - b * FP4_BLOCK < FP4_BLOCK ? K - b * FP4_BLOCK : FP4_BLOCK;
-            fp4_order_x(x + b * FP4_BLOCK, n, xp);
-            fp4_block_generic(w, row, r, b, xp, acc);
-        }
-        l16 a = l16_add(acc[0], &acc[1]);
-        return hsum16(a.v);
+    if (w->kind == DS_W_FP4) { /* x quantized as every path does */
+        uint8_t *xq = malloc((size_t)q4_spans(K) * Q4_SPAN_BYTES);
+        if (!xq) return NAN;
+        fp4_quantize_x(x, K, xq);
+        float y = row_fp4_generic(w, r, (const float *)(const void *)xq);
+        free(xq);
+        return y;
     }
     if (w->kind == DS_W_FP8) {
         int blk = DS_FP8_BLOCK;
@@ -317,46 +468,51 @@ static float row_avx2(const ds_weight *w, int r, const float *x) {
     return v16_hsum(v16_add(acc[0], acc[1]));
 }
 
-/* MXFP4 row with x in FP4 order: a block's 64 bytes are 16 dwords (lanes
- * 0-7 in lo, 8-15 in hi); plane k looks up nibble k of each dword in an
- * 8-entry magnitude table and ORs in its sign bit. */
-static float row_fp4_avx2(const ds_weight *w, int r, const float *xp) {
-    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
-    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+/* MXFP4 row with x in the Q4 layout: each 128-bit lane of a 32-byte load is
+ * one group; codes become unsigned w2 + 12 (vpshufb), products u8 x s8 in
+ * pairs (vpmaddubsw: at most 2 * 24 * 128, no saturation), then pairs of
+ * pairs (vpmaddwd by 1). Exact integers, so any order gives the same S; the
+ * span's sums then go through fp4_span_acc like the portable path. */
+static float row_fp4_avx2(const ds_weight *w, int r, const float *xq) {
+    const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2), *xb = (const uint8_t *)xq;
     int G = w->cols / DS_FP4_GROUP;
-    v16 acc[2] = {v16_zero(), v16_zero()};
-    for (int b = 0; b * 4 < G; b++) {
-        __m256i d[2];
-        if (G - 4 * b >= 4) {
-            d[0] = _mm256_loadu_si256((const __m256i *)(const void *)(row + 64 * b));
-            d[1] = _mm256_loadu_si256((const __m256i *)(const void *)(row + 64 * b + 32));
-        } else { /* 4 lanes per group present */
-            int n = 4 * (G - 4 * b);
-            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            const int *src = (const int *)(const void *)(row + 64 * b);
-            d[0] = _mm256_maskload_epi32(src, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
-            d[1] = _mm256_maskload_epi32(src + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lane));
-        }
-        const float *xb = xp + b * FP4_BLOCK;
-        v16 e, o;
-        __m256 *eh[2] = {&e.lo, &e.hi}, *oh[2] = {&o.lo, &o.hi};
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 8; k++) {
-                __m256 wv = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, _mm256_srli_epi32(d[h], 4 * k)),
-                                         _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(d[h], 28 - 4 * k), sign)));
-                __m256 xv = _mm256_loadu_ps(xb + 16 * k + 8 * h), *chain = k & 1 ? oh[h] : eh[h];
-                *chain = k < 2 ? _mm256_mul_ps(wv, xv) : _mm256_fmadd_ps(wv, xv, *chain);
+    const __m256i tbl = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
+                                         18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
+    float acc[16] = {0};
+    for (int m = 0; m * 16 < G; m++) {
+        const uint8_t *span = xb + (size_t)m * Q4_SPAN_BYTES;
+        int32_t S[16], C[16];
+        memcpy(C, span + 1024, sizeof C);
+        for (int p = 0; p < 4; p++)
+            for (int h = 0; h < 2; h++) { /* groups 16m + 4p + 2h, + 1 */
+                int g = 16 * m + 4 * p + 2 * h;
+                __m256i d;
+                if (g + 2 <= G)
+                    d = _mm256_loadu_si256((const __m256i *)(const void *)(row + 16 * (size_t)g));
+                else if (g < G) /* one group left: the other lane's bytes are 0 (its x is 0 too) */
+                    d = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * (size_t)g)));
+                else
+                    d = _mm256_setzero_si256();
+                __m256i L = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
+                __m256i H = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
+                const uint8_t *x0 = span + 256 * p + 32 * h;
+#define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
+                __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(0)), one),
+                                              _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(64)), one));
+                __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(128)), one),
+                                              _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(192)), one));
+#undef LDX
+                int32_t v[8];
+                _mm256_storeu_si256((__m256i *)(void *)v, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+                for (int k = 0; k < 2; k++) { /* group 4p + 2h + k of the span: lane 4(2h + k) + p */
+                    int l = 4 * (2 * h + k) + p;
+                    S[l] = v[4 * k] + v[4 * k + 1] + v[4 * k + 2] + v[4 * k + 3] - C[l];
+                }
             }
-        float s0 = fp4_scale(w, r, 4 * b), s1 = fp4_scale(w, r, 4 * b + 1);
-        float s2 = fp4_scale(w, r, 4 * b + 2), s3 = fp4_scale(w, r, 4 * b + 3);
-        v16 p = v16_add(e, o);
-        __m256 slo = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), shi = _mm256_setr_ps(s2, s2, s2, s2, s3, s3, s3, s3);
-        v16 *a = &acc[b & 1];
-        a->lo = _mm256_fmadd_ps(p.lo, slo, a->lo);
-        a->hi = _mm256_fmadd_ps(p.hi, shi, a->hi);
+        fp4_span_acc(w, r, m, S, span, acc);
     }
-    return v16_hsum(v16_add(acc[0], acc[1]));
+    return hsum16(acc);
 }
 
 /* ---- AVX-512: a 16-lane vector is one register ---- */
@@ -561,7 +717,8 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t2_512(const ds_wei
 }
 
 /* Sixteen group scales starting at index i as floats, with the scalar
- * decoder's values (e8m0: e == 0 -> 2^-127, else e << 23); lanes >= n are 0. */
+ * decoder's values (e8m0: e == 0 -> 2^-127, e == 255 -> NaN, else e << 23);
+ * lanes >= n are 0. */
 AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
     __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
     if (w->scale_f32) return _mm512_maskz_loadu_ps(m, w->scale + 4 * i);
@@ -569,138 +726,70 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
     __m512i bits = _mm512_slli_epi32(e, 23);
     bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
                                  _mm512_set1_epi32(0x00400000));
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                                 _mm512_set1_epi32(0x7FC00000));
     return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(m, bits));
 }
 
-/* P[t] = E + O of one MXFP4 block (its 64 bytes as 16 dwords d; x in FP4
- * order at xb + t * xs): vpermps reads the low 4 bits of each index, so after
- * a shift by 4k it looks up nibble k of every dword (one shuffle per 16
- * weights, shared by the tokens). */
-AVX512 __attribute__((always_inline)) static inline void fp4_block_t_512(__m512i d, const float *xb, size_t xs,
-                                                                          __m512 tbl, __m512 *P, const int nt) {
-    __asm__("" : "+v"(d)); /* one load of the weights, not one per shift (the compiler would fold them) */
-    __m512 e[NT], o[NT];
-    UNROLL for (int k = 0; k < 8; k++) {
-        __m512 wk = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * k), tbl);
-        UNROLL for (int t = 0; t < nt; t++) {
-            __m512 xk = _mm512_loadu_ps(xb + (size_t)t * xs + 16 * k);
-            if (k == 0)
-                e[t] = _mm512_mul_ps(wk, xk);
-            else if (k == 1)
-                o[t] = _mm512_mul_ps(wk, xk);
-            else if (k & 1)
-                o[t] = _mm512_fmadd_ps(wk, xk, o[t]);
-            else
-                e[t] = _mm512_fmadd_ps(wk, xk, e[t]);
-        }
-    }
-    UNROLL for (int t = 0; t < nt; t++) P[t] = _mm512_add_ps(e[t], o[t]);
-}
+/* MXFP4 rows x nt tokens with x in the Q4 layout, AVX-512 VNNI. Per span a
+ * 64-byte load is 4 groups, one per 128-bit lane; vpshufb turns its low and
+ * high nibbles into unsigned codes w2 + 12 (L: even columns, H: odd), and
+ * vpdpbusd sums 4 products u8 x s8 per dword: hi first, << 8, then lo, so
+ * dword j of block p holds a quarter of 256 * sum(u hi) + sum(u lo) of group
+ * 4p + j / 4. An in-lane 4 x 4 transpose-add gives lane 4q + p = group 4p + q
+ * (exact integers: the order of these sums is free), minus C; then the one
+ * fp32 fma per group of the documented order. */
+#define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-/* MXFP4 rows with x in FP4 order. The 16 group scales of 4 blocks are
- * decoded together and spread 4 lanes per group; whole runs of 4 blocks go
- * without branches, a last partial run block by block (masked loads). */
-AVX512 __attribute__((always_inline)) static inline void fp4_t_512(const ds_weight *w, int r, const float *xp, size_t xs,
-                                                                    float *out, const int nt) {
+AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds_weight *w, int r, const float *xq,
+                                                                        size_t xs, float *out, const int nt) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
-    const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
-    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); /* lane -> group of sv */
-    const __m512i spread[4] = {s0, _mm512_add_epi32(s0, _mm512_set1_epi32(4)), _mm512_add_epi32(s0, _mm512_set1_epi32(8)),
-                               _mm512_add_epi32(s0, _mm512_set1_epi32(12))};
-    __m512 a[NT][2], P[NT];
-    UNROLL for (int t = 0; t < nt; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
-    int b = 0;
-    for (; 4 * b + 16 <= G; b += 4) {
-        const uint8_t *p = row + 64 * (size_t)b;
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* lane 4q+p <- group 4p+q */
+    __m512 acc[NT];
+    UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int m = 0; 16 * m < G; m++) {
+        const uint8_t *p = row + 256 * (size_t)m;
         PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-        __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, 16);
-        UNROLL for (int h = 0; h < 4; h++) {
-            fp4_block_t_512(_mm512_loadu_si512((const void *)(p + 64 * h)), xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
-            __m512 m = _mm512_permutexvar_ps(spread[h], sv);
-            UNROLL for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
-        }
-    }
-    if (4 * b < G) { /* fewer than 16 groups left */
-        __m512 sv = scales16_512(w, sbase + 4 * (size_t)b, G - 4 * b);
-        UNROLL for (int h = 0; 4 * (b + h) < G; h++) {
-            int left = G - 4 * (b + h); /* groups from this block on */
-            const uint8_t *p = row + 64 * (size_t)(b + h);
-            __m512i d = left >= 4 ? _mm512_loadu_si512((const void *)p)
-                                  : _mm512_maskz_loadu_epi32((__mmask16)((1u << (4 * left)) - 1), p);
-            fp4_block_t_512(d, xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
-            __m512 m = _mm512_permutexvar_ps(spread[h], sv);
-            UNROLL for (int t = 0; t < nt; t++) a[t][h & 1] = _mm512_fmadd_ps(P[t], m, a[t][h & 1]);
-        }
-    }
-    UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(_mm512_add_ps(a[t][0], a[t][1]));
-}
-
-/* Two rows (r, r + 1) x nt tokens of MXFP4 at once: each x plane is loaded
- * once for both rows and each decoded weight vector meets every token, so
- * FMAs outnumber loads and decodes; every (row, token) keeps exactly the
- * operations of fp4_t_512, so the bits are the same. out[t] is row r's,
- * out[NT + t] row r + 1's. Both rows have whole blocks only (the caller
- * sends rows with G % 16 == 0 here). */
-AVX512 __attribute__((always_inline)) static inline void fp4_block2_t_512(__m512i d0, __m512i d1, const float *xb, size_t xs,
-                                                                           __m512 tbl, __m512 P[2][NT], const int nt) {
-    __asm__("" : "+v"(d0), "+v"(d1));
-    __m512 e[2][NT], o[2][NT];
-    UNROLL for (int k = 0; k < 8; k++) {
-        __m512 w0 = _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4 * k), tbl);
-        __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4 * k), tbl);
-        UNROLL for (int t = 0; t < nt; t++) {
-            __m512 xk = _mm512_loadu_ps(xb + (size_t)t * xs + 16 * k);
-            if (k == 0) {
-                e[0][t] = _mm512_mul_ps(w0, xk);
-                e[1][t] = _mm512_mul_ps(w1, xk);
-            } else if (k == 1) {
-                o[0][t] = _mm512_mul_ps(w0, xk);
-                o[1][t] = _mm512_mul_ps(w1, xk);
-            } else if (k & 1) {
-                o[0][t] = _mm512_fmadd_ps(w0, xk, o[0][t]);
-                o[1][t] = _mm512_fmadd_ps(w1, xk, o[1][t]);
-            } else {
-                e[0][t] = _mm512_fmadd_ps(w0, xk, e[0][t]);
-                e[1][t] = _mm512_fmadd_ps(w1, xk, e[1][t]);
+        int left = G - 16 * m;
+        __m512 ws = _mm512_permutexvar_ps(perm, scales16_512(w, sbase + 16 * (size_t)m, left));
+        __m512i s[NT][4];
+        UNROLL for (int b = 0; b < 4; b++) {
+            __m512i d;
+            if (left >= 16) {
+                d = _mm512_loadu_si512((const void *)(p + 64 * b));
+            } else { /* groups of this block present: their 16 bytes each */
+                int n = left - 4 * b;
+                n = n < 0 ? 0 : n > 4 ? 4 : n;
+                __mmask64 k = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+                d = _mm512_maskz_loadu_epi8(k, p + 64 * b);
             }
-        }
-    }
-    UNROLL for (int t = 0; t < nt; t++) P[0][t] = _mm512_add_ps(e[0][t], o[0][t]), P[1][t] = _mm512_add_ps(e[1][t], o[1][t]);
-}
-
-AVX512 __attribute__((always_inline)) static inline void fp4_t2_512(const ds_weight *w, int r, const float *xp, size_t xs,
-                                                                     float *out, const int nt) {
-    int G = w->cols / DS_FP4_GROUP;
-    size_t rb = (size_t)(w->cols / 2);
-    const uint8_t *row = w->data + (size_t)r * rb;
-    size_t sbase = (size_t)r * (size_t)w->scale_cols;
-    const __m512 tbl = _mm512_loadu_ps(ds_e2m1_values);
-    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 a[2][NT][2], P[2][NT];
-    UNROLL for (int t = 0; t < nt; t++) a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
-    for (int b = 0; 4 * b < G; b += 4) {
-        const uint8_t *p = row + 64 * (size_t)b;
-        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-        PF(p + rb), PF(p + rb + 64), PF(p + rb + 128), PF(p + rb + 192);
-        __m512 sv0 = scales16_512(w, sbase + 4 * (size_t)b, 16);
-        __m512 sv1 = scales16_512(w, sbase + (size_t)w->scale_cols + 4 * (size_t)b, 16);
-        UNROLL for (int h = 0; h < 4; h++) {
-            fp4_block2_t_512(_mm512_loadu_si512((const void *)(p + 64 * h)), _mm512_loadu_si512((const void *)(p + rb + 64 * h)),
-                             xp + (size_t)(b + h) * FP4_BLOCK, xs, tbl, P, nt);
-            __m512i sp = _mm512_add_epi32(s0, _mm512_set1_epi32(4 * h));
-            __m512 m0 = _mm512_permutexvar_ps(sp, sv0), m1 = _mm512_permutexvar_ps(sp, sv1);
+            __asm__("" : "+v"(d));
+            __m512i L = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d, m4));
+            __m512i H = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d, 4), m4));
             UNROLL for (int t = 0; t < nt; t++) {
-                a[0][t][h & 1] = _mm512_fmadd_ps(P[0][t], m0, a[0][t][h & 1]);
-                a[1][t][h & 1] = _mm512_fmadd_ps(P[1][t], m1, a[1][t][h & 1]);
+                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
+                __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, _mm512_loadu_si512((const void *)xb));
+                a = _mm512_dpbusd_epi32(a, H, _mm512_loadu_si512((const void *)(xb + 64)));
+                a = _mm512_slli_epi32(a, 8);
+                a = _mm512_dpbusd_epi32(a, L, _mm512_loadu_si512((const void *)(xb + 128)));
+                s[t][b] = _mm512_dpbusd_epi32(a, H, _mm512_loadu_si512((const void *)(xb + 192)));
             }
         }
+        UNROLL for (int t = 0; t < nt; t++) {
+            const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
+            __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(s[t][0], s[t][1]), _mm512_unpackhi_epi32(s[t][0], s[t][1]));
+            __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(s[t][2], s[t][3]), _mm512_unpackhi_epi32(s[t][2], s[t][3]));
+            __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+            v = _mm512_sub_epi32(v, _mm512_loadu_si512((const void *)(sp + 1024)));
+            __m512 f = _mm512_mul_ps(ws, _mm512_loadu_ps((const float *)(const void *)(sp + 1088)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), f, acc[t]);
+        }
     }
-    UNROLL for (int t = 0; t < nt; t++) {
-        out[t] = hsum16_512(_mm512_add_ps(a[0][t][0], a[0][t][1]));
-        out[NT + t] = hsum16_512(_mm512_add_ps(a[1][t][0], a[1][t][1]));
-    }
+    UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(acc[t]);
 }
 
 /* ---- AVX-512 prefill tiles: 2 rows x up to 3 tokens, weights decoded once ----
@@ -804,15 +893,15 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
 #define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16)
 #define F16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F16)
 #define F32_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F32)
-#define FP4_N(n) fp4_t_512(w, r, x, xs, out, n)
 ROWT(rowt_fp8_512, FP8_N)
 ROWT(rowt_fp8raw_512, FP8RAW_N) /* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
 ROWT(rowt_bf16_512, BF16_N)
 ROWT(rowt_f16_512, F16_N)
 ROWT(rowt_f32_512, F32_N)
-ROWT(rowt_fp4_512, FP4_N) /* x in FP4 order */
-#define FP4_2N(n) fp4_t2_512(w, r, x, xs, out, n)
-ROWT(rowt2_fp4_512, FP4_2N) /* rows r, r + 1; whole 16-group runs only */
+#define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n)
+AVX512VNNI static void rowt_fp4q_512(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) {
+    NT_CASES(FP4Q_N) /* x in the Q4 layout */
+}
 #define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8)
 #define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW)
 ROWT(rowt2_fp8_512, FP8_2N) /* rows r, r + 1; K % 256 == 0 */
@@ -823,11 +912,12 @@ typedef float (*row_fn)(const ds_weight *, int, const float *);
 /* nt (<= NT) tokens of row r: out[t] from x + t * xs */
 typedef void (*rowt_fn)(const ds_weight *, int, const float *, size_t, int, float *);
 
-/* The single-token row kernel of the generic and AVX2 paths; MXFP4 kernels
- * take x in FP4 order. */
+/* The single-token row kernel of the generic and AVX2 paths (and MXFP4's on
+ * an AVX-512 CPU without VNNI); MXFP4 kernels take x in the Q4 layout. */
 static row_fn row_for(int path, int fp4) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX2) return fp4 ? row_fp4_avx2 : row_avx2;
+    if (path == DS_CPU_AVX512 && fp4) return row_fp4_avx2;
 #endif
     (void)path;
     return fp4 ? row_fp4_generic : ds_cpu_row_dot;
@@ -838,7 +928,7 @@ static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512) switch (kind) {
         case DS_W_FP8: return raw ? rowt_fp8raw_512 : rowt_fp8_512;
-        case DS_W_FP4: return rowt_fp4_512;
+        case DS_W_FP4: return ds_cpu_has_vnni() ? rowt_fp4q_512 : NULL;
         case DS_W_BF16: return rowt_bf16_512;
         case DS_W_F16: return rowt_f16_512;
         case DS_W_F32: return rowt_f32_512;
@@ -851,7 +941,6 @@ static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
 /* The two-row kernel of the AVX-512 path where one exists for w (NULL otherwise). */
 static rowt_fn rowt2_for(int path, const ds_weight *w, int raw) {
 #ifdef DS_X86
-    if (path == DS_CPU_AVX512 && w->kind == DS_W_FP4 && (w->cols / DS_FP4_GROUP) % 16 == 0) return rowt2_fp4_512;
     if (path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && w->cols % (2 * DS_FP8_BLOCK) == 0)
         return raw ? rowt2_fp8raw_512 : rowt2_fp8_512;
 #endif
@@ -902,9 +991,9 @@ float ds_dot_f32(const float *a, const float *b, int n) {
 
 #define TOKEN_BLOCK DS_CPU_TOKEN_BLOCK
 
-/* how a product reads its x copy: plain, FP4 order, scaled by 2^112 (FP8_RAW);
+/* how a product reads its x copy: plain, quantized (the Q4 layout), scaled by 2^112 (FP8_RAW);
  * X_T*: panel-major for the prefill tiles */
-enum { X_PLAIN, X_FP4, X_RAW, X_TPLAIN, X_TRAW };
+enum { X_PLAIN, X_Q4, X_RAW, X_TPLAIN, X_TRAW };
 
 /* A product ready to run: x copied (see mm_prepare), its row kernel, and
  * (set per token block) its first row group in the block's numbering. */
@@ -1011,7 +1100,7 @@ static void mm_group(void *ctx, int g) {
     /* from 3 tokens on, rows go in pairs that share each x load (x may then
      * come from L2): 2 tokens of 1 row were measured faster than of 2 */
     int pairs = p->rowt2 && t1 - j->t0 >= 3;
-    if (pairs) tg = NT;
+    if (pairs || p->fmt == X_Q4) tg = NT; /* Q4 x: 2.25 bytes per column */
     for (int t = j->t0; t < t1; t += tg) {
         int nt = t1 - t < tg ? t1 - t : tg, r = r0;
         if (pairs && nt >= 2)
@@ -1047,24 +1136,24 @@ static int fp8_raw_ok(const float *x, size_t n) {
 }
 
 /* Sets up product jb: its kernels and the layout of its x copy (rows on
- * 64-byte lines: no split vector loads; in FP4 order for MXFP4; scaled by
+ * 64-byte lines: no split vector loads; quantized (Q4 layout) for MXFP4; scaled by
  * 2^112 for FP8_RAW). Returns the floats its copy needs, or 0 when one of
  * the n earlier products of the batch makes the same copy (shared: its
  * index in *share). */
 static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev, int n, mm_prep *p, int *share) {
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
-    int fmt = w->kind == DS_W_FP4 ? X_FP4
+    int fmt = w->kind == DS_W_FP4 ? X_Q4
               : path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                                         : X_PLAIN;
     int tile = path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && K % (2 * DS_FP8_BLOCK) == 0 && T >= DS_CPU_TILE_MIN_T;
     if (tile) fmt = fmt == X_RAW ? X_TRAW : X_TPLAIN;
     size_t xstride = tile           ? ((size_t)K + DS_CPU_FP8_PANEL - 1) / DS_CPU_FP8_PANEL * DS_CPU_FP8_PANEL
-                     : fmt == X_FP4 ? (size_t)fp4_padded(K)
+                     : fmt == X_Q4  ? q4_floats(K)
                                     : ((size_t)K + 15) / 16 * 16;
     int raw = fmt == X_RAW || fmt == X_TRAW;
     int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
-    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_FP4),
+    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_Q4),
                    rowt_for(path, w->kind, raw), rowt2_for(path, w, raw), jb->x, fmt, tile, rg};
     *share = -1;
     for (int i = 0; i < n; i++)
@@ -1087,8 +1176,8 @@ static void mm_fill(mm_prep *p) {
             continue;
         }
         float *dst = p->xp + (size_t)t * p->xstride;
-        if (p->fmt == X_FP4)
-            fp4_order_x(xt, K, dst);
+        if (p->fmt == X_Q4)
+            fp4_quantize_x(xt, K, (uint8_t *)(void *)dst);
         else if (p->fmt == X_RAW)
             for (int c = 0; c < K; c++) dst[c] = xt[c] * 0x1p112f;
         else
