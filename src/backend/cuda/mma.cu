@@ -885,10 +885,9 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
      * shared memory: the streaming kernel (experts, and plain products of at
      * least DSC_MMA_STR_TILES tiles; the same bits) */
     if constexpr (KIND != DS_W_BF16) {
-        if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES)) {
         int ntk = a.T < 8 ? a.T : 8, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G;
         size_t sm = mma_str_smem(a.w.cols, ntk);
-        if (sm <= DSC_MMA_STR_SMEM) {
+        if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES) && sm <= DSC_MMA_STR_SMEM) {
             dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
             const int UGM = 2; /* FP4 units of 4 groups would spill (the scales in flight) */
             /* fewer blocks than DSC_MMA_STR_FEW: more warps per block (the
@@ -900,7 +899,6 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
             else if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm, DSC_MMA_DW);
             else launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm, DSC_MMA_DW);
             return 0;
-        }
         }
     }
     /* FP8 / FP4 matrices with many tiles: the block kernel (measured faster
@@ -954,6 +952,7 @@ static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int 
 }
 
 static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 2 x 2 warps of 2 x 4 tiles");
+static_assert(DSC_MMA_XBM == 4 * 2 * 16, "the x16 / x8 shapes are 4 warps of 2 m16 tiles");
 template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz, int ts) {
     if (ts == DSC_MMA_TS_X16) launch_tile_shape<KIND, MODE, 4, 1, 2, 2>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_X8) launch_tile_shape<KIND, MODE, 4, 1, 2, 1>(st, a, rows, T, nz);
@@ -1030,10 +1029,10 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
      * shape of the mean pairs per active expert (heuristics.h). The same bits
      * in every case. */
     size_t P = (size_t)T * (size_t)k;
-    int dec = T <= DSC_MMA_XDEC_MAX_T, ts = dsc_mma_expert_tile(P, ny);
-    if (shape.rows % DSC_MMA_XBM) ts = DSC_MMA_TS_64; /* w1 / w3 halves in whole blocks */
-    if (dec && maxcnt > DSC_MMA_DEC_MAX_T) maxcnt = DSC_MMA_DEC_MAX_T;
+    int dec = T <= DSC_MMA_XDEC_MAX_T, ts = DSC_MMA_TS_64;
     if (!dec) {
+        /* w1 / w3 halves in whole blocks, else the 64 shape */
+        if (shape.rows % DSC_MMA_XBM == 0) ts = dsc_mma_expert_tile(P, ny);
         size_t n = up ? (size_t)T * (size_t)xs : P * (size_t)xs;
         if (split(st, &mb[0], x, n)) return -1;
         a.xhl = (const uint4 *)mb[0].p;
