@@ -331,13 +331,16 @@ struct ds_backend {
     /* Expert parallelism between devices (docs/ep.md; NULL: rows go through
      * host memory and the transport of dist/). ep_comm_id: rank 0 makes the
      * id of a communicator (at most cap bytes, its size in *n); every rank
-     * then joins with ep_comm_init (the id came over MPI). ep_exchange: rows
-     * [n_pairs][D] in device memory, each rank holding the rows of the pairs
-     * it owns (owner: host [n_pairs], a rank each); afterwards every rank
-     * holds every row, bit for bit as its owner computed it. */
+     * then joins with ep_comm_init (the id came over MPI). ep_exchange: nb
+     * buffers of n rows in device memory (buffer b's rows of widths[b] 32-bit
+     * words), row j of each filled on rank owner[j] (host [n]); afterwards
+     * every rank holds every row (dest NULL) or rank r holds the rows j with
+     * dest[j] == r (host [n]), bit for bit as their owner filled them. All
+     * buffers share the tables, so they move together. */
     int (*ep_comm_id)(const ds_backend *be, void *id, size_t cap, size_t *n, ds_err *err);
     int (*ep_comm_init)(const ds_backend *be, const void *id, size_t n, int rank, int size, ds_err *err);
-    int (*ep_exchange)(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err);
+    int (*ep_exchange)(const ds_backend *be, int nb, float *const *bufs, const int *widths, int n, const int *owner,
+                       const int *dest, ds_err *err);
 
     /* Host work between steps (the server's sampling) on the backend's own
      * threads, which are idle then: fn(ctx, i) for i in [0, n), at most

@@ -244,7 +244,7 @@ static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item 
         float *hx = rs->g_head + (size_t)roff * c->dim;
         for (int r = 0; r < z.Rg; r++) rs->g_dest[r] = 0; /* Rg <= Tg: the pairs' table has room */
         if ((R && head_norm(&S, items, want, mine, n_loc, R, hx, err)) ||
-            ds_step_exchange(&S, rs->g_head, z.Rg, c->dim, rs->g_owner + z.Tg, rs->g_dest, err))
+            ds_step_exchange(&S, 1, &rs->g_head, &c->dim, z.Rg, rs->g_owner + z.Tg, rs->g_dest, err))
             return -1;
         if (me == 0) {
             int *order = rs->loc, n = 0;

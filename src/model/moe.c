@@ -27,19 +27,22 @@ static int observe(const ds_step *S, int li, ds_err *err) {
     return 0;
 }
 
-int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err) {
+int ds_step_exchange(const ds_step *S, int nb, float *const *bufs, const int *widths, int n, const int *owner,
+                     const int *dest, ds_err *err) {
     const ds_backend *be = S->be;
     ds_runstate *rs = S->rs;
     if (n <= 0) return 0;
-    if (ds_ep_transport(S->m->ep)) return be->ep_exchange(be, rows, n, D, owner, err); /* device to device */
-    size_t bytes = (size_t)n * D * sizeof(float);
+    if (ds_ep_transport(S->m->ep)) return be->ep_exchange(be, nb, bufs, widths, n, owner, dest, err); /* device to device */
     double t0 = be->profile ? ds_now() : 0; /* download, MPI and upload return when done */
     ds_ep *ep = S->m->ep;
-    if (be->download(be, rs->ep_rows, rows, bytes, err) ||
-        (dest ? ds_ep_exchange_to(ep, rs->ep_rows, n, D, owner, dest, err)
-              : ds_ep_exchange_rows(ep, rs->ep_rows, n, D, owner, err)) ||
-        be->upload(be, rows, rs->ep_rows, bytes, err))
-        return -1;
+    for (int b = 0; b < nb; b++) {
+        size_t bytes = (size_t)n * widths[b] * sizeof(float);
+        if (be->download(be, rs->ep_rows, bufs[b], bytes, err) ||
+            (dest ? ds_ep_exchange_to(ep, rs->ep_rows, n, widths[b], owner, dest, err)
+                  : ds_ep_exchange_rows(ep, rs->ep_rows, n, widths[b], owner, err)) ||
+            be->upload(be, bufs[b], rs->ep_rows, bytes, err))
+            return -1;
+    }
     if (be->profile) be->profile->exchange_seconds += ds_now() - t0;
     return 0;
 }
@@ -71,10 +74,10 @@ static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err 
     const int32_t *idx = rs->idx;
     const float *wts = rs->wts;
     if (dp) {
-        if (ds_step_exchange(S, rs->g_xn, Tg, D, dp->owner, NULL, err) ||
-            ds_step_exchange(S, (float *)rs->g_idx, Tg, k, dp->owner, NULL, err) ||
-            ds_step_exchange(S, rs->g_wts, Tg, k, dp->owner, NULL, err))
-            return -1;
+        /* the ids travel as 32-bit words, never converted */
+        float *bufs[3] = {rs->g_xn, (float *)rs->g_idx, rs->g_wts};
+        int widths[3] = {D, k, k};
+        if (ds_step_exchange(S, 3, bufs, widths, Tg, dp->owner, NULL, err)) return -1;
         x = rs->g_xn, idx = rs->g_idx, wts = rs->g_wts;
     }
     size_t n_pairs = (size_t)Tg * k;
@@ -111,7 +114,8 @@ static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err 
     }
     if (dp) /* each pair's row goes to its token's home rank */
         for (size_t i = 0; i < n_pairs; i++) rs->g_dest[i] = dp->owner[i / k];
-    if (ds_step_exchange(S, rs->slot_out, (int)n_pairs, D, ds_ep_owner(m->ep), dp ? rs->g_dest : NULL, err)) return -1;
+    if (ds_step_exchange(S, 1, &rs->slot_out, &D, (int)n_pairs, ds_ep_owner(m->ep), dp ? rs->g_dest : NULL, err))
+        return -1;
     if (T == 0) return 0;
     ds_moe_combine_params cp = {
         T, D, k, idx + (size_t)off * k, wts + (size_t)off * k, rs->slot_out + (size_t)off * k * D, rs->shared_out, out};

@@ -60,10 +60,12 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
  * Under data-parallel attention xn is this rank's rows of rs->g_xn. */
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
 
-/* Expert parallelism: rows [n][D] of backend memory, row i filled by rank
- * owner[i]; on return every rank has every row (the bytes, copied) — or,
- * with dest, at least the rows i with dest[i] = this rank (rows go to their
- * dest only where the exchange goes through MPI). */
-int ds_step_exchange(const ds_step *S, float *rows, int n, int D, const int *owner, const int *dest, ds_err *err);
+/* Expert parallelism: nb buffers of n rows of backend memory (buffer b's
+ * rows of widths[b] 32-bit words), row i of each filled by rank owner[i]; on
+ * return every rank has every row (the bytes, copied) — or, with dest, the
+ * rows i with dest[i] = this rank. The buffers share one exchange over NCCL
+ * (one group); through MPI they go one after the other. */
+int ds_step_exchange(const ds_step *S, int nb, float *const *bufs, const int *widths, int n, const int *owner,
+                     const int *dest, ds_err *err);
 
 #endif

@@ -27,7 +27,8 @@ int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err
 int dsc_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
 int dsc_ep_comm_id(const ds_backend *be, void *id, size_t cap, size_t *n, ds_err *err);
 int dsc_ep_comm_init(const ds_backend *be, const void *id, size_t n, int rank, int size, ds_err *err);
-int dsc_ep_exchange(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err);
+int dsc_ep_exchange(const ds_backend *be, int nb, float *const *bufs, const int *widths, int n, const int *owner,
+                    const int *dest, ds_err *err);
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -481,10 +482,11 @@ static int c_moe_combine(const ds_backend *be, const ds_moe_combine_params *p, d
     double t0 = prof_begin(be);
     return prof_end(be, t0, be->profile ? &be->profile->moe_seconds : NULL, dsc_moe_combine(be, p, err));
 }
-static int c_ep_exchange(const ds_backend *be, float *rows, int n_pairs, int D, const int *owner, ds_err *err) {
+static int c_ep_exchange(const ds_backend *be, int nb, float *const *bufs, const int *widths, int n, const int *owner,
+                         const int *dest, ds_err *err) {
     double t0 = prof_begin(be);
     return prof_end(be, t0, be->profile ? &be->profile->exchange_seconds : NULL,
-                    dsc_ep_exchange(be, rows, n_pairs, D, owner, err));
+                    dsc_ep_exchange(be, nb, bufs, widths, n, owner, dest, err));
 }
 
 extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
