@@ -214,11 +214,13 @@ static int exchange_gather(dsc_impl *I, dsc_nccl *n, int nb, float *const *bufs,
     float *recv = send ? (float *)dsc_scratch(I, DSC_S_EP1, (size_t)rows * rowb, err, op) : NULL;
     int *dmap = recv ? (int *)dsc_scratch(I, DSC_S_EP2, 2 * (size_t)rows * sizeof(int), err, op) : NULL;
     if (!dmap) return -1;
-    cudaError_t ce = cudaMemcpyAsync(dmap, map, ((size_t)rows + n_mine) * sizeof(int), cudaMemcpyHostToDevice, I->stream);
+    cudaError_t ce =
+        cudaMemcpyAsync(dmap, map, ((size_t)rows + n_mine) * sizeof(int), cudaMemcpyHostToDevice, I->stream);
     if (ce != cudaSuccess) return dsc_fail(err, op, "the row map upload", ce);
     for (int b = 0; b < nb; b++) {
         int w = widths[b];
-        if (n_mine) ep_gather_kernel<<<rows_grid(n_mine, w), 256, 0, I->stream>>>(send, bufs[b], dmap + rows, n_mine, w);
+        if (n_mine)
+            ep_gather_kernel<<<rows_grid(n_mine, w), 256, 0, I->stream>>>(send, bufs[b], dmap + rows, n_mine, w);
         if (dsc_check_launch(err, op)) return -1;
         ncclResult_t r = n->group_start();
         for (int q = 0; q < n->size && r == ncclSuccess; q++)
