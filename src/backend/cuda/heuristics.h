@@ -67,6 +67,12 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_TS_X8 2
 #define DSC_MMA_TS_128 3       /* 128 x 64: 8 warps (4 x 2 of 32 x 32), half the activation
                                  * tiles' traffic of the 64 shape per row */
+/* FP8 plain products in the 128 x 64 shape: the tile kernel's pipeline, 0: 2
+ * stages, 1 block per SM (182 registers before); 1: 2 stages, 2 blocks per SM
+ * (registers capped at 128); 2: 3 stages; 3: 4 stages (not ORDER) */
+#define DSC_MMA_T128_V 1
+/* FP4 experts in the x16 / x8 shapes: the tile kernel's stages (2..4; not ORDER) */
+#define DSC_MMA_XNST 2
 /* The plain products' tile shape, by the matrix's rows */
 static inline int dsc_mma_plain_tile(int rows) { return rows >= 1024 ? DSC_MMA_TS_128 : DSC_MMA_TS_64; }
 #define DSC_MMA_XBM 128         /* rows per block of the x16 / x8 shapes (the up product's
