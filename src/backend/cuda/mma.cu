@@ -738,12 +738,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
             cp16(As + row * T_::ASTR + ((((c % CPT) * 4 + c / CPT) ^ ((row & 1) * T_::AX)) * 16),
                  ok ? (const void *)(w.data + (size_t)r * rowbytes + (size_t)ch * 16) : (const void *)w.data, ok);
         }
-        /* lane i of a token's 32 writes position i (chunk (i % 4) * 8 + i / 4) */
+        /* lane c of a token's 32 reads its chunk c (consecutive lanes, consecutive
+         * global chunks: measured faster than writing consecutive positions) */
 #pragma unroll
         for (int u = 0; u < BN * 32 / NTH; u++) {
-            int i = tid + NTH * u, tok = i / 32, p = i % 32, c = (p % 4) * 8 + p / 4, ch = g * 32 + c;
+            int i = tid + NTH * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
             bool ok = j0 + tok < cnt && ch < nchx;
-            cp16(Bs + tok * T_::BSTR + ((p ^ ((tok & 1) * T_::BX)) * 16),
+            cp16(Bs + tok * T_::BSTR + (((c % 8) * 4 + c / 8) ^ ((tok & 1) * T_::BX)) * 16,
                  ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -1011,7 +1012,9 @@ static int tilex_stages(void) {
 template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
     if constexpr (KIND == DS_W_FP4) {
         int v = tilex_stages();
-        if (v == 3) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 3, 1>(st, a, rows, T, nz);
+        const char *mb = getenv("DSV4_CUDA_TILEXB");
+        if (mb && !strcmp(mb, "4") && v == 2) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 2, 4>(st, a, rows, T, nz);
+        else if (v == 3) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 3, 1>(st, a, rows, T, nz);
         else if (v == 4) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 4, 1>(st, a, rows, T, nz);
         else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
     } else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
