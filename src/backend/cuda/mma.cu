@@ -27,7 +27,6 @@
  * experts, staged in shared memory by cp.async, a warp walks the groups in
  * order). Which one runs never changes a bit. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
@@ -975,49 +974,12 @@ static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int 
     mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB><<<grid, WM * WN * 32, SMEM, st>>>(a);
 }
 
-/* The FP8 128 x 64 pipeline variant (stages, blocks per SM): heuristics.h
- * DSC_MMA_T128_V, or DSV4_CUDA_TILEV=0..3 (a measurement override; any other
- * value is an error). Not ORDER: every variant gives the same bits. */
-static int tile128_variant(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_TILEV");
-        if (!e || !*e) v = DSC_MMA_T128_V;
-        else if (e[0] >= '0' && e[0] <= '3' && !e[1]) v = e[0] - '0';
-        else {
-            fprintf(stderr, "dsv4: DSV4_CUDA_TILEV='%s': expected 0..3\n", e);
-            abort();
-        }
-    }
-    return v;
-}
-
-/* The FP4 experts' x16 / x8 stages: heuristics.h DSC_MMA_XNST, or
- * DSV4_CUDA_TILEX=2..4 (a measurement override; any other value is an error).
- * Not ORDER. */
-static int tilex_stages(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_TILEX");
-        if (!e || !*e) v = DSC_MMA_XNST;
-        else if (e[0] >= '2' && e[0] <= '4' && !e[1]) v = e[0] - '0';
-        else {
-            fprintf(stderr, "dsv4: DSV4_CUDA_TILEX='%s': expected 2..4\n", e);
-            abort();
-        }
-    }
-    return v;
-}
-
+/* The experts' x16 / x8 shapes: FP4 with the registers capped for
+ * DSC_MMA_X_MINB blocks per SM (heuristics.h), the other kinds as before. */
 template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
-    if constexpr (KIND == DS_W_FP4) {
-        int v = tilex_stages();
-        const char *mb = getenv("DSV4_CUDA_TILEXB");
-        if (mb && !strcmp(mb, "4") && v == 2) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 2, 4>(st, a, rows, T, nz);
-        else if (v == 3) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 3, 1>(st, a, rows, T, nz);
-        else if (v == 4) launch_tile_shape<KIND, MODE, 4, 1, 2, NI, 4, 1>(st, a, rows, T, nz);
-        else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
-    } else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
+    if constexpr (KIND == DS_W_FP4)
+        launch_tile_shape<KIND, MODE, 4, 1, 2, NI, DSC_MMA_X_NST, DSC_MMA_X_MINB>(st, a, rows, T, nz);
+    else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
 }
 
 static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 2 x 2 warps of 2 x 4 tiles");
@@ -1026,13 +988,9 @@ template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma
     if (ts == DSC_MMA_TS_X16) launch_tile_x<KIND, MODE, 2>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_X8) launch_tile_x<KIND, MODE, 1>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_128) {
-        if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN) {
-            int v = tile128_variant();
-            if (v == 1) launch_tile_shape<KIND, MODE, 4, 2, 2, 4, 2, 2>(st, a, rows, T, nz);
-            else if (v == 2) launch_tile_shape<KIND, MODE, 4, 2, 2, 4, 3, 1>(st, a, rows, T, nz);
-            else if (v == 3) launch_tile_shape<KIND, MODE, 4, 2, 2, 4, 4, 1>(st, a, rows, T, nz);
-            else launch_tile_shape<KIND, MODE, 4, 2, 2, 4, 2, 1>(st, a, rows, T, nz);
-        } else launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
+        if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN)
+            launch_tile_shape<KIND, MODE, 4, 2, 2, 4, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
+        else launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
     } else launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
 }
 
