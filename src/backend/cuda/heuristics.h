@@ -67,6 +67,22 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_TS_X8 2
 #define DSC_MMA_TS_128 3       /* 128 x 64: 8 warps (4 x 2 of 32 x 32), half the activation
                                  * tiles' traffic of the 64 shape per row */
+/* The tile kernel's pipeline (not ORDER: the same MMAs per output in every
+ * variant): cp.async stages and the blocks per SM its registers must allow
+ * (__launch_bounds__). FP8 plain products in the 128 x 64 shape: 2 stages, 2
+ * blocks per SM (183 -> 128 registers, 64 B of spills; 97 KB of shared memory
+ * a block, no padding). ncu, flash 4 layers, prefill 512: those products 10.9
+ * -> 8.6 ms (1 block per SM before: 12.5% occupancy); the 2,048-row ones (128
+ * blocks, 1 per SM either way) 1.49 -> 1.63. 3 or 4 stages at 1 block per SM:
+ * no gain (prefill 15.7k tok/s either way against 16.9k at 2 x 2). FP4 experts
+ * in the x16 / x8 shapes: 4 blocks per SM (x16: 136 -> 122 registers, no
+ * spills; 3 blocks before); 3 or 4 stages at 3 blocks: no gain. One H200, with
+ * 432b65d's binary in the same call: prefill 512 16.2k -> 16.8k (FP8 alone)
+ * -> 17.4k tok/s (both). */
+#define DSC_MMA_T128_NST 2
+#define DSC_MMA_T128_MINB 2
+#define DSC_MMA_X_NST 2
+#define DSC_MMA_X_MINB 4
 /* The plain products' tile shape, by the matrix's rows */
 static inline int dsc_mma_plain_tile(int rows) { return rows >= 1024 ? DSC_MMA_TS_128 : DSC_MMA_TS_64; }
 #define DSC_MMA_XBM 128         /* rows per block of the x16 / x8 shapes (the up product's

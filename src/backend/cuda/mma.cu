@@ -674,33 +674,45 @@ __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
 }
 
-template <int KIND, int BM, int BN> struct mt {
+/* The tile kernel's shared memory: NST stages of A (BM rows of a group's
+ * RB bytes) and B (BN tokens of 512 bytes: 128 split activations), then the
+ * tokens' x offsets. No padding: a 16-byte chunk's position p in an odd row
+ * (token) is stored at p ^ 4 (AX / BX), so the 8 lanes of a quarter warp
+ * (rows gid, gid + 1 x tig 0..3) read both halves of a 128-byte bank line.
+ * FP4's 64-byte rows need no swizzle (rows gid, gid + 1 are the two halves). */
+template <int KIND, int BM, int BN, int NST> struct mt {
     enum {
-        ASTR = mk<KIND>::RB + (mk<KIND>::RB == 64 ? 0 : 64), /* row stride: mod 128 = 64, no bank conflicts */
-        BSTR = 32 * 16 + 64,
+        ASTR = mk<KIND>::RB,
+        AX = mk<KIND>::RB >= 128 ? 4 : 0,
+        BSTR = 32 * 16,
+        BX = 4,
         ABYTES = BM * ASTR,
         BBYTES = BN * BSTR,
         STAGE = ABYTES + BBYTES,
-        SMEM = 2 * STAGE + BN * 8
+        SMEM = NST * STAGE + BN * 8
     };
 };
 
 /* One block: BM = WM * MI * 16 rows x BN = WN * NI * 8 tokens, warps in a
- * WM x WN grid, each MI m16 tiles x NI n8 tiles; groups staged by cp.async
- * (2 stages). Shared layout of a stage: A row r, thread-chunk (tig, c) at
- * position c*4 + tig; B token j, chunk (tig, kk) (columns tig*32 + kk*4 ..) at
- * position kk*4 + tig. The shape (heuristics.h: 64 x 64 for the plain
- * products, 128 x 16 or 128 x 8 for the experts' few tokens each) decides how
- * often a weight fragment is decoded and an activation fragment read, never
- * an order: a warp walks the groups in order for each of its outputs. */
-template <int KIND, int MODE, int WM, int WN, int MI, int NI>
-__global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
+ * WM x WN grid, each MI m16 tiles x NI n8 tiles; groups staged by cp.async in
+ * NST stages (NST - 1 groups in flight while one is multiplied); MINB: the
+ * blocks per SM the registers must allow (__launch_bounds__). Shared layout
+ * of a stage (mt): A row r, thread-chunk (tig, c) at position c*4 + tig; B
+ * token j, chunk (tig, kk) (columns tig*32 + kk*4 ..) at position kk*4 + tig;
+ * odd rows / tokens swizzled (p ^ 4). The shape (heuristics.h: 64 x 64 or
+ * 128 x 64 for the plain products, 128 x 16 or 128 x 8 for the experts' few
+ * tokens each), NST and MINB decide how often a weight fragment is decoded, an
+ * activation fragment read and how loads overlap, never an order: a warp
+ * walks the groups in order for each of its outputs. */
+template <int KIND, int MODE, int WM, int WN, int MI, int NI, int NST, int MINB>
+__global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a) {
     const int BM = WM * MI * 16, BN = WN * NI * 8, NTH = WM * WN * 32;
     static_assert(BM * 4 * mk<KIND>::CPT % NTH == 0 && BN * 32 % NTH == 0, "whole loads per thread");
-    typedef mt<KIND, BM, BN> T_;
+    static_assert(NST >= 2, "at least 2 stages");
+    typedef mt<KIND, BM, BN, NST> T_;
     const int CPT = mk<KIND>::CPT, SPC = 8 / CPT;
     extern __shared__ __align__(16) uint8_t sm[];
-    size_t *xoff = (size_t *)(sm + 2 * T_::STAGE);
+    size_t *xoff = (size_t *)(sm + NST * T_::STAGE);
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
     int wm = warp / WN, wn = warp % WN;
     int r0 = blockIdx.x * BM;
@@ -722,15 +734,17 @@ __global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
             int i = tid + NTH * u, row = i / (4 * CPT), c = i % (4 * CPT);
             int r = min(rl0 + row, w.rows - 1), ch = g * 4 * CPT + c;
             bool ok = rl0 + row < w.rows && ch < nchr;
-            cp16(As + row * T_::ASTR + ((c % CPT) * 4 + c / CPT) * 16,
+            cp16(As + row * T_::ASTR + ((((c % CPT) * 4 + c / CPT) ^ ((row & 1) * T_::AX)) * 16),
                  ok ? (const void *)(w.data + (size_t)r * rowbytes + (size_t)ch * 16) : (const void *)w.data, ok);
         }
+        /* lane c of a token's 32 reads its chunk c (consecutive lanes, consecutive
+         * global chunks: measured faster than writing consecutive positions) */
 #pragma unroll
         for (int u = 0; u < BN * 32 / NTH; u++) {
             int i = tid + NTH * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
             bool ok = j0 + tok < cnt && ch < nchx;
-            cp16(Bs + tok * T_::BSTR + ((c % 8) * 4 + c / 8) * 16, ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl,
-                 ok);
+            cp16(Bs + tok * T_::BSTR + (((c % 8) * 4 + c / 8) ^ ((tok & 1) * T_::BX)) * 16,
+                 ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -746,23 +760,40 @@ __global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
         for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int q = 0; q < 4; q++) tot[mi][ni][q] = 0.0f;
-    load(0, 0);
-    for (int g = 0; g < ng; g++) {
-        if (g + 1 < ng) load(g + 1, (g + 1) & 1);
+#pragma unroll
+    for (int s0 = 0; s0 < NST - 1; s0++) {
+        if (s0 < ng) load(s0, s0);
         else asm volatile("cp.async.commit_group;\n" ::);
-        asm volatile("cp.async.wait_group 1;\n" ::);
+    }
+    /* a warp's rows are an odd row's swizzle apart in its h = 1 half (gid + 8:
+     * the same parity as gid), so one xor serves both */
+    const int ax = (gid & 1) * T_::AX, bx = (gid & 1) * T_::BX;
+    for (int g = 0; g < ng; g++) {
+        if (g + NST - 1 < ng) load(g + NST - 1, (g + NST - 1) % NST);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(NST - 1));
         __syncthreads();
-        const uint8_t *As = sm + (g & 1) * T_::STAGE, *Bs = As + T_::ABYTES;
+        const uint8_t *As = sm + (g % NST) * T_::STAGE, *Bs = As + T_::ABYTES;
+        /* the group's scales first (their loads overlap the MMAs) */
         uint32_t sc[MI][2];
+        float s[MI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) sc[mi][h] = 0;
+            for (int h = 0; h < 2; h++) {
+                sc[mi][h] = 0;
+                s[mi][h] = 1.0f;
+            }
         if (KIND == DS_W_FP4)
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) sc[mi][h] = bf2_scale(mma_scale<KIND>(w, srow[mi][h], g * 4 + tig));
+        if (KIND == DS_W_FP8)
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) s[mi][h] = mma_scale<KIND>(w, srow[mi][h], g);
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -776,19 +807,19 @@ __global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR + (c * 4 + tig) * 16);
+                    q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR + ((c * 4 + tig) ^ ax) * 16);
 #pragma unroll
-            for (int s = 0; s < SPC; s++) {
-                int kk = c * SPC + s;
+            for (int s1 = 0; s1 < SPC; s1++) {
+                int kk = c * SPC + s1;
                 uint32_t af[MI][4];
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++) {
-                    afrag<KIND>(q[mi][0], s, sc[mi][0], af[mi][0], af[mi][2]);
-                    afrag<KIND>(q[mi][1], s, sc[mi][1], af[mi][1], af[mi][3]);
+                    afrag<KIND>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
+                    afrag<KIND>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
                 }
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
-                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR + (kk * 4 + tig) * 16);
+                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR + ((kk * 4 + tig) ^ bx) * 16);
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
                         mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
@@ -797,14 +828,6 @@ __global__ void __launch_bounds__(WM * WN * 32) mma_tile_kernel(mma_args a) {
                 }
             }
         }
-        float s[MI][2];
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++) s[mi][0] = s[mi][1] = 1.0f;
-        if (KIND == DS_W_FP8)
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) s[mi][h] = mma_scale<KIND>(w, srow[mi][h], g);
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -937,27 +960,38 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
 
 /* TS: the tile shape (heuristics.h): DSC_MMA_TS_64 (64 x 64, 2 x 2 warps of
  * 2 x 4 tiles), DSC_MMA_TS_128 (128 x 64, 4 x 2 warps of 2 x 4), DSC_MMA_TS_X16 (128 x 16: 4 x 1 warps of 2 x 2), DSC_MMA_TS_X8
- * (128 x 8: 4 x 1 warps of 2 x 1). Not ORDER. */
-template <int KIND, int MODE, int WM, int WN, int MI, int NI>
+ * (128 x 8: 4 x 1 warps of 2 x 1); NST stages, MINB blocks per SM. Not ORDER. */
+template <int KIND, int MODE, int WM, int WN, int MI, int NI, int NST = 2, int MINB = 1>
 static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
-    const int BM = WM * MI * 16, BN = WN * NI * 8, SMEM = mt<KIND, BM, BN>::SMEM;
+    const int BM = WM * MI * 16, BN = WN * NI * 8, SMEM = mt<KIND, BM, BN, NST>::SMEM;
     static int attr = 0; /* per instantiation: the kernel's shared-memory limit, set once */
     if (!attr) {
-        cudaFuncSetAttribute(mma_tile_kernel<KIND, MODE, WM, WN, MI, NI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             SMEM);
+        cudaFuncSetAttribute(mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
         attr = 1;
     }
     dim3 grid((unsigned)((rows + BM - 1) / BM), (unsigned)((T + BN - 1) / BN), nz);
-    mma_tile_kernel<KIND, MODE, WM, WN, MI, NI><<<grid, WM * WN * 32, SMEM, st>>>(a);
+    mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB><<<grid, WM * WN * 32, SMEM, st>>>(a);
+}
+
+/* The experts' x16 / x8 shapes: FP4 with the registers capped for
+ * DSC_MMA_X_MINB blocks per SM (heuristics.h), the other kinds as before. */
+template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
+    if constexpr (KIND == DS_W_FP4)
+        launch_tile_shape<KIND, MODE, 4, 1, 2, NI, DSC_MMA_X_NST, DSC_MMA_X_MINB>(st, a, rows, T, nz);
+    else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
 }
 
 static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 2 x 2 warps of 2 x 4 tiles");
 static_assert(DSC_MMA_XBM == 4 * 2 * 16, "the x16 / x8 shapes are 4 warps of 2 m16 tiles");
 template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz, int ts) {
-    if (ts == DSC_MMA_TS_X16) launch_tile_shape<KIND, MODE, 4, 1, 2, 2>(st, a, rows, T, nz);
-    else if (ts == DSC_MMA_TS_X8) launch_tile_shape<KIND, MODE, 4, 1, 2, 1>(st, a, rows, T, nz);
-    else if (ts == DSC_MMA_TS_128) launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
-    else launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
+    if (ts == DSC_MMA_TS_X16) launch_tile_x<KIND, MODE, 2>(st, a, rows, T, nz);
+    else if (ts == DSC_MMA_TS_X8) launch_tile_x<KIND, MODE, 1>(st, a, rows, T, nz);
+    else if (ts == DSC_MMA_TS_128) {
+        if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN)
+            launch_tile_shape<KIND, MODE, 4, 2, 2, 4, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
+        else launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
+    } else launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
 }
 
 /* dec: the decode kernels; else the tile kernel of shape ts */
