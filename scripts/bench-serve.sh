@@ -2,7 +2,7 @@
 # bench-serve.sh — the server's decode throughput against the engine alone.
 #
 #   scripts/bench-serve.sh [-b BUILD] [-m MODEL] [--conc 1,8,32] [--tokens 48] [--rounds 3]
-#                          [--load auto|copy|mmap]
+#                          [--load auto|copy|mmap] [--serve-args "ARGS"]
 #
 # Starts `dsv4 serve` once on MODEL, then for each round and each
 # concurrency N runs, back to back, `dsv4 bench --batch N` (decode tok/s of
@@ -22,7 +22,9 @@
 # tokenizer lacks are masked; the prompts are a few words either way).
 # --load (default auto) goes to both the server and bench: `--load mmap` lets
 # the two share one page-cache copy of a model too large for two (the flash
-# shape, 16 GB, on a 24 GB machine).
+# shape, 16 GB, on a 24 GB machine). --serve-args adds options to `dsv4 serve`
+# (e.g. "--batch-wait 0" to measure the server without its wait for requests
+# sent together).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
@@ -31,6 +33,7 @@ conc="1,8,32"
 tokens=48
 rounds=3
 load=auto
+serve_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
   -b) build="$2"; shift 2 ;;
@@ -39,7 +42,8 @@ while [ $# -gt 0 ]; do
   --tokens) tokens="$2"; shift 2 ;;
   --rounds) rounds="$2"; shift 2 ;;
   --load) load="$2"; shift 2 ;;
-  -h | --help) sed -n 2,26p "$0"; exit 0 ;;
+  --serve-args) serve_args="$2"; shift 2 ;;
+  -h | --help) sed -n 2,29p "$0"; exit 0 ;;
   *) echo "bench-serve.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +64,7 @@ if [ ! -f "$model/tokenizer.json" ]; then
   [ -f "$root/models/kjv/tokenizer_config.json" ] && ln -s "$root/models/kjv/tokenizer_config.json" "$serve_dir/"
 fi
 max=$(echo "$conc" | tr , '\n' | sort -n | tail -1)
-"$dsv4" serve -m "$serve_dir" --load "$load" --port 0 --max-seqs "$max" --max-queue $((4 * max)) --cache-seqs 0 \
+"$dsv4" serve -m "$serve_dir" --load "$load" --port 0 --max-seqs "$max" --max-queue $((4 * max)) --cache-seqs 0 $serve_args \
   >"$work/serve.out" 2>"$work/serve.err" &
 pid=$!
 url=""

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "text/chat.h"
@@ -459,6 +460,43 @@ int main(void) {
     lp.max_new = 4;
     CHECK(ds_sched_submit(s, prompts[0], np[0], &lp, &r2, &err) == 1 && !r2, "a full queue refuses");
     ds_sched_stop(s);
+    /* an idle scheduler waits for the requests sent with its first: four
+     * submitted 0.2 s apart share one step (the wait, bounded here by a 10 s
+     * gap, ends as soon as the batch is full) */
+    {
+        ds_sched_opts og;
+        ds_sched_opts_init(&og);
+        og.max_seqs = 4;
+        og.ctx = 256;
+        og.gather_ms = 20000;
+        og.gather_gap_ms = 10000;
+        CHECK(!ds_sched_start(m, &be, &og, &s, &err), "%s", err.msg);
+        ds_req *g[4] = {0};
+        ds_req_params one = rp[0];
+        one.max_new = 1;
+        double tg = ds_now();
+        for (int i = 0; i < 4; i++) { /* 0.2 s apart: without the wait the first would run alone */
+            if (i) nanosleep(&(struct timespec){0, 200000000L}, NULL);
+            CHECK(!ds_sched_submit(s, prompts[i], np[i], &one, &g[i], &err), "%s", err.msg);
+        }
+        for (int i = 0; i < 4; i++) {
+            ds_req_info gi;
+            if (!g[i]) continue;
+            do ds_req_wait(g[i], 1 << 30, 30.0, &gi);
+            while (gi.state < DS_REQ_DONE_STOP);
+            ds_req_release(g[i]);
+        }
+        double el = ds_now() - tg;
+        ds_sched_stats st;
+        ds_sched_get_stats(s, &st, NULL, 0);
+        CHECK(st.steps == 1 && st.batch_hist[2] == 1, "4 requests sent together: %llu steps (want 1 of 4 items)",
+              (unsigned long long)st.steps);
+        CHECK(el < 9.0, "the wait for more requests ended when the batch was full: %.2f s", el);
+        ds_sched_stop(s);
+        og.gather_gap_ms = og.gather_ms + 1;
+        CHECK(ds_sched_start(m, &be, &og, &s, &err) == -1 && strstr(err.msg, "batch-wait"), "a gap over the wait: %s",
+              err.msg);
+    }
 
     for (int i = 0; i < NREQ; i++) free(prompts[i]);
     ds_tokenizer_free(tok);

@@ -18,7 +18,7 @@
 
 typedef struct {
     const char *host, *key, *name;
-    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout;
+    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait;
 } serve_args;
 
 static const cli_opt serve_opts[] = {
@@ -35,6 +35,9 @@ static const cli_opt serve_opts[] = {
                  "tokens per forward step at most: decodes + prompt chunks (default 256)"),
     CLI_LONG_OPT("--prefill-chunk", NULL, serve_args, chunk, 1, 1 << 20, "N",
                  "prompt tokens of one request per step at most (default 128)"),
+    CLI_LONG_OPT("--batch-wait", NULL, serve_args, wait, 0, 60000, "MS",
+                 "an idle server's first request waits at most MS for the requests sent with it (until none "
+                 "comes for 2 ms), so that one step prefills them together (default 10; 0: off)"),
     CLI_LONG_OPT("--cache-seqs", NULL, serve_args, cache, 0, 1024, "N",
                  "finished conversations kept for prefix reuse (default 4; 0: off)"),
     CLI_LONG_OPT("--max-body", NULL, serve_args, max_body, 1024, 1LL << 32, "BYTES",
@@ -46,7 +49,7 @@ static const cli_opt serve_opts[] = {
 
 int cmd_serve(int argc, char **argv) {
     serve_args sa = {.host = "127.0.0.1", .key = getenv("DSV4_API_KEY"), .port = 8080, .max_seqs = 16, .ctx = 4096,
-                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .max_body = 8 << 20, .timeout = 60};
+                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
@@ -66,7 +69,7 @@ int cmd_serve(int argc, char **argv) {
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *given = ma.dir, *host = sa.host, *key = sa.key, *name = sa.name;
     long long port = sa.port, max_seqs = sa.max_seqs, ctx = sa.ctx, max_queue = sa.max_queue, step = sa.step,
-              chunk = sa.chunk, cache = sa.cache, max_body = sa.max_body, timeout = sa.timeout;
+              chunk = sa.chunk, cache = sa.cache, max_body = sa.max_body, timeout = sa.timeout, wait = sa.wait;
     if (key && !key[0]) key = NULL;
     if (step < max_seqs) step = max_seqs;
 
@@ -101,6 +104,8 @@ int cmd_serve(int argc, char **argv) {
     so.step_tokens = (int)step;
     so.prefill_chunk = (int)chunk;
     so.cache_seqs = (int)cache;
+    so.gather_ms = (int)wait;
+    so.gather_gap_ms = wait < 2 ? (int)wait : 2;
     so.threads = bo.threads;
     int32_t *mask = NULL; /* ids without a token (a model vocabulary larger than the tokenizer's) */
     int n_mask = 0;

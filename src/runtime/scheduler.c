@@ -117,6 +117,8 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->prefill_chunk = 128;
     o->cache_seqs = 4;
     o->threads = 0;
+    o->gather_ms = 10;
+    o->gather_gap_ms = 2;
     o->mask_ids = NULL;
     o->n_mask = 0;
 }
@@ -456,6 +458,26 @@ static void draw(void *ctx, int j) {
     if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
 }
 
+/* Under mu, woken from idle by a request: wait for the requests sent with it
+ * (ds_sched_opts.gather_ms). A spurious wakeup only ends the wait early. */
+static void gather_locked(ds_sched *s) {
+    const double end = ds_now() + s->o.gather_ms * 1e-3;
+    for (;;) {
+        int n = s->n_queued;
+        double now = ds_now(), until = now + s->o.gather_gap_ms * 1e-3;
+        if (s->stop || n >= s->o.max_seqs || now >= end) return;
+        if (until > end) until = end;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (until - now);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->work, &s->mu, &ts);
+        if (s->n_queued == n) return; /* none came in the gap */
+    }
+}
+
 static void *sched_main(void *arg) {
     ds_sched *s = arg;
     const ds_model *m = s->m;
@@ -466,6 +488,7 @@ static void *sched_main(void *arg) {
         /* ---- step boundary: drop cancelled requests, admit queued ones */
         pthread_mutex_lock(&s->mu);
         while (!s->stop && !s->n_run && !s->q_head) pthread_cond_wait(&s->work, &s->mu);
+        if (!s->n_run && s->q_head && s->o.gather_ms > 0) gather_locked(s);
         if (s->stop) {
             pthread_mutex_unlock(&s->mu);
             break;
@@ -670,6 +693,9 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
                        o->step_tokens, o->max_seqs);
     if (o->prefill_chunk < 1) return ds_fail(err, "prefill chunk is %d (must be >= 1)", o->prefill_chunk);
     if (o->cache_seqs < 0 || o->cache_seqs > 1024) return ds_fail(err, "cache-seqs is %d", o->cache_seqs);
+    if (o->gather_ms < 0 || o->gather_ms > 60000 || (o->gather_ms > 0 && (o->gather_gap_ms < 1 || o->gather_gap_ms > o->gather_ms)))
+        return ds_fail(err, "batch-wait is %d ms with a gap of %d ms (must be 0, or 1 <= gap <= wait <= 60000)",
+                       o->gather_ms, o->gather_gap_ms);
     ds_sched *s = calloc(1, sizeof *s);
     if (!s) return ds_fail(err, "out of memory");
     s->m = m;

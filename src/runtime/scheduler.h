@@ -37,6 +37,14 @@ typedef struct ds_sched_opts {
     int prefill_chunk; /* prompt tokens of one request per step at most (default 128) */
     int cache_seqs;    /* finished sequences kept for prefix reuse (default 4; 0 = off) */
     int threads;       /* threads that sample a step's requests in parallel (0: one per core) */
+    /* An idle scheduler woken by a request waits for the ones sent with it
+     * (clients send several at once) until none came for gather_gap_ms, the
+     * batch is full, or gather_ms passed, so that one step prefills them all
+     * (defaults 2 and 10; gather_ms 0: off). Without it the first request's
+     * prefill runs alone and the others join a step later: from then on the
+     * first decodes in steps that carry their prefill, and a closed loop of
+     * clients keeps that offset for every later round. */
+    int gather_ms, gather_gap_ms;
     const int32_t *mask_ids; /* ids never sampled (ds_gen_unsampled_ids: no token in the tokenizer); copied */
     int n_mask;
 } ds_sched_opts;
