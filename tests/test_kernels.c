@@ -109,12 +109,14 @@ int main(void) {
             for (int i = 0; i < T * K; i++) x[i] = frand();
             int ran = ds_matmul(&be3, &w, x, T, y, NULL) == 0;
             int same_generic = 1, same_t1 = 1, same_paths = 1;
-            for (int path = DS_CPU_GENERIC; path <= ds_cpu_best_path(); path++) {
-                float *yp = malloc(sizeof(float) * (size_t)T * R);
-                ran &= ds_cpu_matmul_path(&be1, &w, x, T, yp, path) == 0;
-                same_paths &= memcmp(yp, y, sizeof(float) * (size_t)T * R) == 0;
-                free(yp);
-            }
+            for (int path = DS_CPU_GENERIC; path <= ds_cpu_best_path(); path++)
+                for (int pf = 0; pf < 2; pf++) { /* weights prefetched into L1 / L2: the same bits */
+                    float *yp = malloc(sizeof(float) * (size_t)T * R);
+                    ds_backend_cpu_set_prefetch_l2(&be1, pf);
+                    ran &= ds_cpu_matmul_path(&be1, &w, x, T, yp, path) == 0;
+                    same_paths &= memcmp(yp, y, sizeof(float) * (size_t)T * R) == 0;
+                    free(yp);
+                }
             double maxrel = 0;
             for (int t = 0; t < T; t++) {
                 ran &= ds_matmul(&be1, &w, x + (size_t)t * K, 1, y1, NULL) == 0;
@@ -135,7 +137,7 @@ int main(void) {
             }
             CHECK(ran, "kind %d %dx%d: a matmul failed", (int)kinds[k], R, K);
             CHECK(same_generic, "kind %d %dx%d: SIMD != portable path", (int)kinds[k], R, K);
-            CHECK(same_paths, "kind %d %dx%d: kernel paths (generic..%d) differ", (int)kinds[k], R, K, ds_cpu_best_path());
+            CHECK(same_paths, "kind %d %dx%d: kernel paths (generic..%d, prefetch into L1 / L2) differ", (int)kinds[k], R, K, ds_cpu_best_path());
             CHECK(same_t1, "kind %d %dx%d: T=19/3 threads != T=1/1 thread", (int)kinds[k], R, K);
             CHECK(maxrel < 1e-5, "kind %d %dx%d: error vs double %g", (int)kinds[k], R, K, maxrel);
             free(x);

@@ -84,7 +84,8 @@ int cmd_bench_kernels(int argc, char **argv) {
                                         {"FP8 K=4096", DS_W_FP8, 4096},   {"FP8 K=8192", DS_W_FP8, 8192},
                                         {"MXFP4 K=2048", DS_W_FP4, 2048}, {"MXFP4 K=4096", DS_W_FP4, 4096}};
     enum { NCASES = sizeof cases / sizeof cases[0] };
-    printf("kernels    %d threads, one %lld MiB buffer, one token (decode)\n", n_threads, mib);
+    printf("kernels    %d threads, one %lld MiB buffer, one token (decode), weights prefetched into %s\n", n_threads, mib,
+           ds_backend_cpu_prefetch_l2(&be) ? "L2" : "L1");
     int rc = 0;
     double sink = 0;
     for (long long rep = 0; rep < reps && !rc; rep++) {

@@ -214,6 +214,10 @@ static void cpu_close(ds_backend *be) {
 
 int ds_backend_cpu_threads(const ds_backend *be) { return ds_cpu_of(be)->n_threads; }
 
+int ds_backend_cpu_prefetch_l2(const ds_backend *be) { return ds_cpu_of(be)->pf_l2; }
+
+void ds_backend_cpu_set_prefetch_l2(ds_backend *be, int on) { ds_cpu_of(be)->pf_l2 = on != 0; }
+
 void ds_backend_cpu_set_threads(ds_backend *be, int n) {
     ds_cpu *c = ds_cpu_of(be);
     n = n > 0 ? n : omp_get_num_procs();
@@ -232,6 +236,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->pool = pool_new(c->n_threads);
     c->path = ds_cpu_best_path();
+    c->pf_l2 = ds_cpu_prefetch_l2();
     be->name = "cpu";
     be->impl = c;
     be->alloc = cpu_alloc;

@@ -19,6 +19,11 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads);
 /* The threads in use; set them (n <= 0: all cores) — between steps only. */
 int ds_backend_cpu_threads(const ds_backend *be);
 void ds_backend_cpu_set_threads(ds_backend *be, int n);
+/* 1 when its row kernels prefetch the weights into L2 rather than L1
+ * (heuristics.h: DS_CPU_PREFETCH_L2_BELOW_L1D). */
+int ds_backend_cpu_prefetch_l2(const ds_backend *be);
+/* Tests: choose it (the same bits either way). */
+void ds_backend_cpu_set_prefetch_l2(ds_backend *be, int on);
 
 /* Tests: the n-th scratch allocation from now on (n >= 1) fails as if the
  * heap were exhausted; 0 disables. */
@@ -33,6 +38,7 @@ typedef struct ds_cpu_pool ds_cpu_pool; /* cpu.c: the worker threads */
 
 typedef struct ds_cpu {
     int n_threads, path;
+    int pf_l2;                  /* the row kernels prefetch into L2, not L1 (ds_cpu_prefetch_l2) */
     ds_cpu_pool *pool;          /* n_threads - 1 workers, or NULL (serial) */
     int in_region;              /* a parallel region is running */
     ds_step_desc step;          /* the current step (its arrays are the model's, valid during the step) */

@@ -1,6 +1,8 @@
 /* heuristics.c — the CPU kernel path (see heuristics.h). */
 #include "backend/cpu/heuristics.h"
 
+#include <unistd.h>
+
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define DS_X86 1
 #endif
@@ -19,6 +21,15 @@ int ds_cpu_best_path(void) {
 int ds_cpu_has_vnni(void) {
 #ifdef DS_X86
     return ds_cpu_best_path() == DS_CPU_AVX512 && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+int ds_cpu_prefetch_l2(void) {
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1 > 0 && l1 < DS_CPU_PREFETCH_L2_BELOW_L1D;
 #else
     return 0;
 #endif

@@ -523,13 +523,23 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xq) {
  * rows), so the kernels also prefetch the line a fixed distance ahead (into
  * the next rows; a prefetch never faults, so running past the end is
  * harmless). Measured best on the dev machine (Zen 5, 2 threads): 8 KiB for
- * 2-byte rows, 16 KiB for the quantized kinds. */
+ * 2-byte rows, 16 KiB for the quantized kinds; into L1, or into L2 where L1
+ * is small (heuristics.h). */
 #define PREFETCH DS_CPU_PREFETCH
 #define PREFETCH_DENSE DS_CPU_PREFETCH_DENSE
 
 enum { FP8_RAW = 100 }; /* a decoder of dec16k beside the ds_wkind values */
-#define PF(p) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0)
-#define PF_DENSE(p) _mm_prefetch((const char *)(p) + PREFETCH_DENSE, _MM_HINT_T0)
+/* into L1 (T0) or, on cores whose L1 is small (ds_cpu_prefetch_l2), into L2
+ * (T1): l2 is a constant at every call site */
+#define PFH(p, l2)                                        \
+    do {                                                  \
+        if (l2)                                           \
+            _mm_prefetch((const char *)(p), _MM_HINT_T1); \
+        else                                              \
+            _mm_prefetch((const char *)(p), _MM_HINT_T0); \
+    } while (0)
+#define PF(p) PFH((const char *)(p) + PREFETCH, l2)
+#define PF_DENSE(p) PFH((const char *)(p) + PREFETCH_DENSE, l2)
 /* the loops over tokens, rows of a tile and chunks of a block, fully unrolled
  * for each token count (arrays of vectors stay in registers) */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -578,7 +588,7 @@ AVX512 static __m512 tail_fma(const ds_weight *w, const uint8_t *row, const floa
 /* Dense rows: chunk c -> p[c % 4], for nt tokens at x + t * xs. */
 AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_weight *w, int r, const float *x,
                                                                       size_t xs, float *out, const int nt,
-                                                                      const int kind) {
+                                                                      const int kind, const int l2) {
     int K = w->cols;
     const uint8_t *row = w->data + (size_t)r * row_bytes(w);
     __m512 p[NT][4];
@@ -587,8 +597,12 @@ AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_we
     int c = 0;
     for (; c + 64 <= K; c += 64) {
         const uint8_t *line = row + (size_t)c * (kind == DS_W_F32 ? 4 : 2); /* 128 or 256 bytes per round */
-        PF_DENSE(line), PF_DENSE(line + 64);
-        if (kind == DS_W_F32) PF_DENSE(line + 128), PF_DENSE(line + 192);
+        PF_DENSE(line);
+        PF_DENSE(line + 64);
+        if (kind == DS_W_F32) {
+            PF_DENSE(line + 128);
+            PF_DENSE(line + 192);
+        }
         UNROLL for (int j = 0; j < 4; j++) {
             __m512 wv = dec16k(row, c + 16 * j, kind);
             UNROLL for (int t = 0; t < nt; t++)
@@ -636,7 +650,8 @@ AVX512 __attribute__((always_inline)) static inline __m512 block_fp8_512(const d
  * sharing the x loads, was measured: faster when this machine's memory is
  * fast, much slower when it is slow — two weight streams per thread.) */
 AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weight *w, int r, const float *x, size_t xs,
-                                                                    float *out, const int nt, const int dec) {
+                                                                    float *out, const int nt, const int dec,
+                                                                    const int l2) {
     int K = w->cols, nfull = K / DS_FP8_BLOCK;
     const uint8_t *row = w->data + (size_t)r * (size_t)K;
     size_t srow = fp8_srow(w, r);
@@ -645,7 +660,10 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weig
     int kb = 0;
     for (; kb + 2 <= nfull; kb += 2) {
         const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
-        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        PF(p);
+        PF(p + 64);
+        PF(p + 128);
+        PF(p + 192);
         UNROLL for (int h = 0; h < 2; h++) { /* block kb + h into a[h] */
             const uint8_t *pb = p + h * DS_FP8_BLOCK;
             size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
@@ -676,7 +694,8 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t_512(const ds_weig
  * token) keeps exactly fp8_t_512's operations (same bits). out[t] is row
  * r's, out[NT + t] row r + 1's. */
 AVX512 __attribute__((always_inline)) static inline void fp8_t2_512(const ds_weight *w, int r, const float *x, size_t xs,
-                                                                     float *out, const int nt, const int dec) {
+                                                                     float *out, const int nt, const int dec,
+                                                                     const int l2) {
     int K = w->cols;
     const uint8_t *row = w->data + (size_t)r * (size_t)K;
     size_t srow0 = fp8_srow(w, r), srow1 = fp8_srow(w, r + 1);
@@ -684,8 +703,14 @@ AVX512 __attribute__((always_inline)) static inline void fp8_t2_512(const ds_wei
     UNROLL for (int t = 0; t < nt; t++) a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
     for (int kb = 0; kb * DS_FP8_BLOCK < K; kb += 2) {
         const uint8_t *p = row + (size_t)kb * DS_FP8_BLOCK;
-        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
-        PF(p + K), PF(p + K + 64), PF(p + K + 128), PF(p + K + 192);
+        PF(p);
+        PF(p + 64);
+        PF(p + 128);
+        PF(p + 192);
+        PF(p + K);
+        PF(p + K + 64);
+        PF(p + K + 128);
+        PF(p + K + 192);
         UNROLL for (int h = 0; h < 2; h++) {
             const uint8_t *pb = p + h * DS_FP8_BLOCK;
             size_t xo = (size_t)(kb + h) * DS_FP8_BLOCK;
@@ -742,7 +767,8 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
 #define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds_weight *w, int r, const float *xq,
-                                                                        size_t xs, float *out, const int nt) {
+                                                                        size_t xs, float *out, const int nt,
+                                                                        const int l2) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
@@ -753,7 +779,10 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds
     UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int m = 0; 16 * m < G; m++) {
         const uint8_t *p = row + 256 * (size_t)m;
-        PF(p), PF(p + 64), PF(p + 128), PF(p + 192);
+        PF(p);
+        PF(p + 64);
+        PF(p + 128);
+        PF(p + 192);
         int left = G - 16 * m;
         __m512 ws = _mm512_permutexvar_ps(perm, scales16_512(w, sbase + 16 * (size_t)m, left));
         __m512i s[NT][4];
@@ -888,24 +917,39 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
     AVX512 static void name(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
         NT_CASES(call)                                                                           \
     }
-#define FP8_N(n) fp8_t_512(w, r, x, xs, out, n, DS_W_FP8)
-#define FP8RAW_N(n) fp8_t_512(w, r, x, xs, out, n, FP8_RAW)
-#define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16)
-#define F16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F16)
-#define F32_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F32)
+/* each kernel twice: prefetching into L1 (L2 = 0) and into L2 (L2 = 1) */
+#define FP8_N(n) fp8_t_512(w, r, x, xs, out, n, DS_W_FP8, L2)
+#define FP8RAW_N(n) fp8_t_512(w, r, x, xs, out, n, FP8_RAW, L2)
+#define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16, L2)
+#define F16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F16, L2)
+#define F32_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F32, L2)
+#define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n, L2)
+#define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8, L2)
+#define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW, L2)
+#define L2 0
 ROWT(rowt_fp8_512, FP8_N)
 ROWT(rowt_fp8raw_512, FP8RAW_N) /* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
 ROWT(rowt_bf16_512, BF16_N)
 ROWT(rowt_f16_512, F16_N)
 ROWT(rowt_f32_512, F32_N)
-#define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n)
 AVX512VNNI static void rowt_fp4q_512(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) {
     NT_CASES(FP4Q_N) /* x in the Q4 layout */
 }
-#define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8)
-#define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW)
 ROWT(rowt2_fp8_512, FP8_2N) /* rows r, r + 1; K % 256 == 0 */
 ROWT(rowt2_fp8raw_512, FP8RAW_2N)
+#undef L2
+#define L2 1
+ROWT(rowt_fp8_512_l2, FP8_N)
+ROWT(rowt_fp8raw_512_l2, FP8RAW_N)
+ROWT(rowt_bf16_512_l2, BF16_N)
+ROWT(rowt_f16_512_l2, F16_N)
+ROWT(rowt_f32_512_l2, F32_N)
+AVX512VNNI static void rowt_fp4q_512_l2(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) {
+    NT_CASES(FP4Q_N)
+}
+ROWT(rowt2_fp8_512_l2, FP8_2N)
+ROWT(rowt2_fp8raw_512_l2, FP8RAW_2N)
+#undef L2
 #endif
 
 typedef float (*row_fn)(const ds_weight *, int, const float *);
@@ -923,28 +967,29 @@ static row_fn row_for(int path, int fp4) {
     return fp4 ? row_fp4_generic : ds_cpu_row_dot;
 }
 
-/* The multi-token row kernel of the AVX-512 path (NULL on the others). */
-static rowt_fn rowt_for(int path, ds_wkind kind, int raw) {
+/* The multi-token row kernel of the AVX-512 path (NULL on the others);
+ * l2: the instance that prefetches into L2. */
+static rowt_fn rowt_for(int path, ds_wkind kind, int raw, int l2) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512) switch (kind) {
-        case DS_W_FP8: return raw ? rowt_fp8raw_512 : rowt_fp8_512;
-        case DS_W_FP4: return ds_cpu_has_vnni() ? rowt_fp4q_512 : NULL;
-        case DS_W_BF16: return rowt_bf16_512;
-        case DS_W_F16: return rowt_f16_512;
-        case DS_W_F32: return rowt_f32_512;
+        case DS_W_FP8: return raw ? (l2 ? rowt_fp8raw_512_l2 : rowt_fp8raw_512) : l2 ? rowt_fp8_512_l2 : rowt_fp8_512;
+        case DS_W_FP4: return !ds_cpu_has_vnni() ? NULL : l2 ? rowt_fp4q_512_l2 : rowt_fp4q_512;
+        case DS_W_BF16: return l2 ? rowt_bf16_512_l2 : rowt_bf16_512;
+        case DS_W_F16: return l2 ? rowt_f16_512_l2 : rowt_f16_512;
+        case DS_W_F32: return l2 ? rowt_f32_512_l2 : rowt_f32_512;
         }
 #endif
-    (void)path, (void)kind, (void)raw;
+    (void)path, (void)kind, (void)raw, (void)l2;
     return NULL;
 }
 
 /* The two-row kernel of the AVX-512 path where one exists for w (NULL otherwise). */
-static rowt_fn rowt2_for(int path, const ds_weight *w, int raw) {
+static rowt_fn rowt2_for(int path, const ds_weight *w, int raw, int l2) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && w->cols % (2 * DS_FP8_BLOCK) == 0)
-        return raw ? rowt2_fp8raw_512 : rowt2_fp8_512;
+        return raw ? (l2 ? rowt2_fp8raw_512_l2 : rowt2_fp8raw_512) : l2 ? rowt2_fp8_512_l2 : rowt2_fp8_512;
 #endif
-    (void)path, (void)w, (void)raw;
+    (void)path, (void)w, (void)raw, (void)l2;
     return NULL;
 }
 
@@ -1140,7 +1185,8 @@ static int fp8_raw_ok(const float *x, size_t n) {
  * 2^112 for FP8_RAW). Returns the floats its copy needs, or 0 when one of
  * the n earlier products of the batch makes the same copy (shared: its
  * index in *share). */
-static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev, int n, mm_prep *p, int *share) {
+static size_t mm_prepare(const ds_matmul_job *jb, int path, int l2, const mm_prep *prev, int n, mm_prep *p,
+                         int *share) {
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_Q4
@@ -1154,7 +1200,7 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const mm_prep *prev,
     int raw = fmt == X_RAW || fmt == X_TRAW;
     int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
     *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_Q4),
-                   rowt_for(path, w->kind, raw), rowt2_for(path, w, raw), jb->x, fmt, tile, rg};
+                   rowt_for(path, w->kind, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg};
     *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
@@ -1210,7 +1256,7 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
     size_t total = 0, off = 0;
     int T = 0;
     for (int i = 0; i < n; i++) {
-        total += mm_prepare(&jobs[i], path, p, i, &p[i], &share[i]);
+        total += mm_prepare(&jobs[i], path, ds_cpu_of(be)->pf_l2, p, i, &p[i], &share[i]);
         if (jobs[i].T > T) T = jobs[i].T;
     }
     float *xp = ds_cpu_scratch(be, DS_SCR_MM, sizeof(float) * (total ? total : 1));
