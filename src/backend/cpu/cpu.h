@@ -22,8 +22,9 @@ void ds_backend_cpu_set_threads(ds_backend *be, int n);
 /* 1 when its row kernels prefetch the weights into L2 rather than L1
  * (heuristics.h: DS_CPU_PREFETCH_L2_BELOW_L1D). */
 int ds_backend_cpu_prefetch_l2(const ds_backend *be);
-/* Tests: choose it (the same bits either way). */
-void ds_backend_cpu_set_prefetch_l2(ds_backend *be, int on);
+/* Tests: act as on a core with an L1 data cache of l1d bytes (the prefetch
+ * level and the one-token row pairs follow it; the same bits either way). */
+void ds_backend_cpu_set_l1d(ds_backend *be, int l1d);
 
 /* Tests: the n-th scratch allocation from now on (n >= 1) fails as if the
  * heap were exhausted; 0 disables. */
@@ -38,7 +39,8 @@ typedef struct ds_cpu_pool ds_cpu_pool; /* cpu.c: the worker threads */
 
 typedef struct ds_cpu {
     int n_threads, path;
-    int pf_l2;                  /* the row kernels prefetch into L2, not L1 (ds_cpu_prefetch_l2) */
+    int pf_l2;                  /* the row kernels prefetch into L2, not L1 (heuristics.h) */
+    int l1d;                    /* L1 data cache bytes per core (0: unknown; ds_cpu_l1d) */
     ds_cpu_pool *pool;          /* n_threads - 1 workers, or NULL (serial) */
     int in_region;              /* a parallel region is running */
     ds_step_desc step;          /* the current step (its arrays are the model's, valid during the step) */

@@ -26,10 +26,10 @@ int ds_cpu_has_vnni(void) {
 #endif
 }
 
-int ds_cpu_prefetch_l2(void) {
+int ds_cpu_l1d(void) {
 #ifdef _SC_LEVEL1_DCACHE_SIZE
     long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    return l1 > 0 && l1 < DS_CPU_PREFETCH_L2_BELOW_L1D;
+    return l1 > 0 && l1 < (1L << 30) ? (int)l1 : 0;
 #else
     return 0;
 #endif

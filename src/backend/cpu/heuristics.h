@@ -13,9 +13,8 @@ int ds_cpu_best_path(void);
 /* 1 when the CPU has AVX-512 VNNI (vpdpbusd): the AVX-512 path's MXFP4
  * kernel; without it MXFP4 runs the AVX2 kernel (the same bits). */
 int ds_cpu_has_vnni(void);
-/* 1 when the row kernels should prefetch into L2: this core's L1 data cache
- * is smaller than DS_CPU_PREFETCH_L2_BELOW_L1D (or unknown: 0). */
-int ds_cpu_prefetch_l2(void);
+/* This core's L1 data cache in bytes (sysconf; 0: unknown). */
+int ds_cpu_l1d(void);
 
 /* matmul: rows go to threads in groups of DS_CPU_ROW_GROUP (one memory
  * stream per thread) ... */
@@ -43,13 +42,21 @@ int ds_cpu_prefetch_l2(void);
 #define DS_CPU_PREFETCH 16384
 #define DS_CPU_PREFETCH_DENSE 8192
 /* Where that prefetch goes: into L1 on cores with at least this much L1
- * data cache, else into L2 (ds_cpu_prefetch_l2). With a 32 KiB L1 (Zen 4) the
+ * data cache (ds_cpu_l1d), else into L2. With a 32 KiB L1 (Zen 4) the
  * lines fetched 8-16 KiB ahead and a 16-32 KiB x vector evict each other:
  * `dsv4 bench --kernels`, 2 threads, L1 -> L2: BF16 K=4096 0.69-0.78 ->
  * 0.93-1.00 of the plain read, FP8 K=4096 0.72-0.86 -> 0.99-1.03, MXFP4
  * 0.81-0.92 -> 0.94-1.05; flash-4 decode 79-102 -> 63-69 ms per token. With
  * a 48 KiB L1 (Zen 5) L1 was measured faster for the MXFP4 kernel. */
 #define DS_CPU_PREFETCH_L2_BELOW_L1D (48 * 1024)
+/* A product whose x (one token's copy) is larger than NUM / DEN of L1 runs
+ * its rows in pairs (the two-row kernel, where the kind has one) even for one
+ * token: each x load then serves two rows. On the Zen 4 VM (32 KiB L1) FP8
+ * K = 8192 (x 32 KiB, re-read from L2 for every row) went from 0.56-0.58 to
+ * 0.89-0.94 of the plain read (`bench --kernels`); the other shapes keep one
+ * row per call (two weight streams per thread were slower on slow memory). */
+#define DS_CPU_PAIR_X_NUM 3
+#define DS_CPU_PAIR_X_DEN 4
 
 /* MoE: experts run in batches of up to this many gathered rows (or one
  * expert's rows when more): a batch's w1 and w3 products run together, then

@@ -529,7 +529,7 @@ static float row_fp4_avx2(const ds_weight *w, int r, const float *xq) {
 #define PREFETCH_DENSE DS_CPU_PREFETCH_DENSE
 
 enum { FP8_RAW = 100 }; /* a decoder of dec16k beside the ds_wkind values */
-/* into L1 (T0) or, on cores whose L1 is small (ds_cpu_prefetch_l2), into L2
+/* into L1 (T0) or, on cores whose L1 is small (heuristics.h), into L2
  * (T1): l2 is a constant at every call site */
 #define PFH(p, l2)                                        \
     do {                                                  \
@@ -1055,6 +1055,7 @@ typedef struct {
     int fmt;        /* X_* */
     int tile;       /* x panel-major, the products through fp8_group_tiled */
     int rg;         /* rows per group: DS_CPU_ROW_GROUP, or DS_CPU_TILE_ROWS when tiled */
+    int pair1;      /* rows in pairs (rowt2) at any token count: x does not stay in L1 */
 } mm_prep;
 
 typedef struct {
@@ -1144,11 +1145,11 @@ static void mm_group(void *ctx, int g) {
     tg = tg < 1 ? 1 : tg > NT ? NT : tg;
     /* from 3 tokens on, rows go in pairs that share each x load (x may then
      * come from L2): 2 tokens of 1 row were measured faster than of 2 */
-    int pairs = p->rowt2 && t1 - j->t0 >= 3;
+    int pairs = p->rowt2 && (t1 - j->t0 >= 3 || p->pair1);
     if (pairs || p->fmt == X_Q4) tg = NT; /* Q4 x: 2.25 bytes per column */
     for (int t = j->t0; t < t1; t += tg) {
         int nt = t1 - t < tg ? t1 - t : tg, r = r0;
-        if (pairs && nt >= 2)
+        if (pairs && (nt >= 2 || p->pair1))
             for (; r + 2 <= r1; r += 2) {
                 float out[2 * NT];
                 p->rowt2(w, r, p->xp + (size_t)t * p->xstride, p->xstride, nt, out);
@@ -1185,8 +1186,9 @@ static int fp8_raw_ok(const float *x, size_t n) {
  * 2^112 for FP8_RAW). Returns the floats its copy needs, or 0 when one of
  * the n earlier products of the batch makes the same copy (shared: its
  * index in *share). */
-static size_t mm_prepare(const ds_matmul_job *jb, int path, int l2, const mm_prep *prev, int n, mm_prep *p,
-                         int *share) {
+static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, const mm_prep *prev, int n,
+                         mm_prep *p, int *share) {
+    const int l2 = c->pf_l2;
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_Q4
@@ -1200,7 +1202,8 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, int l2, const mm_pre
     int raw = fmt == X_RAW || fmt == X_TRAW;
     int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
     *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_Q4),
-                   rowt_for(path, w->kind, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg};
+                   rowt_for(path, w->kind, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg, 0};
+    p->pair1 = p->rowt2 && c->l1d > 0 && sizeof(float) * xstride * DS_CPU_PAIR_X_DEN > (size_t)c->l1d * DS_CPU_PAIR_X_NUM;
     *share = -1;
     for (int i = 0; i < n; i++)
         if (prev[i].x == jb->x && prev[i].T == T && prev[i].w->cols == K && prev[i].fmt == fmt) {
@@ -1256,7 +1259,7 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
     size_t total = 0, off = 0;
     int T = 0;
     for (int i = 0; i < n; i++) {
-        total += mm_prepare(&jobs[i], path, ds_cpu_of(be)->pf_l2, p, i, &p[i], &share[i]);
+        total += mm_prepare(&jobs[i], path, ds_cpu_of(be), p, i, &p[i], &share[i]);
         if (jobs[i].T > T) T = jobs[i].T;
     }
     float *xp = ds_cpu_scratch(be, DS_SCR_MM, sizeof(float) * (total ? total : 1));
