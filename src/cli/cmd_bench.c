@@ -310,10 +310,8 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("model      %s: hidden %d, %d layers, %d experts (%d active), vocab %d\n", dir, c->dim, c->n_layers,
            c->n_routed_experts, c->n_active_experts, V);
-    if (n_threads)
-        printf("backend    %s, %d threads, batch 1, weights prefetched into %s\n", be.name, n_threads,
-               ds_backend_cpu_prefetch_l2(&be) ? "L2" : "L1");
-    else printf("backend    %s, batch 1\n", be.name);
+    printf("backend    %s, %d threads, batch 1, weights prefetched into %s\n", be.name, n_threads,
+           ds_backend_cpu_prefetch_l2(&be) ? "L2" : "L1");
     if (ds_checkpoint_copied(m->ck))
         printf("weights    copied into memory (--load copy): %.2f GB, %.2f GB of this process on huge pages\n",
                ds_checkpoint_bytes(m->ck) / 1e9, anon_huge_bytes() / 1e9);

@@ -467,12 +467,11 @@ static void gather_locked(ds_sched *s) {
         double now = ds_now(), until = now + s->o.gather_gap_ms * 1e-3;
         if (s->stop || n >= s->o.max_seqs || now >= end) return;
         if (until > end) until = end;
-        struct timespec ts;
+        struct timespec ts; /* the condition variable's clock: CLOCK_REALTIME */
         clock_gettime(CLOCK_REALTIME, &ts);
-        double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (until - now);
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        long long ns = ts.tv_nsec + (long long)((until - now) * 1e9);
+        ts.tv_sec += (time_t)(ns / 1000000000LL);
+        ts.tv_nsec = (long)(ns % 1000000000LL);
         pthread_cond_timedwait(&s->work, &s->mu, &ts);
         if (s->n_queued == n) return; /* none came in the gap */
     }

@@ -913,11 +913,15 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
     default: call(NT); break; \
     }
 
-#define ROWT(name, call)                                                                         \
-    AVX512 static void name(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
+#define ROWT_A(attr, name, call)                                                                 \
+    attr static void name(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
         NT_CASES(call)                                                                           \
     }
-/* each kernel twice: prefetching into L1 (L2 = 0) and into L2 (L2 = 1) */
+#define ROWT(name, call) ROWT_A(AVX512, name, call)
+/* each kernel twice: prefetching into L1 (L2 = 0, no suffix) and into L2
+ * (L2 = 1, suffix _l2). rowt_fp8raw*: x scaled by 2^112 (mm_prepare does it
+ * when fp8_raw_ok); rowt_fp4q*: x in the Q4 layout; rowt2_*: rows r, r + 1,
+ * K % 256 == 0. */
 #define FP8_N(n) fp8_t_512(w, r, x, xs, out, n, DS_W_FP8, L2)
 #define FP8RAW_N(n) fp8_t_512(w, r, x, xs, out, n, FP8_RAW, L2)
 #define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16, L2)
@@ -926,29 +930,20 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
 #define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n, L2)
 #define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8, L2)
 #define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW, L2)
+#define ROWT_SET(S)                                   \
+    ROWT(rowt_fp8_512##S, FP8_N)                      \
+    ROWT(rowt_fp8raw_512##S, FP8RAW_N)                \
+    ROWT(rowt_bf16_512##S, BF16_N)                    \
+    ROWT(rowt_f16_512##S, F16_N)                      \
+    ROWT(rowt_f32_512##S, F32_N)                      \
+    ROWT_A(AVX512VNNI, rowt_fp4q_512##S, FP4Q_N)      \
+    ROWT(rowt2_fp8_512##S, FP8_2N)                    \
+    ROWT(rowt2_fp8raw_512##S, FP8RAW_2N)
 #define L2 0
-ROWT(rowt_fp8_512, FP8_N)
-ROWT(rowt_fp8raw_512, FP8RAW_N) /* x scaled by 2^112 (mm_prepare does it when fp8_raw_ok) */
-ROWT(rowt_bf16_512, BF16_N)
-ROWT(rowt_f16_512, F16_N)
-ROWT(rowt_f32_512, F32_N)
-AVX512VNNI static void rowt_fp4q_512(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) {
-    NT_CASES(FP4Q_N) /* x in the Q4 layout */
-}
-ROWT(rowt2_fp8_512, FP8_2N) /* rows r, r + 1; K % 256 == 0 */
-ROWT(rowt2_fp8raw_512, FP8RAW_2N)
+ROWT_SET()
 #undef L2
 #define L2 1
-ROWT(rowt_fp8_512_l2, FP8_N)
-ROWT(rowt_fp8raw_512_l2, FP8RAW_N)
-ROWT(rowt_bf16_512_l2, BF16_N)
-ROWT(rowt_f16_512_l2, F16_N)
-ROWT(rowt_f32_512_l2, F32_N)
-AVX512VNNI static void rowt_fp4q_512_l2(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) {
-    NT_CASES(FP4Q_N)
-}
-ROWT(rowt2_fp8_512_l2, FP8_2N)
-ROWT(rowt2_fp8raw_512_l2, FP8RAW_2N)
+ROWT_SET(_l2)
 #undef L2
 #endif
 
