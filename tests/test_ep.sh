@@ -164,7 +164,7 @@ serve_texts() { # out-prefix ranks...
   "$@" serve -m "$dir" --port 0 --threads 1 >"$pre.out" 2>"$pre.err" &
   local pid=$! url="" i
   for ((i = 0; i < 600; i++)); do
-    url=$(sed -n 's/^listening on //p' "$pre.out")
+    url=$(sed -n 's/^listening on //p' "$pre.out" 2>/dev/null) # the shell may not have made it yet
     [ -n "$url" ] && break
     sleep 0.1
   done
