@@ -1557,6 +1557,11 @@ int main(int argc, char **argv) {
     test_matmul(C, DS_W_FP4, 2064, 4160, 0);
     test_matmul(C, DS_W_FP4, 4100, 1056, 0);
     test_matmul(C, DS_W_FP8, 4232, 4096, 0); /* 265 tiles: 8 warps, units of 2 groups, two per warp */
+    /* mma_strm_kernel (plain products): a block loops over several tiles with the
+     * next ones' weights in flight: 1,025 tiles (the last ragged; grouped: 4 x 257),
+     * 8 one-group items per tile; FP4 at 3 groups (warps 3..7 without items) */
+    test_matmul(C, DS_W_FP8, 16400, 1024, 0);
+    test_matmul(C, DS_W_FP4, 16388, 384, 0);
     test_norm_rope(C);
     {
         int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};

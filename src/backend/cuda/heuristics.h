@@ -104,6 +104,19 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
                                  * 2.064, within the noise */
 #define DSC_MMA_STR_MAXW 16    /* streaming kernel: warps per block of a product of fewer than
                                  * DSC_MMA_STR_FEW blocks (else DSC_MMA_DW; not ORDER) */
+#define DSC_MMA_STRM_TILES 512  /* plain products of at least this many 16-row tiles (one token
+                                 * tile): mma_strm_kernel, a block looping over tiles with the
+                                 * next units' weights in flight across them (not ORDER).
+                                 * `bench --kernels --backend cuda`, one H200: wq_b (32768 x 1024,
+                                 * 2,048 tiles) 30.4 -> 20.4-20.7 us; at 128-256 tiles
+                                 * (shared w1, wo_b) mma_str_kernel's 16 warps a block were
+                                 * faster (8.4 vs 11.8-12.9 us) or equal */
+#define DSC_MMA_STRM_D 2        /* mma_strm_kernel: units in a warp's register ring (D - 1
+                                 * loading while one is multiplied; 3 and 4: more registers,
+                                 * fewer warps, slower: wq_b 22.9 / 23.8 us) */
+#define DSC_MMA_STRM_MINB 4     /* mma_strm_kernel: blocks per SM its registers allow (64
+                                 * registers; 2: 22.0 us, 3: 20.4) */
+#define DSC_MMA_STRM_BPS 4      /* mma_strm_kernel: blocks per SM in the grid */
 #define DSC_MMA_STR_FEW 264     /* two blocks per SM of the H200 */
 #define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
                                  * tile's split activations and partials); more: the other

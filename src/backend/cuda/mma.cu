@@ -667,6 +667,108 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
     }
 }
 
+/* The streaming kernel for plain products of many 16-row tiles (one token
+ * tile, T <= 8): a block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ...
+ * of its row group (blockIdx.z), splits the activations once, and each warp
+ * walks its items (tile, group g = warp, warp + DW, ...) with the next D - 1
+ * items' weights and scales in flight (a register ring), across the tiles'
+ * boundaries: while a tile's partials are added the next tile's weights are
+ * already loading. Partials in two buffers (tile parity), so a tile's sums
+ * and the next tile's MMAs overlap. mma_str_kernel, one tile a block, left
+ * the block's weight loads idle through its activation split, its reduction
+ * and the next block's start (wq_b, 32 MB of FP8 in 2,048 tiles: 1.10 TB/s
+ * there, 1.62 here; heuristics.h DSC_MMA_STRM_*). Each
+ * group's MMAs (mma_group_s) and the sum over groups in group order are
+ * mma_str_kernel's: the same bits. */
+template <int KIND, int D, int MINB>
+__global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_args a) {
+    const int CPT = mk<KIND>::CPT, DW = DSC_MMA_DW;
+    extern __shared__ __align__(16) uint8_t smx[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    dsc_w w;
+    int rl0, yb, cnt, m0;
+    size_t xq;
+    if (!mma_setup<MMA_PLAIN>(a, blockIdx.x * 16, w, rl0, yb, xq, cnt, m0)) return;
+    mma_view<KIND>(w, yb);
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, XS = ng * 32 + 4;
+    const int nt = a.T < 8 ? a.T : 8;
+    const int tiles = (w.rows + 15) / 16, mytiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    uint4 *xs = (uint4 *)smx;
+    float *part = (float *)(xs + (size_t)nt * XS); /* [2][ng][128] */
+    const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
+    const int nchr = (int)(rowbytes / 16);
+    const int per = warp < ng ? (ng - 1 - warp) / DW + 1 : 0, nk = per * mytiles;
+    uint4 qa[D][CPT], qb[D][CPT];
+    uint32_t ca[D], cb[D];
+    /* item k of this warp into ring slot d: tile blockIdx.x + (k / per) * gridDim.x, group warp + (k % per) * DW */
+    auto ld = [&](int k, int d) {
+        bool ok = k < nk;
+        int t = ok ? (int)blockIdx.x + (k / per) * (int)gridDim.x : 0, g = ok ? warp + (k % per) * DW : 0;
+        int ra = min(t * 16 + gid, w.rows - 1), rb = min(t * 16 + gid + 8, w.rows - 1);
+        const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
+#pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int ch = g * 4 * CPT + tig * CPT + c;
+            bool okc = ok && ch < nchr;
+            qa[d][c] = okc ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+            qb[d][c] = okc ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+        }
+        ca[d] = ok ? mma_sc<KIND>(w, dsc_row_scales(w, KIND, ra), g, tig) : 0u;
+        cb[d] = ok ? mma_sc<KIND>(w, dsc_row_scales(w, KIND, rb), g, tig) : 0u;
+    };
+#pragma unroll
+    for (int d = 0; d < D - 1; d++) ld(d, d); /* in flight while x is split */
+    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nt * ng * 32; i += DW * 32) {
+        int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (col < K) {
+            const float *p = a.x + mma_xoff<MMA_PLAIN>(a, m0, tj, xq) + col;
+            v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        }
+        uint32_t b[4];
+        split4(v, b);
+        xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+    __syncthreads();
+    const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
+    int k = 0;
+    for (int ti = 0; ti < mytiles; ti++) {
+        float *pt = part + (size_t)(ti & 1) * ng * 128;
+        for (int i = 0; i < per; i++, k++) {
+            int g = warp + i * DW;
+#pragma unroll
+            for (int d = 0; d < D; d++) /* item k sits in slot k % D (slots indexed statically: */
+                if (k % D == d) {       /* a register copy would wait for its load) */
+                    ld(k + D - 1, (d + D - 1) % D);
+                    float acc[4];
+                    mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, gid < nt, acc);
+                    float *ps = pt + (size_t)g * 128;
+                    *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
+                    *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
+                }
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            int o = threadIdx.x, row = o >> 3, tj = o & 7, r = ((int)blockIdx.x + ti * (int)gridDim.x) * 16 + row;
+            if (tj < nt && r < w.rows) {
+                float tot = 0.0f;
+                int g = 0;
+                for (; g + 8 <= ng; g += 8) {
+                    float p[8];
+#pragma unroll
+                    for (int v = 0; v < 8; v++) p[v] = pt[(size_t)(g + v) * 128 + o];
+#pragma unroll
+                    for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
+                }
+                for (; g < ng; g++) tot = __fadd_rn(tot, pt[(size_t)g * 128 + o]);
+                a.y[mma_yoff<MMA_PLAIN>(a, m0, tj, yb + r)] = tot;
+            }
+        }
+    }
+}
+
 /* ---- many tokens ------------------------------------------------------------ */
 
 __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
@@ -897,6 +999,22 @@ static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm,
     mma_str_kernel<KIND, MODE, UG><<<grid, (unsigned)nw * 32, sm, st>>>(a);
 }
 
+/* mma_strm_kernel: blocks per row group enough for DSC_MMA_STRM_BPS per SM */
+/* mma_strm_kernel over grid.x = min(tiles, DSC_MMA_STRM_BPS blocks per SM / nz) */
+template <int KIND> static void launch_strm(cudaStream_t st, const mma_args &a, int rows, unsigned nz, size_t sm) {
+    const auto kern = mma_strm_kernel<KIND, DSC_MMA_STRM_D, DSC_MMA_STRM_MINB>;
+    static int attr = 0;
+    if (!attr) {
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
+        attr = 1;
+    }
+    int dev = 0, nsm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    long tiles = (rows + 15) / 16, per = ((long)DSC_MMA_STRM_BPS * nsm + nz - 1) / nz;
+    dim3 grid((unsigned)(tiles < per ? tiles : per), 1, nz);
+    kern<<<grid, DSC_MMA_DW * 32, sm, st>>>(a);
+}
+
 /* split: whether the tiles' groups may be split over units (plain products:
  * nz is the number of row groups, a shape; the experts' nz follows the
  * step's experts, so they keep one unit per tile). */
@@ -917,6 +1035,11 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
              * smaller units: fewer registers); else the larger units where
              * every warp gets one */
             long blocks = (long)grid.x * ny * nz;
+            if (MODE == MMA_PLAIN && (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES && ny == 1 &&
+                sm + mma_str_smem(a.w.cols, 0) <= DSC_MMA_STR_SMEM) {
+                launch_strm<KIND>(st, a, rows, nz, sm + mma_str_smem(a.w.cols, 0)); /* + a second partials buffer */
+                return 0;
+            }
             if (blocks < DSC_MMA_STR_FEW && ng >= DSC_MMA_STR_MAXW * UGM / 2)
                 launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm, DSC_MMA_STR_MAXW);
             else if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm, DSC_MMA_DW);
