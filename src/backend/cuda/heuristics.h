@@ -36,7 +36,7 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
  * the group (mma.cu). */
 #define DSC_MMA_G 128           /* ORDER */
 #define DSC_MMA_BM 64           /* tile kernel: rows per block (not ORDER; the
-                                 * kernel's 2 x 2 warps of 32 x 32 assume 64) */
+                                 * 64 shape's warps (mma.cu launch_tile) assume 64) */
 #define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
 #define DSC_MMA_DW 8            /* experts' decode kernel: warps per 16-row tile (not ORDER) */
 #define DSC_MMA_GW 2            /* experts' decode kernel: groups per warp per round (not ORDER) */
@@ -54,8 +54,8 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
                                  * products of 256 tiles 19 µs with, 23 before the branch;
                                  * the split decode kernel always loads ahead at NB = 1: the
                                  * BF16 head 350 -> 250 µs */
-/* the tile kernel's shapes (not ORDER): 64 x 64 (2 x 2 warps of 32 x 32) for
- * the plain products; for the routed experts, whose pairs spread over many
+/* the tile kernel's shapes (not ORDER): 64 x 64 (4 warps of 16 rows x 64
+ * tokens; BF16 2 x 2 warps of 32 x 32) for the plain products; for the routed experts, whose pairs spread over many
  * experts (V4-Flash prefill of 512 tokens: 12 pairs per expert on average;
  * batched decode: 1-6), 128 rows x 16 or x 8 tokens (4 warps of 32 rows x
  * all the block's tokens): each decoded weight fragment meets every token of
@@ -65,7 +65,8 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_TS_64 0
 #define DSC_MMA_TS_X16 1
 #define DSC_MMA_TS_X8 2
-#define DSC_MMA_TS_128 3       /* 128 x 64: 8 warps (4 x 2 of 32 x 32), half the activation
+#define DSC_MMA_TS_128 3       /* 128 x 64: 8 warps (FP8 plain: 16 rows x 64 tokens each;
+                                 * the rest 4 x 2 of 32 x 32), half the activation
                                  * tiles' traffic of the 64 shape per row */
 /* The tile kernel's pipeline (not ORDER: the same MMAs per output in every
  * variant): cp.async stages and the blocks per SM its registers must allow

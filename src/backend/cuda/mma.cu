@@ -1081,9 +1081,11 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     return 0;
 }
 
-/* TS: the tile shape (heuristics.h): DSC_MMA_TS_64 (64 x 64, 2 x 2 warps of
- * 2 x 4 tiles), DSC_MMA_TS_128 (128 x 64, 4 x 2 warps of 2 x 4), DSC_MMA_TS_X16 (128 x 16: 4 x 1 warps of 2 x 2), DSC_MMA_TS_X8
- * (128 x 8: 4 x 1 warps of 2 x 1); NST stages, MINB blocks per SM. Not ORDER. */
+/* TS: the tile shape (heuristics.h): DSC_MMA_TS_64 (64 x 64: 4 x 1 warps of
+ * 1 x 8 tiles; BF16 2 x 2 of 2 x 4), DSC_MMA_TS_128 (128 x 64: FP8 plain 8 x 1
+ * warps of 1 x 8, the rest 4 x 2 of 2 x 4), DSC_MMA_TS_X16 (128 x 16: 4 x 1
+ * warps of 2 x 2), DSC_MMA_TS_X8 (128 x 8: 4 x 1 warps of 2 x 1); NST stages,
+ * MINB blocks per SM. Not ORDER. */
 template <int KIND, int MODE, int WM, int WN, int MI, int NI, int NST = 2, int MINB = 1>
 static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
     const int BM = WM * MI * 16, BN = WN * NI * 8, SMEM = mt<KIND, BM, BN, NST>::SMEM;
@@ -1105,16 +1107,25 @@ template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st,
     else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
 }
 
-static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 2 x 2 warps of 2 x 4 tiles");
+/* The warps of a block: each warp its own rows, every token of the block
+ * (WN = 1), for the quantized kinds: a weight fragment is decoded by one warp
+ * only (with WN = 2 both warps sharing rows decoded it), at the price of
+ * every warp reading every token's activations. ncu / `bench --kernels
+ * --backend cuda`, 512 tokens, one H200, 2 x 2 / 4 x 2 warps -> 4 x 1 / 8 x 1:
+ * FP8 wkv (64 x 64) 175 -> 118 us, wq_a, wq_b, wo_b, shared w1 (128 x 64)
+ * 209 / 527 / 545 / 210 -> 174 / 494 / 481 / 180 us; 2 x 4 warps of 4 x 2
+ * tiles (spills) 1.5x slower. Not ORDER: an output's MMAs are the same. */
+static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 4 x 1 warps of 1 x 8 tiles (BF16: 2 x 2 of 2 x 4)");
 static_assert(DSC_MMA_XBM == 4 * 2 * 16, "the x16 / x8 shapes are 4 warps of 2 m16 tiles");
 template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz, int ts) {
     if (ts == DSC_MMA_TS_X16) launch_tile_x<KIND, MODE, 2>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_X8) launch_tile_x<KIND, MODE, 1>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_128) {
         if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN)
-            launch_tile_shape<KIND, MODE, 4, 2, 2, 4, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
+            launch_tile_shape<KIND, MODE, 8, 1, 1, 8, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
         else launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
-    } else launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
+    } else if constexpr (KIND == DS_W_BF16) launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
+    else launch_tile_shape<KIND, MODE, 4, 1, 1, 8>(st, a, rows, T, nz);
 }
 
 /* dec: the decode kernels; else the tile kernel of shape ts */
