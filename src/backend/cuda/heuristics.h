@@ -85,6 +85,11 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_X_NST 2
 #define DSC_MMA_X_MINB 4
 /* The plain products' tile shape, by the matrix's rows */
+/* 1,024 rows measured against 2,048 and 4,096 with the 4 x 1 / 8 x 1 warps (one H200, flash 4
+ * layers, prefill 512, two interleaved rounds): 18,091 / 18,174 against 17,766 / 17,785 and
+ * 17,671 / 17,751 tok/s, although `bench --kernels` alone gives wq_a (1,024 x 4,096) on the 64
+ * shape 121 us against 174: the model's other products of 1,024-4,095 rows (the grouped wo_a's
+ * groups among them) lose more than that, not separated further. */
 static inline int dsc_mma_plain_tile(int rows) { return rows >= 1024 ? DSC_MMA_TS_128 : DSC_MMA_TS_64; }
 #define DSC_MMA_XBM 128         /* rows per block of the x16 / x8 shapes (the up product's
                                  * w1 / w3 halves must be whole blocks: else the 64 shape) */
