@@ -560,6 +560,41 @@ static inline size_t mma_str_smem(int K, int ntok) {
  * position mma_group_s reads it: group g = c4 / 32, tig = c4 / 8 % 4, kk = c4 % 8. */
 __device__ __forceinline__ int mma_str_pos(int c4) { return (c4 & ~31) | ((c4 & 7) << 2) | ((c4 >> 3) & 3); }
 
+/* The streaming kernels' activation split: tokens j0 .. j0 + nt - 1 into
+ * xs ([token][XS] chunks at mma_str_pos), by nth threads. */
+template <int MODE>
+__device__ __forceinline__ void mma_str_split(const mma_args &a, int m0, int j0, size_t xq, int nt, int ng, int K,
+                                              uint4 *xs, int XS, int nth) {
+    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
+#pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
+    for (int i = threadIdx.x; i < nt * ng * 32; i += nth) {
+        int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (col < K) {
+            const float *p = a.x + mma_xoff<MODE>(a, m0, j0 + tj, xq) + col;
+            v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        }
+        uint32_t b[4];
+        split4(v, b);
+        xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+}
+
+/* Output o's sum of its ng group partials (part[g * 128 + o]) in group order. */
+__device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng) {
+    float tot = 0.0f;
+    int g = 0;
+    for (; g + 8 <= ng; g += 8) {
+        float p[8]; /* 8 loads ahead, the adds in group order */
+#pragma unroll
+        for (int v = 0; v < 8; v++) p[v] = part[(size_t)(g + v) * 128 + o];
+#pragma unroll
+        for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
+    }
+    for (; g < ng; g++) tot = __fadd_rn(tot, part[(size_t)g * 128 + o]);
+    return tot;
+}
+
 /* One 16-row tile and up to 8 tokens (T <= 8), FP8 / FP4: the activations
  * split once per block into shared memory; warp w of the block's NW (launch
  * shape: more warps for matrices of few tiles) takes units (UG consecutive
@@ -590,7 +625,6 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
     int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
     const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
     const uint8_t *sa = dsc_row_scales(w, KIND, ra), *sb = dsc_row_scales(w, KIND, rb);
-    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
     for (int j0 = blockIdx.y * 8; j0 < cnt; j0 += gridDim.y * 8) {
         int nt = cnt - j0 < 8 ? cnt - j0 : 8;
         uint4 qa0[UG][CPT], qb0[UG][CPT], qa1[UG][CPT], qb1[UG][CPT];
@@ -627,18 +661,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         };
         int u = warp;
         ld(u, qa0, qb0, ca0, cb0); /* the first unit's weights in flight while x is split */
-#pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
-        for (int i = threadIdx.x; i < nt * ng * 32; i += NTH) {
-            int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (col < K) {
-                const float *p = a.x + mma_xoff<MODE>(a, m0, j0 + tj, xq) + col;
-                v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-            }
-            uint32_t b[4];
-            split4(v, b);
-            xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
-        }
+        mma_str_split<MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, NTH);
         __syncthreads();
         for (; u < nu; u += 2 * DW) {
             ld(u + DW, qa1, qb1, ca1, cb1);
@@ -649,19 +672,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         __syncthreads();
         if (threadIdx.x < 128) {
             int o = threadIdx.x, row = o >> 3, tj = o & 7;
-            if (tj < nt && rl0 + row < w.rows) {
-                float tot = 0.0f;
-                int g = 0;
-                for (; g + 8 <= ng; g += 8) {
-                    float p[8]; /* 8 loads ahead, the adds in group order */
-#pragma unroll
-                    for (int v = 0; v < 8; v++) p[v] = part[(size_t)(g + v) * 128 + o];
-#pragma unroll
-                    for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
-                }
-                for (; g < ng; g++) tot = __fadd_rn(tot, part[(size_t)g * 128 + o]);
-                a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + rl0 + row)] = tot;
-            }
+            if (tj < nt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + rl0 + row)] = mma_str_sum(part, o, ng);
         }
         __syncthreads();
     }
@@ -718,19 +729,7 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
     };
 #pragma unroll
     for (int d = 0; d < D - 1; d++) ld(d, d); /* in flight while x is split */
-    int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < nt * ng * 32; i += DW * 32) {
-        int tj = i / (ng * 32), c4 = i % (ng * 32), col = c4 * 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (col < K) {
-            const float *p = a.x + mma_xoff<MMA_PLAIN>(a, m0, tj, xq) + col;
-            v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-        }
-        uint32_t b[4];
-        split4(v, b);
-        xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
-    }
+    mma_str_split<MMA_PLAIN>(a, m0, 0, xq, nt, ng, K, xs, XS, DW * 32);
     __syncthreads();
     const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
     int k = 0;
@@ -752,19 +751,7 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
         __syncthreads();
         if (threadIdx.x < 128) {
             int o = threadIdx.x, row = o >> 3, tj = o & 7, r = ((int)blockIdx.x + ti * (int)gridDim.x) * 16 + row;
-            if (tj < nt && r < w.rows) {
-                float tot = 0.0f;
-                int g = 0;
-                for (; g + 8 <= ng; g += 8) {
-                    float p[8];
-#pragma unroll
-                    for (int v = 0; v < 8; v++) p[v] = pt[(size_t)(g + v) * 128 + o];
-#pragma unroll
-                    for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
-                }
-                for (; g < ng; g++) tot = __fadd_rn(tot, pt[(size_t)g * 128 + o]);
-                a.y[mma_yoff<MMA_PLAIN>(a, m0, tj, yb + r)] = tot;
-            }
+            if (tj < nt && r < w.rows) a.y[mma_yoff<MMA_PLAIN>(a, m0, tj, yb + r)] = mma_str_sum(pt, o, ng);
         }
     }
 }
@@ -999,7 +986,6 @@ static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm,
     mma_str_kernel<KIND, MODE, UG><<<grid, (unsigned)nw * 32, sm, st>>>(a);
 }
 
-/* mma_strm_kernel: blocks per row group enough for DSC_MMA_STRM_BPS per SM */
 /* mma_strm_kernel over grid.x = min(tiles, DSC_MMA_STRM_BPS blocks per SM / nz) */
 template <int KIND> static void launch_strm(cudaStream_t st, const mma_args &a, int rows, unsigned nz, size_t sm) {
     const auto kern = mma_strm_kernel<KIND, DSC_MMA_STRM_D, DSC_MMA_STRM_MINB>;
