@@ -55,11 +55,12 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
                                  * the split decode kernel always loads ahead at NB = 1: the
                                  * BF16 head 350 -> 250 µs */
 /* the tile kernel's shapes (not ORDER): 64 x 64 (4 warps of 16 rows x 64
- * tokens; BF16 2 x 2 warps of 32 x 32) for the plain products; for the routed experts, whose pairs spread over many
- * experts (V4-Flash prefill of 512 tokens: 12 pairs per expert on average;
- * batched decode: 1-6), 128 rows x 16 or x 8 tokens (4 warps of 32 rows x
- * all the block's tokens): each decoded weight fragment meets every token of
- * the expert's tile, each activation fragment 128 rows. ncu (flash, 4
+ * tokens; BF16 2 x 2 warps of 32 x 32) for the plain products; for the
+ * routed experts, whose pairs spread over many experts (V4-Flash prefill of
+ * 512 tokens: 12 pairs per expert on average; batched decode: 1-6), 128
+ * rows x 16 or x 8 tokens (4 warps of 32 rows x all the block's tokens): each
+ * decoded weight fragment meets every token of the expert's tile, each
+ * activation fragment 128 rows. ncu (flash, 4
  * layers, prefill 512, one H200): the experts' up / down products through the
  * decode kernel at 32 tokens a block (before) 5.8 / 2.9 ms a layer. */
 #define DSC_MMA_TS_64 0
@@ -84,8 +85,8 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_T128_MINB 2
 #define DSC_MMA_X_NST 2
 #define DSC_MMA_X_MINB 4
-/* The plain products' tile shape, by the matrix's rows */
-/* 1,024 rows measured against 2,048 and 4,096 with the 4 x 1 / 8 x 1 warps (one H200, flash 4
+/* The plain products' tile shape, by the matrix's rows. 1,024 rows measured
+ * against 2,048 and 4,096 with the 4 x 1 / 8 x 1 warps (one H200, flash 4
  * layers, prefill 512, two interleaved rounds): 18,091 / 18,174 against 17,766 / 17,785 and
  * 17,671 / 17,751 tok/s, although `bench --kernels` alone gives wq_a (1,024 x 4,096) on the 64
  * shape 121 us against 174: the model's other products of 1,024-4,095 rows (the grouped wo_a's
