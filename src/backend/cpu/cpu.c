@@ -214,14 +214,9 @@ static void cpu_close(ds_backend *be) {
 
 int ds_backend_cpu_threads(const ds_backend *be) { return ds_cpu_of(be)->n_threads; }
 
-int ds_backend_cpu_prefetch_l2(const ds_backend *be) { return ds_cpu_of(be)->pf_l2; }
+int ds_backend_cpu_prefetch_l2(const ds_backend *be) { return ds_cpu_pf_l2(ds_cpu_of(be)); }
 
-static void cpu_set_l1d(ds_cpu *c, int l1d) {
-    c->l1d = l1d > 0 ? l1d : 0;
-    c->pf_l2 = c->l1d > 0 && c->l1d < DS_CPU_PREFETCH_L2_BELOW_L1D;
-}
-
-void ds_backend_cpu_set_l1d(ds_backend *be, int l1d) { cpu_set_l1d(ds_cpu_of(be), l1d); }
+void ds_backend_cpu_set_l1d(ds_backend *be, int l1d) { ds_cpu_of(be)->l1d = l1d > 0 ? l1d : 0; }
 
 void ds_backend_cpu_set_threads(ds_backend *be, int n) {
     ds_cpu *c = ds_cpu_of(be);
@@ -241,7 +236,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->pool = pool_new(c->n_threads);
     c->path = ds_cpu_best_path();
-    cpu_set_l1d(c, ds_cpu_l1d());
+    c->l1d = ds_cpu_l1d();
     be->name = "cpu";
     be->impl = c;
     be->alloc = cpu_alloc;

@@ -39,7 +39,6 @@ typedef struct ds_cpu_pool ds_cpu_pool; /* cpu.c: the worker threads */
 
 typedef struct ds_cpu {
     int n_threads, path;
-    int pf_l2;                  /* the row kernels prefetch into L2, not L1 (heuristics.h) */
     int l1d;                    /* L1 data cache bytes per core (0: unknown; ds_cpu_l1d) */
     ds_cpu_pool *pool;          /* n_threads - 1 workers, or NULL (serial) */
     int in_region;              /* a parallel region is running */
@@ -50,6 +49,10 @@ typedef struct ds_cpu {
     } scr[DS_SCR_N];
     long fail_alloc;            /* tests: countdown to an injected failure */
 } ds_cpu;
+
+/* The row kernels prefetch the weights into L2 rather than L1 (a small L1:
+ * heuristics.h DS_CPU_PREFETCH_L2_BELOW_L1D). */
+static inline int ds_cpu_pf_l2(const ds_cpu *c) { return c->l1d > 0 && c->l1d < DS_CPU_PREFETCH_L2_BELOW_L1D; }
 
 static inline ds_cpu *ds_cpu_of(const ds_backend *be) { return (ds_cpu *)be->impl; }
 

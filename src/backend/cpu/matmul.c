@@ -1183,7 +1183,7 @@ static int fp8_raw_ok(const float *x, size_t n) {
  * index in *share). */
 static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, const mm_prep *prev, int n,
                          mm_prep *p, int *share) {
-    const int l2 = c->pf_l2;
+    const int l2 = ds_cpu_pf_l2(c);
     const ds_weight *w = jb->w;
     int K = w->cols, T = jb->T;
     int fmt = w->kind == DS_W_FP4 ? X_Q4

@@ -1021,7 +1021,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
              * smaller units: fewer registers); else the larger units where
              * every warp gets one */
             long blocks = (long)grid.x * ny * nz;
-            if (MODE == MMA_PLAIN && (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES && ny == 1 &&
+            if (MODE == MMA_PLAIN && (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES &&
                 sm + mma_str_smem(a.w.cols, 0) <= DSC_MMA_STR_SMEM) {
                 launch_strm<KIND>(st, a, rows, nz, sm + mma_str_smem(a.w.cols, 0)); /* + a second partials buffer */
                 return 0;
