@@ -1410,6 +1410,27 @@ static void test_moe(ctx *C, int MD, int MI) {
         }
         check(C, ok, "moe D=%d: a token's output in a batch of %d = in a batch of %d (bits)", MD, T, n);
     }
+    {
+        /* 8 tokens all routed to experts 3 and 5: at D = 2304 the streaming
+         * kernel takes an expert's tokens in passes of 4 (heuristics.h
+         * DSC_MMA_STRM_XSMEM); each token's output = its output alone */
+        int n = 8, ok = 1;
+        float *xb = frandv(C, (size_t)n * MD, 0.5f), wb[8 * MK];
+        int32_t ib[8 * MK];
+        for (int t = 0; t < n; t++) {
+            ib[t * MK] = t & 1 ? 3 : 5, ib[t * MK + 1] = t & 1 ? 5 : 3;
+            wb[t * MK] = 0.2f + 0.5f * (frand(C) + 1.0f), wb[t * MK + 1] = 0.2f + 0.5f * (frand(C) + 1.0f);
+        }
+        float *ob = moe_run(C, M, MD, n, xb, ib, wb);
+        for (int t = 0; t < n; t++) {
+            float *o1 = moe_run(C, M, MD, 1, xb + (size_t)t * MD, ib + t * MK, wb + t * MK);
+            if (memcmp(o1, ob + (size_t)t * MD, sizeof(float) * MD)) ok = 0;
+            free(o1);
+        }
+        check(C, ok, "moe D=%d: 8 tokens on the same 2 experts, each = alone (bits)", MD);
+        free(xb);
+        free(ob);
+    }
     for (int R = 1; R <= 3; R++)
         for (int by_expert = 0; by_expert < 2; by_expert++) {
             int tn[2] = {1, T};

@@ -117,13 +117,24 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
                                  * `bench --kernels --backend cuda`, one H200: wq_b (32768 x 1024,
                                  * 2,048 tiles) 30.4 -> 20.4-20.7 us; at 128-256 tiles
                                  * (shared w1, wo_b) mma_str_kernel's 16 warps a block were
-                                 * faster (8.4 vs 11.8-12.9 us) or equal */
+                                 * faster (8.4 vs 11.8-12.9 us) or equal. The experts' up / down
+                                 * at T <= 8 take it whatever their tiles (blockIdx.z: the
+                                 * expert): ncu, flash 4 layers, us per step, T = 1: up 297 ->
+                                 * 205, down 180 -> 114; T = 8 (up before: mma_blk_kernel, its
+                                 * 8 tokens' activations past DSC_MMA_STR_SMEM) 1,774 -> 1,403
+                                 * and 937 -> 717 */
 #define DSC_MMA_STRM_D 2        /* mma_strm_kernel: units in a warp's register ring (D - 1
                                  * loading while one is multiplied; 3 and 4: more registers,
                                  * fewer warps, slower: wq_b 22.9 / 23.8 us) */
-#define DSC_MMA_STRM_MINB 4     /* mma_strm_kernel: blocks per SM its registers allow (64
-                                 * registers; 2: 22.0 us, 3: 20.4) */
-#define DSC_MMA_STRM_BPS 4      /* mma_strm_kernel: blocks per SM in the grid */
+/* mma_strm_kernel: blocks per SM its registers allow and the grid gives, by
+ * kind (not ORDER). FP4 at 4 (64 registers, no spills); FP8, whose ring holds
+ * twice the bytes, at 3 (at 4: 64 registers and ~70 B of spills). wq_b with
+ * the kernel before its load cursor: 2 blocks 22.0 us, 3 20.4, 4 20.5. */
+static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP8 ? 3 : 4; }
+#define DSC_MMA_STRM_XSMEM (56 * 1024) /* mma_strm_kernel for the experts: an expert's tokens in
+                                 * passes of the most whose split activations and partials fit
+                                 * this much shared memory (4 blocks per SM: flash's up, K =
+                                 * 4,096, 2 tokens a pass; down 5). Not ORDER */
 #define DSC_MMA_STR_FEW 264     /* two blocks per SM of the H200 */
 #define DSC_MMA_STR_SMEM (100 * 1024) /* streaming kernel: at most this much shared memory (the
                                  * tile's split activations and partials); more: the other

@@ -177,6 +177,7 @@ struct mma_args {
     const int *off, *active, *n_active, *members;
     int k, half;
     int tiles, U, gpw;               /* decode kernel: 16-row tiles, units per tile, groups per unit */
+    int ntk;                         /* streaming kernel over tiles: tokens per pass */
     float *part;                     /* decode kernel, U > 1: partials per (tile, group) */
     int *cnt;                        /* decode kernel, U > 1: units done per tile (zero between launches) */
 };
@@ -548,6 +549,24 @@ template <int KIND> __device__ __forceinline__ uint32_t mma_sc(const dsc_w &w, c
     return 0;
 }
 
+/* mma_sc through the read-only path, without branches on the values (FP4:
+ * the E8M0 byte to its bf16 directly: 2^(e-127) has exponent field e, 2^-127
+ * is the subnormal 0x0040, e = 255 NaN), the same bits as mma_sc. */
+template <int KIND>
+__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    if (KIND == DS_W_FP8) {
+        if (w.scale_f32) return __ldg((const unsigned int *)sp + g);
+        return __float_as_uint(dsc_e8m0(__ldg(sp + g)));
+    }
+    if (KIND == DS_W_FP4) { /* E8M0 only (dsc_mma_fits) */
+        int i = g * 4 + tig;
+        if (i >= w.scale_cols) return 0x3f803f80u; /* columns past K: zero codes, scale 1 */
+        uint32_t e = __ldg(sp + i), h = e == 0 ? 0x40u : e == 255 ? 0x7fc0u : e << 7;
+        return h * 0x10001u;
+    }
+    return 0;
+}
+
 /* Shared memory of the streaming kernel: the tile's tokens' activations split
  * ([tokens][ng*32 + 4] 16-byte chunks; the 64-byte pad keeps a quarter warp's
  * two tokens on different banks), then the partials [ng][16 rows][8 tokens]. */
@@ -580,18 +599,18 @@ __device__ __forceinline__ void mma_str_split(const mma_args &a, int m0, int j0,
     }
 }
 
-/* Output o's sum of its ng group partials (part[g * 128 + o]) in group order. */
-__device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng) {
+/* Output o's sum of its ng group partials (part[g * ps + o]) in group order. */
+__device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng, int ps) {
     float tot = 0.0f;
     int g = 0;
     for (; g + 8 <= ng; g += 8) {
         float p[8]; /* 8 loads ahead, the adds in group order */
 #pragma unroll
-        for (int v = 0; v < 8; v++) p[v] = part[(size_t)(g + v) * 128 + o];
+        for (int v = 0; v < 8; v++) p[v] = part[(size_t)(g + v) * ps + o];
 #pragma unroll
         for (int v = 0; v < 8; v++) tot = __fadd_rn(tot, p[v]);
     }
-    for (; g < ng; g++) tot = __fadd_rn(tot, part[(size_t)g * 128 + o]);
+    for (; g < ng; g++) tot = __fadd_rn(tot, part[(size_t)g * ps + o]);
     return tot;
 }
 
@@ -672,26 +691,30 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         __syncthreads();
         if (threadIdx.x < 128) {
             int o = threadIdx.x, row = o >> 3, tj = o & 7;
-            if (tj < nt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + rl0 + row)] = mma_str_sum(part, o, ng);
+            if (tj < nt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + rl0 + row)] = mma_str_sum(part, o, ng, 128);
         }
         __syncthreads();
     }
 }
 
-/* The streaming kernel for plain products of many 16-row tiles (one token
- * tile, T <= 8): a block takes tiles blockIdx.x, blockIdx.x + gridDim.x, ...
- * of its row group (blockIdx.z), splits the activations once, and each warp
- * walks its items (tile, group g = warp, warp + DW, ...) with the next D - 1
- * items' weights and scales in flight (a register ring), across the tiles'
- * boundaries: while a tile's partials are added the next tile's weights are
- * already loading. Partials in two buffers (tile parity), so a tile's sums
- * and the next tile's MMAs overlap. mma_str_kernel, one tile a block, left
- * the block's weight loads idle through its activation split, its reduction
- * and the next block's start (wq_b, 32 MB of FP8 in 2,048 tiles: 1.10 TB/s
- * there, 1.62 here; heuristics.h DSC_MMA_STRM_*). Each
- * group's MMAs (mma_group_s) and the sum over groups in group order are
- * mma_str_kernel's: the same bits. */
-template <int KIND, int D, int MINB>
+/* The streaming kernel for products of many 16-row tiles at one token tile
+ * (T <= 8): plain products (blockIdx.z: the row group) and the experts'
+ * up / down (blockIdx.z: the step's expert, its tokens in passes of a.ntk,
+ * the most whose activations fit the block's shared memory). A block takes
+ * tiles blockIdx.x, blockIdx.x + gridDim.x, ... and splits a pass's
+ * activations once; each warp walks its items (pass, tile, group g = warp,
+ * warp + DW, ...) with the next D - 1 items' weights and scales in flight (a
+ * register ring, filled by a cursor that moves one item at a time: no
+ * division per item, a tile's row and scale pointers computed once), across
+ * the tiles' boundaries: while a tile's partials are added the next tile's
+ * weights are already loading. Partials in two buffers (tile parity) of
+ * 16 rows x ntk tokens per group, so a tile's sums and the next tile's MMAs
+ * overlap. mma_str_kernel, one tile a block, left the block's weight loads
+ * idle through its activation split, its reduction and the next block's
+ * start (wq_b, 32 MB of FP8 in 2,048 tiles: 1.10 TB/s there, 1.62 here;
+ * heuristics.h DSC_MMA_STRM_*). Each group's MMAs (mma_group_s) and the sum
+ * over groups in group order are mma_str_kernel's: the same bits. */
+template <int KIND, int MODE, int D, int MINB>
 __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_args a) {
     const int CPT = mk<KIND>::CPT, DW = DSC_MMA_DW;
     extern __shared__ __align__(16) uint8_t smx[];
@@ -699,59 +722,97 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
     dsc_w w;
     int rl0, yb, cnt, m0;
     size_t xq;
-    if (!mma_setup<MMA_PLAIN>(a, blockIdx.x * 16, w, rl0, yb, xq, cnt, m0)) return;
-    mma_view<KIND>(w, yb);
-    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, XS = ng * 32 + 4;
-    const int nt = a.T < 8 ? a.T : 8;
-    const int tiles = (w.rows + 15) / 16, mytiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    /* plain: the row group's view; experts: expert blockIdx.z's w1 (up) or w2 */
+    if (!mma_setup<MODE>(a, 0, w, rl0, yb, xq, cnt, m0)) return;
+    if (MODE == MMA_PLAIN) mma_view<KIND>(w, yb);
+    dsc_w w3 = w; /* the up product's rows [half, 2 half) */
+    if (MODE == MMA_UP) {
+        int e = a.active[blockIdx.z];
+        w3.data = a.t3[e].data;
+        w3.scale = a.t3[e].scale;
+        w3.srow0 = a.t3[e].srow0;
+    }
+    const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, XS = ng * 32 + 4, NTK = a.ntk, PS = 16 * NTK;
+    const int R = MODE == MMA_UP ? 2 * a.half : w.rows, h16 = MODE == MMA_UP ? a.half / 16 : 1 << 30;
+    const int tiles = (R + 15) / 16, mytiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int np = (cnt + NTK - 1) / NTK; /* passes over the expert's tokens (plain: one) */
     uint4 *xs = (uint4 *)smx;
-    float *part = (float *)(xs + (size_t)nt * XS); /* [2][ng][128] */
+    float *part = (float *)(xs + (size_t)NTK * XS); /* [2][ng][16 rows][NTK] */
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16);
-    const int per = warp < ng ? (ng - 1 - warp) / DW + 1 : 0, nk = per * mytiles;
+    const int per = warp < ng ? (ng - 1 - warp) / DW + 1 : 0, nk = per * mytiles * np;
     uint4 qa[D][CPT], qb[D][CPT];
     uint32_t ca[D], cb[D];
-    /* item k of this warp into ring slot d: tile blockIdx.x + (k / per) * gridDim.x, group warp + (k % per) * DW */
-    auto ld = [&](int k, int d) {
-        bool ok = k < nk;
-        int t = ok ? (int)blockIdx.x + (k / per) * (int)gridDim.x : 0, g = ok ? warp + (k % per) * DW : 0;
-        int ra = min(t * 16 + gid, w.rows - 1), rb = min(t * 16 + gid + 8, w.rows - 1);
-        const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
+    /* the cursor: the next item to load (kl-th of this warp: tile ct of the
+     * block's, its group warp + ci * DW) and that tile's rows */
+    int kl = 0, ci = 0, ct = 0;
+    const uint8_t *pa, *pb, *sa, *sb;
+    auto at_tile = [&](int c) {
+        int t = (int)blockIdx.x + c * (int)gridDim.x, lr = t * 16;
+        dsc_w cv = w;
+        if (MODE == MMA_UP && t >= h16) {
+            cv.data = w3.data;
+            cv.scale = w3.scale;
+            cv.srow0 = w3.srow0;
+            lr -= a.half;
+        }
+        int ra = min(lr + gid, cv.rows - 1), rb = min(lr + gid + 8, cv.rows - 1);
+        pa = cv.data + (size_t)ra * rowbytes + (size_t)tig * CPT * 16;
+        pb = cv.data + (size_t)rb * rowbytes + (size_t)tig * CPT * 16;
+        sa = dsc_row_scales(cv, KIND, ra);
+        sb = dsc_row_scales(cv, KIND, rb);
+    };
+    at_tile(0);
+    auto ld = [&](int d) {
+        bool ok = kl < nk;
+        int g = warp + ci * DW;
 #pragma unroll
         for (int c = 0; c < CPT; c++) {
-            int ch = g * 4 * CPT + tig * CPT + c;
-            bool okc = ok && ch < nchr;
-            qa[d][c] = okc ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
-            qb[d][c] = okc ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+            bool okc = ok && g * 4 * CPT + tig * CPT + c < nchr;
+            qa[d][c] = okc ? __ldg((const uint4 *)(pa + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
+            qb[d][c] = okc ? __ldg((const uint4 *)(pb + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
         }
-        ca[d] = ok ? mma_sc<KIND>(w, dsc_row_scales(w, KIND, ra), g, tig) : 0u;
-        cb[d] = ok ? mma_sc<KIND>(w, dsc_row_scales(w, KIND, rb), g, tig) : 0u;
+        ca[d] = ok ? mma_sc_ldg<KIND>(w, sa, g, tig) : 0u; /* w: the kind-wide fields */
+        cb[d] = ok ? mma_sc_ldg<KIND>(w, sb, g, tig) : 0u;
+        kl++;
+        if (++ci == per) {
+            ci = 0;
+            if (++ct == mytiles) ct = 0; /* the next pass */
+            if (kl < nk) at_tile(ct);
+        }
     };
 #pragma unroll
-    for (int d = 0; d < D - 1; d++) ld(d, d); /* in flight while x is split */
-    mma_str_split<MMA_PLAIN>(a, m0, 0, xq, nt, ng, K, xs, XS, DW * 32);
-    __syncthreads();
-    const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
-    int k = 0;
-    for (int ti = 0; ti < mytiles; ti++) {
-        float *pt = part + (size_t)(ti & 1) * ng * 128;
-        for (int i = 0; i < per; i++, k++) {
-            int g = warp + i * DW;
-#pragma unroll
-            for (int d = 0; d < D; d++) /* item k sits in slot k % D (slots indexed statically: */
-                if (k % D == d) {       /* a register copy would wait for its load) */
-                    ld(k + D - 1, (d + D - 1) % D);
-                    float acc[4];
-                    mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, gid < nt, acc);
-                    float *ps = pt + (size_t)g * 128;
-                    *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
-                    *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
-                }
-        }
+    for (int d = 0; d < D - 1; d++) ld(d); /* in flight while x is split */
+    int k = 0, tc = 0;
+    for (int p = 0; p < np; p++) {
+        const int j0 = p * NTK, nt = cnt - j0 < NTK ? cnt - j0 : NTK;
+        /* the previous pass's MMAs are done (its last tile's barrier) */
+        mma_str_split<MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, DW * 32);
         __syncthreads();
-        if (threadIdx.x < 128) {
-            int o = threadIdx.x, row = o >> 3, tj = o & 7, r = ((int)blockIdx.x + ti * (int)gridDim.x) * 16 + row;
-            if (tj < nt && r < w.rows) a.y[mma_yoff<MMA_PLAIN>(a, m0, tj, yb + r)] = mma_str_sum(pt, o, ng);
+        const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
+        for (int ti = 0; ti < mytiles; ti++, tc++) {
+            float *pt = part + (size_t)(tc & 1) * ng * PS;
+            for (int i = 0; i < per; i++, k++) {
+                int g = warp + i * DW;
+#pragma unroll
+                for (int d = 0; d < D; d++) /* item k sits in slot k % D (slots indexed statically: */
+                    if (k % D == d) {       /* a register copy would wait for its load) */
+                        ld((d + D - 1) % D);
+                        float acc[4];
+                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, gid < nt, acc);
+                        float *ps = pt + (size_t)g * PS;
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            int tj = tig * 2 + (q & 1);
+                            if (tj < NTK) ps[(gid + (q >> 1) * 8) * NTK + tj] = acc[q];
+                        }
+                    }
+            }
+            __syncthreads();
+            if ((int)threadIdx.x < PS) {
+                int o = threadIdx.x, row = o / NTK, tj = o % NTK, r = ((int)blockIdx.x + ti * (int)gridDim.x) * 16 + row;
+                if (tj < nt && r < R) a.y[mma_yoff<MODE>(a, m0, j0 + tj, yb + r)] = mma_str_sum(pt, o, ng, PS);
+            }
         }
     }
 }
@@ -986,9 +1047,27 @@ static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm,
     mma_str_kernel<KIND, MODE, UG><<<grid, (unsigned)nw * 32, sm, st>>>(a);
 }
 
-/* mma_strm_kernel over grid.x = min(tiles, DSC_MMA_STRM_BPS blocks per SM / nz) */
-template <int KIND> static void launch_strm(cudaStream_t st, const mma_args &a, int rows, unsigned nz, size_t sm) {
-    const auto kern = mma_strm_kernel<KIND, DSC_MMA_STRM_D, DSC_MMA_STRM_MINB>;
+/* mma_strm_kernel's shared memory: ntk tokens' split activations, two
+ * buffers of partials [ng][16 rows][ntk]. */
+static inline size_t mma_strm_smem(int K, int ntk) {
+    size_t ng = (size_t)(K + DSC_MMA_G - 1) / DSC_MMA_G;
+    return (size_t)ntk * (ng * 32 + 4) * 16 + 2 * ng * 16 * (size_t)ntk * sizeof(float);
+}
+
+/* Tokens per pass of mma_strm_kernel: plain products all of theirs (T <= 8)
+ * within DSC_MMA_STR_SMEM; the experts the most (up to 8, T) within
+ * DSC_MMA_STRM_XSMEM; 0: it does not fit. */
+static int mma_strm_ntk(int mode, int K, int T) {
+    int n = T < 8 ? T : 8;
+    if (mode == MMA_PLAIN) return mma_strm_smem(K, n) <= DSC_MMA_STR_SMEM ? n : 0;
+    while (n > 0 && mma_strm_smem(K, n) > DSC_MMA_STRM_XSMEM) n--;
+    return n;
+}
+
+/* mma_strm_kernel over grid.x = min(tiles, dsc_mma_strm_minb blocks per SM / nz) */
+template <int KIND, int MODE> static void launch_strm(cudaStream_t st, mma_args a, int rows, unsigned nz, int ntk) {
+    const int MINB = dsc_mma_strm_minb(KIND);
+    const auto kern = mma_strm_kernel<KIND, MODE, DSC_MMA_STRM_D, MINB>;
     static int attr = 0;
     if (!attr) {
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
@@ -996,9 +1075,10 @@ template <int KIND> static void launch_strm(cudaStream_t st, const mma_args &a, 
     }
     int dev = 0, nsm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    long tiles = (rows + 15) / 16, per = ((long)DSC_MMA_STRM_BPS * nsm + nz - 1) / nz;
+    long tiles = (rows + 15) / 16, per = ((long)MINB * nsm + nz - 1) / nz;
     dim3 grid((unsigned)(tiles < per ? tiles : per), 1, nz);
-    kern<<<grid, DSC_MMA_DW * 32, sm, st>>>(a);
+    a.ntk = ntk;
+    kern<<<grid, DSC_MMA_DW * 32, mma_strm_smem(a.w.cols, ntk), st>>>(a);
 }
 
 /* split: whether the tiles' groups may be split over units (plain products:
@@ -1012,6 +1092,14 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
      * shared memory: the streaming kernel (experts, and plain products of at
      * least DSC_MMA_STR_TILES tiles; the same bits) */
     if constexpr (KIND != DS_W_BF16) {
+        /* the experts, and plain products of at least DSC_MMA_STRM_TILES
+         * tiles: the kernel that loops over tiles (the experts' tokens in
+         * passes where all of them do not fit) */
+        int nps = NB == 1 ? mma_strm_ntk(MODE, a.w.cols, a.T) : 0;
+        if (nps && (MODE != MMA_PLAIN || (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES)) {
+            launch_strm<KIND, MODE>(st, a, rows, nz, nps);
+            return 0;
+        }
         int ntk = a.T < 8 ? a.T : 8, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G;
         size_t sm = mma_str_smem(a.w.cols, ntk);
         if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES) && sm <= DSC_MMA_STR_SMEM) {
@@ -1021,11 +1109,6 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
              * smaller units: fewer registers); else the larger units where
              * every warp gets one */
             long blocks = (long)grid.x * ny * nz;
-            if (MODE == MMA_PLAIN && (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES &&
-                sm + mma_str_smem(a.w.cols, 0) <= DSC_MMA_STR_SMEM) {
-                launch_strm<KIND>(st, a, rows, nz, sm + mma_str_smem(a.w.cols, 0)); /* + a second partials buffer */
-                return 0;
-            }
             if (blocks < DSC_MMA_STR_FEW && ng >= DSC_MMA_STR_MAXW * UGM / 2)
                 launch_str<KIND, MODE, UGM / 2>(st, a, grid, sm, DSC_MMA_STR_MAXW);
             else if (ng >= DSC_MMA_DW * UGM) launch_str<KIND, MODE, UGM>(st, a, grid, sm, DSC_MMA_DW);
