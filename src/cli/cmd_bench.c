@@ -138,7 +138,7 @@ int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long promp
     int P = (int)(prompt / 4 > 0 ? prompt / 4 : 1), V = m->cfg.vocab_size;
     ds_seq **ss = calloc((size_t)B, sizeof *ss);
     ds_batch_item *its = calloc((size_t)B, sizeof *its);
-    float *lg = malloc(sizeof(float) * (size_t)B * V);
+    float *lg = ds_host_alloc(be, sizeof(float) * (size_t)B * V, NULL); /* the backend's download buffer */
     int ok = ss && its && lg;
     if (!ok) ds_fail(err, "out of memory for a batch of %d", B);
     const int32_t **pt = calloc((size_t)B, sizeof *pt);
@@ -166,7 +166,7 @@ int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long promp
     for (int i = 0; ss && i < B; i++) ds_seq_free(ss[i]);
     free(ss);
     free(its);
-    free(lg);
+    ds_host_free(be, lg);
     return ok ? 0 : -1;
 }
 
@@ -297,7 +297,7 @@ int cmd_bench(int argc, char **argv) {
     const ds_config *c = &m->cfg;
     int V = c->vocab_size, rc = 1;
     int32_t *toks = malloc((size_t)(prompt + gen) * sizeof *toks);
-    float *logits = malloc((size_t)V * sizeof *logits);
+    float *logits = ds_host_alloc(&be, (size_t)V * sizeof *logits, NULL);
     ds_seq *seq = NULL;
     if (!toks || !logits || ds_seq_new(m, prompt + gen + 1, &seq, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", toks && logits ? err.msg : "out of memory");
@@ -421,7 +421,7 @@ fail:
 out:
     free(batches);
     free(toks);
-    free(logits);
+    ds_host_free(&be, logits);
     ds_seq_free(seq);
     ds_model_free(m);
     ds_backend_close(&be);

@@ -83,7 +83,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     const ds_config *c = &m->cfg;
     int V = c->vocab_size;
     toks = malloc((size_t)(prompt + gen) * sizeof *toks);
-    logits = malloc((size_t)V * sizeof *logits);
+    logits = ds_host_alloc(&be, (size_t)V * sizeof *logits, NULL);
     if (!toks || !logits || ds_seq_new(m, prompt + 2 * gen + 1, &seq, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", toks && logits ? err.msg : "out of memory");
         goto out;
@@ -160,7 +160,7 @@ fail:
     fprintf(stderr, "dsv4 bench: %s\n", err.msg);
 out:
     free(toks);
-    free(logits);
+    ds_host_free(&be, logits);
     ds_seq_free(seq);
     ds_model_free(m);
     ds_backend_close(&be);

@@ -108,9 +108,9 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
                 (long long)seq->max_len);
         goto done;
     }
-    logits = malloc((size_t)V * sizeof *logits);
+    if (!(logits = ds_host_alloc(be, (size_t)V * sizeof *logits, err))) goto done; /* the backend's download buffer */
     hist = malloc(((size_t)n_prompt + (size_t)p->max_new) * sizeof *hist);
-    if (!logits || !hist) {
+    if (!hist) {
         ds_fail(err, "generate: out of memory (vocabulary %d, %d + %d tokens)", V, n_prompt, p->max_new);
         goto done;
     }
@@ -170,7 +170,7 @@ done:
     ds_detok_stream_free(ds);
     ds_sample_scratch_free(scr);
     free(hist);
-    free(logits);
+    ds_host_free(be, logits);
     ds_seq_free(own);
     return rc;
 }

@@ -707,7 +707,7 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->cache = calloc((size_t)(o->cache_seqs ? o->cache_seqs : 1), sizeof *s->cache);
     s->items = calloc((size_t)max_items, sizeof *s->items);
     s->item_req = calloc((size_t)max_items, sizeof *s->item_req);
-    s->logits = malloc((size_t)max_items * (size_t)V * sizeof *s->logits);
+    s->logits = ds_host_alloc(be, (size_t)max_items * (size_t)V * sizeof *s->logits, err); /* downloads land here */
     s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
     s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
     if (!s->run || !s->cache || !s->items || !s->item_req || !s->logits || !s->expert_tokens || !s->expert_step) {
@@ -812,7 +812,7 @@ void ds_sched_stop(ds_sched *s) {
     free(s->cache);
     free(s->items);
     free(s->item_req);
-    free(s->logits);
+    ds_host_free(s->be, s->logits);
     free(s->expert_tokens);
     free(s->expert_step);
     free(s);

@@ -268,6 +268,26 @@ static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, c
 
 static void c_unmap_weights(const ds_backend *be, const void *p) { c_free(be, (void *)p); }
 
+/* Pinned host memory: a download into it is one DMA (pageable memory goes
+ * through the driver's staging copy). */
+static void *c_host_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "host_alloc")) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dsc_fail(err, "host_alloc", "pinned host memory for a download buffer", e);
+        return NULL;
+    }
+    return p;
+}
+
+static void c_host_free(const ds_backend *be, void *p) {
+    if (!p || !be->impl) return;
+    cudaSetDevice(dsc_of(be)->gpu);
+    cudaFreeHost(p);
+}
+
 /* ---- the step ----------------------------------------------------------- */
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
@@ -536,6 +556,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->free = c_free;
     be->upload = c_upload;
     be->download = c_download;
+    be->host_alloc = c_host_alloc;
+    be->host_free = c_host_free;
     be->memset0 = c_memset0;
     be->copy = c_copy;
     be->map_weights = c_map_weights;
