@@ -151,15 +151,15 @@ __global__ void hc_post_kernel(int n, int D, size_t total, const float *__restri
 #define HC_MIX_NT 8
 #define HC_MIX_THREADS 512 /* 16 warps: a warp per segment of a 16384-value row (not ORDER) */
 template <int KIND, bool FUSE>
-__global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, float eps,
-                                                                float *__restrict__ m) {
+__global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, int tpb,
+                                                                float eps, float *__restrict__ m) {
     __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
     __shared__ float wsum[HC_MIX_NT][8], rs[HC_MIX_NT];
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, K = w.cols;
     int nseg = (K + HC_SEG - 1) / HC_SEG, xvec = ((uintptr_t)X & 15) == 0 && K % 4 == 0;
     size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
-    for (int t0 = blockIdx.y * HC_MIX_NT; t0 < T; t0 += gridDim.y * HC_MIX_NT) {
-        int nt = T - t0 < HC_MIX_NT ? T - t0 : HC_MIX_NT;
+    for (int t0 = blockIdx.y * tpb; t0 < T; t0 += gridDim.y * tpb) {
+        int nt = T - t0 < tpb ? T - t0 : tpb;
         /* 1 / rms: the threads in halves of DSC_ROW_THREADS, half h takes tokens h, h + 2, ... */
         if (FUSE) {
             int ti = threadIdx.x % DSC_ROW_THREADS, h = threadIdx.x / DSC_ROW_THREADS;
@@ -290,11 +290,17 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     }
     float *m = (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op);
     if (!m) return NULL;
-    int ty = (T + HC_MIX_NT - 1) / HC_MIX_NT;
+    /* tokens per block (not ORDER): one when fused (decode: rows x T blocks;
+     * 8 a block left 24 blocks busy at T = 8, 43 us a call), else HC_MIX_NT */
+    int fuse = T <= HC_MIX_NT, tpb = fuse ? 1 : HC_MIX_NT, ty = (T + tpb - 1) / tpb;
     dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
     dsc_w w = dsc_wdesc(hc->fn);
     int kind = nd <= (size_t)HC_SEG * HC_MAXSEG ? hc->fn->kind : -1; /* longer rows: the plain product */
-    int fuse = T <= HC_MIX_NT && (kind == DS_W_F32 || kind == DS_W_BF16 || kind == DS_W_F16);
+    fuse = fuse && (kind == DS_W_F32 || kind == DS_W_BF16 || kind == DS_W_F16);
+    if (!fuse && tpb != HC_MIX_NT) { /* the unfused kernels take HC_MIX_NT tokens a block */
+        tpb = HC_MIX_NT;
+        grid.y = (unsigned)((T + tpb - 1) / tpb < 65535 ? (T + tpb - 1) / tpb : 65535);
+    }
     const float *f = X;
     if (!fuse) {
         float *fs = (float *)dsc_scratch(I, DSC_S_A, sizeof(float) * (size_t)T * nd, err, op);
@@ -312,16 +318,16 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     } else {
         switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
         case DS_W_F32:
-            if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-            else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
+            else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
             break;
         case DS_W_BF16:
-            if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-            else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
+            else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
             break;
         case DS_W_F16:
-            if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, eps, m);
-            else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, eps, m);
+            if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
+            else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
             break;
         default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
             if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
