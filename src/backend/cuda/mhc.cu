@@ -290,17 +290,13 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
     }
     float *m = (float *)dsc_scratch(I, DSC_S_B, sizeof(float) * (size_t)T * mrows, err, op);
     if (!m) return NULL;
-    /* tokens per block (not ORDER): one when fused (decode: rows x T blocks;
-     * 8 a block left 24 blocks busy at T = 8, 43 us a call), else HC_MIX_NT */
-    int fuse = T <= HC_MIX_NT, tpb = fuse ? 1 : HC_MIX_NT, ty = (T + tpb - 1) / tpb;
-    dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
     dsc_w w = dsc_wdesc(hc->fn);
     int kind = nd <= (size_t)HC_SEG * HC_MAXSEG ? hc->fn->kind : -1; /* longer rows: the plain product */
-    fuse = fuse && (kind == DS_W_F32 || kind == DS_W_BF16 || kind == DS_W_F16);
-    if (!fuse && tpb != HC_MIX_NT) { /* the unfused kernels take HC_MIX_NT tokens a block */
-        tpb = HC_MIX_NT;
-        grid.y = (unsigned)((T + tpb - 1) / tpb < 65535 ? (T + tpb - 1) / tpb : 65535);
-    }
+    int fuse = T <= HC_MIX_NT && (kind == DS_W_F32 || kind == DS_W_BF16 || kind == DS_W_F16);
+    /* tokens per block (not ORDER): one when fused (decode: rows x T blocks;
+     * 8 a block left 24 blocks busy at T = 8, 43 us a call), else HC_MIX_NT */
+    int tpb = fuse ? 1 : HC_MIX_NT, ty = (T + tpb - 1) / tpb;
+    dim3 grid((unsigned)mrows, (unsigned)(ty < 65535 ? ty : 65535));
     const float *f = X;
     if (!fuse) {
         float *fs = (float *)dsc_scratch(I, DSC_S_A, sizeof(float) * (size_t)T * nd, err, op);
