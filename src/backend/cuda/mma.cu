@@ -1088,13 +1088,13 @@ template <int KIND, int MODE>
 static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T, unsigned nz, int split) {
     int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
     unsigned ny = (unsigned)((T + 8 * NB - 1) / (8 * NB));
-    /* FP8 / FP4 at one token tile with the tile's activations fitting in
-     * shared memory: the streaming kernel (experts, and plain products of at
-     * least DSC_MMA_STR_TILES tiles; the same bits) */
+    /* FP8 / FP4 at one token tile: the streaming kernels (the same bits).
+     * The experts, and plain products of at least DSC_MMA_STRM_TILES tiles,
+     * take the one that loops over tiles (the experts' tokens in passes where
+     * all of them do not fit); else plain products of at least
+     * DSC_MMA_STR_TILES tiles (and experts whose single token does not fit)
+     * the one-tile-a-block kernel while the tile's activations fit. */
     if constexpr (KIND != DS_W_BF16) {
-        /* the experts, and plain products of at least DSC_MMA_STRM_TILES
-         * tiles: the kernel that loops over tiles (the experts' tokens in
-         * passes where all of them do not fit) */
         int nps = NB == 1 ? mma_strm_ntk(MODE, a.w.cols, a.T) : 0;
         if (nps && (MODE != MMA_PLAIN || (long)((rows + 15) / 16) * nz >= DSC_MMA_STRM_TILES)) {
             launch_strm<KIND, MODE>(st, a, rows, nz, nps);
