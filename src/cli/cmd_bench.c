@@ -138,9 +138,11 @@ int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long promp
     int P = (int)(prompt / 4 > 0 ? prompt / 4 : 1), V = m->cfg.vocab_size;
     ds_seq **ss = calloc((size_t)B, sizeof *ss);
     ds_batch_item *its = calloc((size_t)B, sizeof *its);
-    float *lg = ds_host_alloc(be, sizeof(float) * (size_t)B * V, NULL); /* the backend's download buffer */
-    int ok = ss && its && lg;
+    int ok = ss && its;
     if (!ok) ds_fail(err, "out of memory for a batch of %d", B);
+    /* the backend's download buffer (its own message when it cannot give it) */
+    float *lg = ok ? ds_host_alloc(be, sizeof(float) * (size_t)B * V, err) : NULL;
+    ok = ok && lg;
     const int32_t **pt = calloc((size_t)B, sizeof *pt);
     int *pn = calloc((size_t)B, sizeof *pn);
     if (ok && (!pt || !pn)) ok = 0, ds_fail(err, "out of memory for a batch of %d", B);
@@ -297,10 +299,10 @@ int cmd_bench(int argc, char **argv) {
     const ds_config *c = &m->cfg;
     int V = c->vocab_size, rc = 1;
     int32_t *toks = malloc((size_t)(prompt + gen) * sizeof *toks);
-    float *logits = ds_host_alloc(&be, (size_t)V * sizeof *logits, NULL);
+    float *logits = toks ? ds_host_alloc(&be, (size_t)V * sizeof *logits, &err) : NULL;
     ds_seq *seq = NULL;
     if (!toks || !logits || ds_seq_new(m, prompt + gen + 1, &seq, &err)) {
-        fprintf(stderr, "dsv4 bench: %s\n", toks && logits ? err.msg : "out of memory");
+        fprintf(stderr, "dsv4 bench: %s\n", toks ? err.msg : "out of memory");
         goto out;
     }
     uint64_t x = 88172645463325252ull;

@@ -83,9 +83,9 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     const ds_config *c = &m->cfg;
     int V = c->vocab_size;
     toks = malloc((size_t)(prompt + gen) * sizeof *toks);
-    logits = ds_host_alloc(&be, (size_t)V * sizeof *logits, NULL);
+    logits = toks ? ds_host_alloc(&be, (size_t)V * sizeof *logits, &err) : NULL;
     if (!toks || !logits || ds_seq_new(m, prompt + 2 * gen + 1, &seq, &err)) {
-        fprintf(stderr, "dsv4 bench: %s\n", toks && logits ? err.msg : "out of memory");
+        fprintf(stderr, "dsv4 bench: %s\n", toks ? err.msg : "out of memory");
         goto out;
     }
     uint64_t x = 88172645463325252ull;
