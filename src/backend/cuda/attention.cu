@@ -69,80 +69,111 @@ __device__ __forceinline__ const float *att_key(const att_args &a, const att_row
     return r.ent + (size_t)e * a.d;
 }
 
-template <int NC>
+/* One warp per (row, HW consecutive heads, key block): the heads of a row
+ * share its keys, so each key chunk is loaded once for HW heads (the loads
+ * through L1, not the FMAs, bounded the one-head warp). Each head's
+ * operations are the ORDER above, the same for every HW: the same bits. */
+template <int NC, int HW>
 __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_part_kernel(att_args a) {
-    __shared__ float sbuf[DSC_ATT_WARPS][DSC_ATT_KB];
+    __shared__ float sbuf[DSC_ATT_WARPS][HW][DSC_ATT_KB];
     __shared__ const float *kptr[DSC_ATT_WARPS][DSC_ATT_KB];
-    int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
-    size_t i = (size_t)blockIdx.x * DSC_ATT_WARPS + wl; /* (row, head) of the chunk */
-    if (i >= (size_t)a.nrows * a.H) return;
-    int t = a.t0 + (int)(i / a.H), d = a.d, d4 = d / 4, b = blockIdx.y;
+    int lane = threadIdx.x & 31, wl = threadIdx.x >> 5, ng = a.H / HW;
+    size_t i = (size_t)blockIdx.x * DSC_ATT_WARPS + wl; /* (row, head group) of the chunk */
+    if (i >= (size_t)a.nrows * ng) return;
+    int t = a.t0 + (int)(i / ng), h0 = (int)(i % ng) * HW, d = a.d, d4 = d / 4, b = blockIdx.y;
     att_row r = att_row_of(a, t);
     int b0 = b * DSC_ATT_KB;
     if (b0 >= r.n) return;
     int nb = r.n - b0 < DSC_ATT_KB ? r.n - b0 : DSC_ATT_KB;
 
-    const float4 *q4 = (const float4 *)(a.q + ((size_t)t * a.H + i % a.H) * (size_t)d);
-    float4 q[NC], o[NC];
+    float4 q[HW][NC];
 #pragma unroll
-    for (int c = 0; c < NC; c++) {
-        int ch = lane + 32 * c;
-        q[c] = ch < d4 ? q4[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
-        o[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int h = 0; h < HW; h++) {
+        const float4 *q4 = (const float4 *)(a.q + ((size_t)t * a.H + h0 + h) * (size_t)d);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            int ch = lane + 32 * c;
+            q[h][c] = ch < d4 ? q4[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
     /* the block's key addresses, one lane per key: the loops below are
      * branch-free and keep several keys' loads in flight */
     for (int jj = lane; jj < nb; jj += 32) kptr[wl][jj] = att_key(a, r, b0 + jj);
     __syncwarp();
-    float bm = -INFINITY;
-#pragma unroll 4
+    float bm[HW];
+#pragma unroll
+    for (int h = 0; h < HW; h++) bm[h] = -INFINITY;
+#pragma unroll 2
     for (int jj = 0; jj < nb; jj++) {
         const float4 *k4 = (const float4 *)kptr[wl][jj];
-        float dot = 0.0f;
+        float4 kk[NC];
 #pragma unroll
         for (int c = 0; c < NC; c++) {
             int ch = lane + 32 * c;
-            if (ch < d4) {
-                float4 kk = k4[ch];
-                dot = fmaf(q[c].x, kk.x, dot);
-                dot = fmaf(q[c].y, kk.y, dot);
-                dot = fmaf(q[c].z, kk.z, dot);
-                dot = fmaf(q[c].w, kk.w, dot);
-            }
+            kk[c] = ch < d4 ? k4[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        float sj = dsc_warp_sum(dot) * a.scale;
-        if (lane == 0) sbuf[wl][jj] = sj;
-        bm = fmaxf(bm, sj);
+#pragma unroll
+        for (int h = 0; h < HW; h++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                if (lane + 32 * c < d4) {
+                    dot = fmaf(q[h][c].x, kk[c].x, dot);
+                    dot = fmaf(q[h][c].y, kk[c].y, dot);
+                    dot = fmaf(q[h][c].z, kk[c].z, dot);
+                    dot = fmaf(q[h][c].w, kk[c].w, dot);
+                }
+            }
+            float sj = dsc_warp_sum(dot) * a.scale;
+            if (lane == 0) sbuf[wl][h][jj] = sj;
+            bm[h] = fmaxf(bm[h], sj);
+        }
     }
     __syncwarp();
-    float l = 0.0f;
-#pragma unroll 4
+    float l[HW];
+    float4 o[HW][NC];
+#pragma unroll
+    for (int h = 0; h < HW; h++) {
+        l[h] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NC; c++) o[h][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll 2
     for (int jj = 0; jj < nb; jj++) {
         const float4 *k4 = (const float4 *)kptr[wl][jj];
-        float pj = expf(sbuf[wl][jj] - bm);
-        l += pj;
+        float4 kk[NC];
 #pragma unroll
         for (int c = 0; c < NC; c++) {
             int ch = lane + 32 * c;
-            if (ch < d4) {
-                float4 kk = k4[ch];
-                o[c].x = fmaf(pj, kk.x, o[c].x);
-                o[c].y = fmaf(pj, kk.y, o[c].y);
-                o[c].z = fmaf(pj, kk.z, o[c].z);
-                o[c].w = fmaf(pj, kk.w, o[c].w);
+            kk[c] = ch < d4 ? k4[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int h = 0; h < HW; h++) {
+            float pj = expf(sbuf[wl][h][jj] - bm[h]);
+            l[h] += pj;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                o[h][c].x = fmaf(pj, kk[c].x, o[h][c].x);
+                o[h][c].y = fmaf(pj, kk[c].y, o[h][c].y);
+                o[h][c].z = fmaf(pj, kk[c].z, o[h][c].z);
+                o[h][c].w = fmaf(pj, kk[c].w, o[h][c].w);
             }
         }
     }
-    float *pt = a.part + (i * a.nblk + b) * (size_t)(d + 4);
-    if (lane == 0) {
-        pt[0] = bm;
-        pt[1] = l;
-    }
-    float4 *po = (float4 *)(pt + 4);
 #pragma unroll
-    for (int c = 0; c < NC; c++) {
-        int ch = lane + 32 * c;
-        if (ch < d4) po[ch] = o[c];
+    for (int h = 0; h < HW; h++) {
+        size_t ih = (size_t)(t - a.t0) * a.H + h0 + h; /* (row, head) of the chunk */
+        float *pt = a.part + (ih * a.nblk + b) * (size_t)(d + 4);
+        if (lane == 0) {
+            pt[0] = bm[h];
+            pt[1] = l[h];
+        }
+        float4 *po = (float4 *)(pt + 4);
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            int ch = lane + 32 * c;
+            if (ch < d4) po[ch] = o[h][c];
+        }
     }
 }
 
@@ -189,12 +220,23 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_merge_kernel(att_args
     }
 }
 
+template <int NC, int HW> static void attn_part(const att_args &a, cudaStream_t st) {
+    size_t warps = (size_t)a.nrows * (a.H / HW);
+    dim3 g((unsigned)((warps + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), (unsigned)a.nblk);
+    attn_part_kernel<NC, HW><<<g, DSC_ATT_WARPS * 32, 0, st>>>(a);
+}
+
+/* the part kernel with the heads per warp of heuristics.h, then the merge */
 template <int NC>
 static void attn_launch(const att_args &a, cudaStream_t st) {
+    int hw = dsc_att_heads_per_warp(a.nrows, a.H, NC);
+    if constexpr (NC <= 4) {
+        if (hw == 4) attn_part<NC, 4>(a, st);
+        else if (hw == 2) attn_part<NC, 2>(a, st);
+        else attn_part<NC, 1>(a, st);
+    } else attn_part<NC, 1>(a, st);
     size_t pairs = (size_t)a.nrows * a.H;
-    dim3 gp((unsigned)((pairs + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), (unsigned)a.nblk);
-    attn_part_kernel<NC><<<gp, DSC_ATT_WARPS * 32, 0, st>>>(a);
-    attn_merge_kernel<NC><<<gp.x, DSC_ATT_WARPS * 32, 0, st>>>(a);
+    attn_merge_kernel<NC><<<(unsigned)((pairs + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), DSC_ATT_WARPS * 32, 0, st>>>(a);
 }
 
 extern "C" int dsc_attention(const ds_backend *be, const ds_attention_params *p, ds_err *err) {
