@@ -85,13 +85,25 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MMA_T128_MINB 2
 #define DSC_MMA_X_NST 2
 #define DSC_MMA_X_MINB 4
-/* The plain products' tile shape, by the matrix's rows. 1,024 rows measured
- * against 2,048 and 4,096 with the 4 x 1 / 8 x 1 warps (one H200, flash 4
- * layers, prefill 512, two interleaved rounds): 18,091 / 18,174 against 17,766 / 17,785 and
- * 17,671 / 17,751 tok/s, although `bench --kernels` alone gives wq_a (1,024 x 4,096) on the 64
- * shape 121 us against 174: the model's other products of 1,024-4,095 rows (the grouped wo_a's
- * groups among them) lose more than that, not separated further. */
-static inline int dsc_mma_plain_tile(int rows) { return rows >= 1024 ? DSC_MMA_TS_128 : DSC_MMA_TS_64; }
+#define DSC_MMA_TS_32 4        /* 64 x 32: 4 warps of 16 rows x 32 tokens */
+/* The plain products' tile shape, by the grid each would fill (nsm: the
+ * GPU's SMs): 128 x 64 for at least 1,024 rows while its blocks number at
+ * least half the SMs, else 64 x 64 while its blocks fill the SMs, else 64 x
+ * 32. ncu, flash 4 layers, prefill 512 (one H200), 128 x 64 / 64 x 32 us a
+ * call: wq_a (1,024 rows, 64 blocks) 223 / 155, wkv (512 rows, 64 x 64: 64
+ * blocks) 149 / 112, the BF16 products of 256 rows 121 / 81; the 2,048-row
+ * ones (128 blocks) 229 / 370 stay 128 x 64, the 4,096-row ones 387 on it
+ * against 541 on 64 x 64 (a rule that moved them lost 5%). Prefill 512,
+ * one call, rows alone deciding / this rule: 18,905 / 19,188 tok/s; batch
+ * 64 decode (its products of 64 tokens: 4,096-row ones now 64 x 32) 2,298 /
+ * 2,280 -> 2,572 / 2,563 tok/s with the attention change below. Rows alone,
+ * measured before: 1,024 rows 18,091 / 18,174 tok/s against 17,766 / 17,785
+ * at 2,048 and 17,671 / 17,751 at 4,096. */
+static inline int dsc_mma_plain_tile(int rows, int T, unsigned nz, int nsm) {
+    long b128 = (long)((rows + 127) / 128) * ((T + 63) / 64) * nz, b64 = (long)((rows + 63) / 64) * ((T + 63) / 64) * nz;
+    if (rows >= 1024 && 2 * b128 >= nsm) return DSC_MMA_TS_128;
+    return b64 >= nsm ? DSC_MMA_TS_64 : DSC_MMA_TS_32;
+}
 #define DSC_MMA_XBM 128         /* rows per block of the x16 / x8 shapes (the up product's
                                  * w1 / w3 halves must be whole blocks: else the 64 shape) */
 #define DSC_MMA_XTOK 32         /* x16 / x8: token tiles per expert in the grid (blocks loop

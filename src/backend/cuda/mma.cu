@@ -23,8 +23,8 @@
  * Two kernels give those bits: mma_dec_kernel (few tokens: the warps of a
  * block take different groups of one 16-row tile, partials meet in shared
  * memory and one thread per output adds them in group order) and
- * mma_tile_kernel (many tokens: 64 x 64 tiles, or 128 x 16 / 128 x 8 for the
- * experts, staged in shared memory by cp.async, a warp walks the groups in
+ * mma_tile_kernel (many tokens: 128 x 64, 64 x 64 or 64 x 32 tiles, or 128 x 16 /
+ * 128 x 8 for the experts, staged in shared memory by cp.async, a warp walks the groups in
  * order). Which one runs never changes a bit. */
 #include <stdio.h>
 #include <string.h>
@@ -1064,6 +1064,13 @@ static int mma_strm_ntk(int mode, int K, int T) {
     return n;
 }
 
+/* The current GPU's SMs (the grid shapes' measure; not ORDER). */
+static int sm_count(void) {
+    int dev = 0, nsm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+    return nsm;
+}
+
 /* mma_strm_kernel over grid.x = min(tiles, dsc_mma_strm_minb blocks per SM / nz) */
 template <int KIND, int MODE> static void launch_strm(cudaStream_t st, mma_args a, int rows, unsigned nz, int ntk) {
     const int MINB = dsc_mma_strm_minb(KIND);
@@ -1073,9 +1080,7 @@ template <int KIND, int MODE> static void launch_strm(cudaStream_t st, mma_args 
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
         attr = 1;
     }
-    int dev = 0, nsm = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-    long tiles = (rows + 15) / 16, per = ((long)MINB * nsm + nz - 1) / nz;
+    long tiles = (rows + 15) / 16, per = ((long)MINB * sm_count() + nz - 1) / nz;
     dim3 grid((unsigned)(tiles < per ? tiles : per), 1, nz);
     a.ntk = ntk;
     kern<<<grid, DSC_MMA_DW * 32, mma_strm_smem(a.w.cols, ntk), st>>>(a);
@@ -1193,7 +1198,8 @@ template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma
         if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN)
             launch_tile_shape<KIND, MODE, 8, 1, 1, 8, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
         else launch_tile_shape<KIND, MODE, 4, 2, 2, 4>(st, a, rows, T, nz);
-    } else if constexpr (KIND == DS_W_BF16) launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
+    } else if (ts == DSC_MMA_TS_32) launch_tile_shape<KIND, MODE, 4, 1, 1, 4>(st, a, rows, T, nz);
+    else if constexpr (KIND == DS_W_BF16) launch_tile_shape<KIND, MODE, 2, 2, 2, 4>(st, a, rows, T, nz);
     else launch_tile_shape<KIND, MODE, 4, 1, 1, 8>(st, a, rows, T, nz);
 }
 
@@ -1238,8 +1244,9 @@ int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float 
     }
     /* grouped: blockIdx.z = group, its rows as a matrix of their own */
     int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
-    return launch_kind<MMA_PLAIN>(st, mb, kind, dec, dsc_mma_plain_tile(G > 1 ? rpg : w.rows), a, G > 1 ? rpg : w.rows, T,
-                                  (unsigned)G);
+    int rows = G > 1 ? rpg : w.rows;
+    int ts = dec ? DSC_MMA_TS_64 : dsc_mma_plain_tile(rows, T, (unsigned)G, sm_count());
+    return launch_kind<MMA_PLAIN>(st, mb, kind, dec, ts, a, rows, T, (unsigned)G);
 }
 
 int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape, const dsc_expert_ptrs *t1,
