@@ -857,7 +857,8 @@ template <int KIND, int BM, int BN, int NST> struct mt {
 template <int KIND, int MODE, int WM, int WN, int MI, int NI, int NST, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a) {
     const int BM = WM * MI * 16, BN = WN * NI * 8, NTH = WM * WN * 32;
-    static_assert(BM * 4 * mk<KIND>::CPT % NTH == 0 && BN * 32 % NTH == 0, "whole loads per thread");
+    static_assert(BM * 4 * mk<KIND>::CPT % NTH == 0 && BN * 32 % NTH == 0 && NTH % (4 * mk<KIND>::CPT) == 0,
+                  "whole loads per thread");
     static_assert(NST >= 2, "at least 2 stages");
     typedef mt<KIND, BM, BN, NST> T_;
     const int CPT = mk<KIND>::CPT, SPC = 8 / CPT;
@@ -877,15 +878,26 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
     const int nchr = (int)(rowbytes / 16), nchx = K / 4;
     for (int i = tid; i < BN; i += NTH) xoff[i] = j0 + i < cnt ? mma_xoff<MODE>(a, m0, j0 + i, xq) / 4 : 0;
     __syncthreads();
+    /* this thread's weight chunks: row byte offsets (32-bit: dsc_mma_fits) and
+     * which rows exist, once per block instead of once per group */
+    const int NA = BM * 4 * CPT / NTH, ca = tid % (4 * CPT); /* NTH % (4 CPT) == 0: the same chunk c for every u */
+    uint32_t aoff[NA];
+    unsigned aok = 0;
+#pragma unroll
+    for (int u = 0; u < NA; u++) {
+        int row = (tid + NTH * u) / (4 * CPT);
+        aoff[u] = (uint32_t)((size_t)min(rl0 + row, w.rows - 1) * rowbytes) + (uint32_t)ca * 16u;
+        aok |= (rl0 + row < w.rows ? 1u : 0u) << u;
+    }
     auto load = [&](int g, int st) {
         uint8_t *As = sm + st * T_::STAGE, *Bs = As + T_::ABYTES;
+        bool chok = g * 4 * CPT + ca < nchr;
 #pragma unroll
-        for (int u = 0; u < BM * 4 * CPT / NTH; u++) {
-            int i = tid + NTH * u, row = i / (4 * CPT), c = i % (4 * CPT);
-            int r = min(rl0 + row, w.rows - 1), ch = g * 4 * CPT + c;
-            bool ok = rl0 + row < w.rows && ch < nchr;
-            cp16(As + row * T_::ASTR + ((((c % CPT) * 4 + c / CPT) ^ ((row & 1) * T_::AX)) * 16),
-                 ok ? (const void *)(w.data + (size_t)r * rowbytes + (size_t)ch * 16) : (const void *)w.data, ok);
+        for (int u = 0; u < NA; u++) {
+            int row = (tid + NTH * u) / (4 * CPT);
+            bool ok = chok && ((aok >> u) & 1u);
+            cp16(As + row * T_::ASTR + ((((ca % CPT) * 4 + ca / CPT) ^ ((row & 1) * T_::AX)) * 16),
+                 ok ? (const void *)(w.data + aoff[u] + (size_t)g * (64 * CPT)) : (const void *)w.data, ok);
         }
         /* lane c of a token's 32 reads its chunk c (consecutive lanes, consecutive
          * global chunks: measured faster than writing consecutive positions) */
@@ -898,11 +910,18 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    const uint8_t *srow[MI][2];
+    /* the rows' scales as 32-bit offsets from w.scale (64-bit row pointers
+     * were recomputed every group under the register cap: ~45 instructions a
+     * scale with dsc_e8m0's branches; mma_sc_ldg gives the same values) */
+    uint32_t soff[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) srow[mi][h] = dsc_row_scales(w, KIND, min(rl0 + wm * MI * 16 + mi * 16 + h * 8 + gid, w.rows - 1));
+        for (int h = 0; h < 2; h++)
+            soff[mi][h] = KIND == DS_W_BF16 ? 0u
+                                            : (uint32_t)(dsc_row_scales(w, KIND, min(rl0 + wm * MI * 16 + mi * 16 + h * 8 + gid,
+                                                                                      w.rows - 1)) -
+                                                         w.scale);
     float tot[MI][NI][4], acc[MI][NI][4];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -938,12 +957,12 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) sc[mi][h] = bf2_scale(mma_scale<KIND>(w, srow[mi][h], g * 4 + tig));
+                for (int h = 0; h < 2; h++) sc[mi][h] = mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig);
         if (KIND == DS_W_FP8)
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) s[mi][h] = mma_scale<KIND>(w, srow[mi][h], g);
+                for (int h = 0; h < 2; h++) s[mi][h] = __uint_as_float(mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig));
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -1034,7 +1053,9 @@ int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
     if (kind != DS_W_BF16 && kind != DS_W_FP8 && !(kind == DS_W_FP4 && !w.scale_f32)) return 0;
     size_t rowbytes = kind == DS_W_BF16 ? (size_t)w.cols * 2 : kind == DS_W_FP8 ? (size_t)w.cols : (size_t)w.cols / 2;
     (void)rpg; /* a group's row block is a view (mma_setup): any rows per group */
-    return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0;
+    /* the tile kernel addresses a matrix's rows by 32-bit byte offsets */
+    return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0 &&
+           (size_t)w.rows * rowbytes <= 0xffffffffu;
 }
 
 template <int KIND, int MODE, int UG>
