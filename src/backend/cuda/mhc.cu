@@ -157,7 +157,6 @@ __global__ void hc_post_kernel(int n, int D, int Tn, const float *__restrict__ X
     }
 }
 
-
 /* m[t][r] = fn[r] . f[t] for the few mix rows over the long n*D axis (a
  * warp per row would read 64 KB alone): the axis is cut into HC_SEG-element
  * segments; a warp reduces a segment in the row-dot order (dsc_row_dot: lane
@@ -393,12 +392,14 @@ extern "C" int dsc_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_
     const char *op = "hc_post";
     if (dsc_use(be, err, op)) return -1;
     if (p->T <= 0 || p->n <= 0 || p->D <= 0) return 0;
-    if ((size_t)p->T * p->n > INT_MAX) return dsc_failmsg(err, op, "%d tokens x %d streams exceed the grid", p->T, p->n);
+    if ((size_t)p->T * p->n > INT_MAX)
+        return dsc_failmsg(err, op, "%d tokens x %d streams exceed the grid", p->T, p->n);
     int Tn = p->T * p->n;
     int v4 = p->D % 4 == 0 && (((uintptr_t)p->X | (uintptr_t)p->y | (uintptr_t)p->Xout) & 15) == 0;
     int V = v4 ? 4 : 1;
     dim3 grid((unsigned)((p->D / V + DSC_EW_THREADS - 1) / DSC_EW_THREADS), (unsigned)(Tn < 65535 ? Tn : 65535));
-    if (v4) hc_post_kernel<4><<<grid, DSC_EW_THREADS, 0, dsc_of(be)->stream>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
-    else hc_post_kernel<1><<<grid, DSC_EW_THREADS, 0, dsc_of(be)->stream>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
+    cudaStream_t st = dsc_of(be)->stream;
+    if (v4) hc_post_kernel<4><<<grid, DSC_EW_THREADS, 0, st>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
+    else hc_post_kernel<1><<<grid, DSC_EW_THREADS, 0, st>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
     return dsc_check_launch(err, op);
 }

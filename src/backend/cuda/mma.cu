@@ -23,9 +23,9 @@
  * Two kernels give those bits: mma_dec_kernel (few tokens: the warps of a
  * block take different groups of one 16-row tile, partials meet in shared
  * memory and one thread per output adds them in group order) and
- * mma_tile_kernel (many tokens: 128 x 64, 64 x 64 or 64 x 32 tiles, or 128 x 16 /
- * 128 x 8 for the experts, staged in shared memory by cp.async, a warp walks the groups in
- * order). Which one runs never changes a bit. */
+ * mma_tile_kernel (many tokens: 128 x 64, 64 x 64 or 64 x 32 tiles, or 128 x
+ * 16 / 128 x 8 for the experts, staged in shared memory by cp.async, a warp
+ * walks the groups in order). Which one runs never changes a bit. */
 #include <stdio.h>
 #include <string.h>
 
@@ -917,11 +917,10 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            soff[mi][h] = KIND == DS_W_BF16 ? 0u
-                                            : (uint32_t)(dsc_row_scales(w, KIND, min(rl0 + wm * MI * 16 + mi * 16 + h * 8 + gid,
-                                                                                      w.rows - 1)) -
-                                                         w.scale);
+        for (int h = 0; h < 2; h++) {
+            int r = min(rl0 + wm * MI * 16 + mi * 16 + h * 8 + gid, w.rows - 1);
+            soff[mi][h] = KIND == DS_W_BF16 ? 0u : (uint32_t)(dsc_row_scales(w, KIND, r) - w.scale);
+        }
     float tot[MI][NI][4], acc[MI][NI][4];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -962,7 +961,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) s[mi][h] = __uint_as_float(mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig));
+                for (int h = 0; h < 2; h++)
+                    s[mi][h] = __uint_as_float(mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig));
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
