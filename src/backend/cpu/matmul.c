@@ -821,6 +821,101 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds
     UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(acc[t]);
 }
 
+/* Two MXFP4 rows (r, r + 1) x nt tokens: fp4q_t_512's operations for each
+ * (row, token) — the same exact integer sums (their grouping is free), the
+ * same transpose-add, minus C, and fp32 fma per group in the same lane order
+ * (same bits) — with each x vector loaded once for both rows (one row a call
+ * loaded every x byte once per row: 16 loads per token and span against 16
+ * vpdpbusd). A block's sums fold into the transpose-add as they come (ab
+ * after blocks 0, 1; cd after 2, 3) so the pairs' accumulators fit the
+ * registers. out[t] is row r's, out[NT + t] row r + 1's. */
+AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const ds_weight *w, int r, const float *xq,
+                                                                         size_t xs, float *out, const int nt,
+                                                                         const int l2) {
+    int G = w->cols / DS_FP4_GROUP;
+    size_t rb = (size_t)(w->cols / 2);
+    const uint8_t *row0 = w->data + (size_t)r * rb;
+    size_t sb0 = (size_t)r * (size_t)w->scale_cols, sb1 = sb0 + (size_t)w->scale_cols;
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 acc[2][NT];
+    UNROLL for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    for (int m = 0; 16 * m < G; m++) {
+        const uint8_t *p0 = row0 + 256 * (size_t)m, *p1 = p0 + rb;
+        PF(p0);
+        PF(p0 + 64);
+        PF(p0 + 128);
+        PF(p0 + 192);
+        PF(p1);
+        PF(p1 + 64);
+        PF(p1 + 128);
+        PF(p1 + 192);
+        int left = G - 16 * m;
+        __m512 ws0 = _mm512_permutexvar_ps(perm, scales16_512(w, sb0 + 16 * (size_t)m, left));
+        __m512 ws1 = _mm512_permutexvar_ps(perm, scales16_512(w, sb1 + 16 * (size_t)m, left));
+        __m512i h[2][NT], q[2][NT]; /* ab of blocks 0, 1 then cd of 2, 3; q: block 0 / 2 until its pair comes */
+        UNROLL for (int b = 0; b < 4; b++) {
+            __m512i d0, d1;
+            if (left >= 16) {
+                d0 = _mm512_loadu_si512((const void *)(p0 + 64 * b));
+                d1 = _mm512_loadu_si512((const void *)(p1 + 64 * b));
+            } else {
+                int n = left - 4 * b;
+                n = n < 0 ? 0 : n > 4 ? 4 : n;
+                __mmask64 k = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+                d0 = _mm512_maskz_loadu_epi8(k, p0 + 64 * b);
+                d1 = _mm512_maskz_loadu_epi8(k, p1 + 64 * b);
+            }
+            __asm__("" : "+v"(d0), "+v"(d1));
+            __m512i L0 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d0, m4));
+            __m512i H0 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d0, 4), m4));
+            __m512i L1 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d1, m4));
+            __m512i H1 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d1, 4), m4));
+            UNROLL for (int t = 0; t < nt; t++) {
+                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
+                __m512i xhL = _mm512_loadu_si512((const void *)xb), xhH = _mm512_loadu_si512((const void *)(xb + 64));
+                __m512i xlL = _mm512_loadu_si512((const void *)(xb + 128));
+                __m512i xlH = _mm512_loadu_si512((const void *)(xb + 192));
+                __m512i a0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L0, xhL);
+                __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L1, xhL);
+                a0 = _mm512_slli_epi32(_mm512_dpbusd_epi32(a0, H0, xhH), 8);
+                a1 = _mm512_slli_epi32(_mm512_dpbusd_epi32(a1, H1, xhH), 8);
+                a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0, L0, xlL), H0, xlH);
+                a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1, L1, xlL), H1, xlH);
+                if (b % 2 == 0) {
+                    q[0][t] = a0;
+                    q[1][t] = a1;
+                } else {
+                    __m512i s0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0][t], a0), _mm512_unpackhi_epi32(q[0][t], a0));
+                    __m512i s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[1][t], a1), _mm512_unpackhi_epi32(q[1][t], a1));
+                    if (b == 1) {
+                        h[0][t] = s0;
+                        h[1][t] = s1;
+                    } else {
+                        q[0][t] = s0;
+                        q[1][t] = s1;
+                    }
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < nt; t++) {
+            const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
+            __m512i c = _mm512_loadu_si512((const void *)(sp + 1024));
+            __m512 sx = _mm512_loadu_ps((const float *)(const void *)(sp + 1088));
+            UNROLL for (int i = 0; i < 2; i++) {
+                __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(h[i][t], q[i][t]), _mm512_unpackhi_epi64(h[i][t], q[i][t]));
+                __m512 f = _mm512_mul_ps(i ? ws1 : ws0, sx);
+                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v, c)), f, acc[i][t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < nt; t++) {
+        out[t] = hsum16_512(acc[0][t]);
+        out[NT + t] = hsum16_512(acc[1][t]);
+    }
+}
+
 /* ---- AVX-512 prefill tiles: 2 rows x up to 3 tokens, weights decoded once ----
  * For many tokens the row kernels above re-decode each weight chunk for every
  * few tokens and re-read every token's x (from L2) for every pair of rows. The
@@ -930,6 +1025,7 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
 #define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n, L2)
 #define FP8_2N(n) fp8_t2_512(w, r, x, xs, out, n, DS_W_FP8, L2)
 #define FP8RAW_2N(n) fp8_t2_512(w, r, x, xs, out, n, FP8_RAW, L2)
+#define FP4Q_2N(n) fp4q_t2_512(w, r, x, xs, out, n, L2)
 #define ROWT_SET(S)                                   \
     ROWT(rowt_fp8_512##S, FP8_N)                      \
     ROWT(rowt_fp8raw_512##S, FP8RAW_N)                \
@@ -938,7 +1034,8 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
     ROWT(rowt_f32_512##S, F32_N)                      \
     ROWT_A(AVX512VNNI, rowt_fp4q_512##S, FP4Q_N)      \
     ROWT(rowt2_fp8_512##S, FP8_2N)                    \
-    ROWT(rowt2_fp8raw_512##S, FP8RAW_2N)
+    ROWT(rowt2_fp8raw_512##S, FP8RAW_2N)             \
+    ROWT_A(AVX512VNNI, rowt2_fp4q_512##S, FP4Q_2N)
 #define L2 0
 ROWT_SET()
 #undef L2
@@ -983,6 +1080,7 @@ static rowt_fn rowt2_for(int path, const ds_weight *w, int raw, int l2) {
 #ifdef DS_X86
     if (path == DS_CPU_AVX512 && w->kind == DS_W_FP8 && w->cols % (2 * DS_FP8_BLOCK) == 0)
         return raw ? (l2 ? rowt2_fp8raw_512_l2 : rowt2_fp8raw_512) : l2 ? rowt2_fp8_512_l2 : rowt2_fp8_512;
+    if (path == DS_CPU_AVX512 && w->kind == DS_W_FP4 && ds_cpu_has_vnni()) return l2 ? rowt2_fp4q_512_l2 : rowt2_fp4q_512;
 #endif
     (void)path, (void)w, (void)raw, (void)l2;
     return NULL;
