@@ -766,39 +766,68 @@ AVX512 static inline __m512 scales16_512(const ds_weight *w, size_t i, int n) {
  * fp32 fma per group of the documented order. */
 #define AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
+/* Block b (64 bytes: 4 groups) of the MXFP4 span at p as unsigned codes w2
+ * + 12, L from the low nibbles (even columns), H from the high (odd); left:
+ * the row's groups from this span on (a partial last span loads only the
+ * bytes of the groups present). */
+AVX512VNNI __attribute__((always_inline)) static inline void fp4q_block_512(const uint8_t *p, int b, int left,
+                                                                            __m512i *L, __m512i *H) {
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i d;
+    if (left >= 16) {
+        d = _mm512_loadu_si512((const void *)(p + 64 * b));
+    } else {
+        int n = left - 4 * b;
+        n = n < 0 ? 0 : n > 4 ? 4 : n;
+        __mmask64 k = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+        d = _mm512_maskz_loadu_epi8(k, p + 64 * b);
+    }
+    __asm__("" : "+v"(d));
+    *L = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d, m4));
+    *H = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d, 4), m4));
+}
+
+/* The 16 group scales of a span from scale index i, in lane order (lane 4q + p <- group 4p + q). */
+AVX512VNNI __attribute__((always_inline)) static inline __m512 fp4q_scales_512(const ds_weight *w, size_t i, int left) {
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(perm, scales16_512(w, i, left));
+}
+
+/* One step of the in-lane transpose-add (exact integer sums). */
+AVX512VNNI __attribute__((always_inline)) static inline __m512i fp4q_fold32(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+AVX512VNNI __attribute__((always_inline)) static inline __m512i fp4q_fold64(__m512i ab, __m512i cd) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+}
+
+/* prefetch of a row's 256-byte span (the kernels' distance ahead) */
+#define PF_SPAN(p)        \
+    do {                  \
+        PF(p);            \
+        PF((p) + 64);     \
+        PF((p) + 128);    \
+        PF((p) + 192);    \
+    } while (0)
+
 AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds_weight *w, int r, const float *xq,
                                                                         size_t xs, float *out, const int nt,
                                                                         const int l2) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     size_t sbase = (size_t)r * (size_t)w->scale_cols;
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* lane 4q+p <- group 4p+q */
     __m512 acc[NT];
     UNROLL for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int m = 0; 16 * m < G; m++) {
         const uint8_t *p = row + 256 * (size_t)m;
-        PF(p);
-        PF(p + 64);
-        PF(p + 128);
-        PF(p + 192);
+        PF_SPAN(p);
         int left = G - 16 * m;
-        __m512 ws = _mm512_permutexvar_ps(perm, scales16_512(w, sbase + 16 * (size_t)m, left));
+        __m512 ws = fp4q_scales_512(w, sbase + 16 * (size_t)m, left);
         __m512i s[NT][4];
         UNROLL for (int b = 0; b < 4; b++) {
-            __m512i d;
-            if (left >= 16) {
-                d = _mm512_loadu_si512((const void *)(p + 64 * b));
-            } else { /* groups of this block present: their 16 bytes each */
-                int n = left - 4 * b;
-                n = n < 0 ? 0 : n > 4 ? 4 : n;
-                __mmask64 k = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
-                d = _mm512_maskz_loadu_epi8(k, p + 64 * b);
-            }
-            __asm__("" : "+v"(d));
-            __m512i L = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d, m4));
-            __m512i H = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d, 4), m4));
+            __m512i L, H;
+            fp4q_block_512(p, b, left, &L, &H);
             UNROLL for (int t = 0; t < nt; t++) {
                 const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
                 __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, _mm512_loadu_si512((const void *)xb));
@@ -810,9 +839,7 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds
         }
         UNROLL for (int t = 0; t < nt; t++) {
             const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
-            __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(s[t][0], s[t][1]), _mm512_unpackhi_epi32(s[t][0], s[t][1]));
-            __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(s[t][2], s[t][3]), _mm512_unpackhi_epi32(s[t][2], s[t][3]));
-            __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+            __m512i v = fp4q_fold64(fp4q_fold32(s[t][0], s[t][1]), fp4q_fold32(s[t][2], s[t][3]));
             v = _mm512_sub_epi32(v, _mm512_loadu_si512((const void *)(sp + 1024)));
             __m512 f = _mm512_mul_ps(ws, _mm512_loadu_ps((const float *)(const void *)(sp + 1088)));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), f, acc[t]);
@@ -836,42 +863,20 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
     size_t rb = (size_t)(w->cols / 2);
     const uint8_t *row0 = w->data + (size_t)r * rb;
     size_t sb0 = (size_t)r * (size_t)w->scale_cols, sb1 = sb0 + (size_t)w->scale_cols;
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     __m512 acc[2][NT];
     UNROLL for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
     for (int m = 0; 16 * m < G; m++) {
         const uint8_t *p0 = row0 + 256 * (size_t)m, *p1 = p0 + rb;
-        PF(p0);
-        PF(p0 + 64);
-        PF(p0 + 128);
-        PF(p0 + 192);
-        PF(p1);
-        PF(p1 + 64);
-        PF(p1 + 128);
-        PF(p1 + 192);
+        PF_SPAN(p0);
+        PF_SPAN(p1);
         int left = G - 16 * m;
-        __m512 ws0 = _mm512_permutexvar_ps(perm, scales16_512(w, sb0 + 16 * (size_t)m, left));
-        __m512 ws1 = _mm512_permutexvar_ps(perm, scales16_512(w, sb1 + 16 * (size_t)m, left));
+        __m512 ws0 = fp4q_scales_512(w, sb0 + 16 * (size_t)m, left);
+        __m512 ws1 = fp4q_scales_512(w, sb1 + 16 * (size_t)m, left);
         __m512i h[2][NT], q[2][NT]; /* ab of blocks 0, 1 then cd of 2, 3; q: block 0 / 2 until its pair comes */
         UNROLL for (int b = 0; b < 4; b++) {
-            __m512i d0, d1;
-            if (left >= 16) {
-                d0 = _mm512_loadu_si512((const void *)(p0 + 64 * b));
-                d1 = _mm512_loadu_si512((const void *)(p1 + 64 * b));
-            } else {
-                int n = left - 4 * b;
-                n = n < 0 ? 0 : n > 4 ? 4 : n;
-                __mmask64 k = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
-                d0 = _mm512_maskz_loadu_epi8(k, p0 + 64 * b);
-                d1 = _mm512_maskz_loadu_epi8(k, p1 + 64 * b);
-            }
-            __asm__("" : "+v"(d0), "+v"(d1));
-            __m512i L0 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d0, m4));
-            __m512i H0 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d0, 4), m4));
-            __m512i L1 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(d1, m4));
-            __m512i H1 = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d1, 4), m4));
+            __m512i L0, H0, L1, H1;
+            fp4q_block_512(p0, b, left, &L0, &H0);
+            fp4q_block_512(p1, b, left, &L1, &H1);
             UNROLL for (int t = 0; t < nt; t++) {
                 const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
                 __m512i xhL = _mm512_loadu_si512((const void *)xb), xhH = _mm512_loadu_si512((const void *)(xb + 64));
@@ -886,16 +891,12 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
                 if (b % 2 == 0) {
                     q[0][t] = a0;
                     q[1][t] = a1;
+                } else if (b == 1) {
+                    h[0][t] = fp4q_fold32(q[0][t], a0);
+                    h[1][t] = fp4q_fold32(q[1][t], a1);
                 } else {
-                    __m512i s0 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[0][t], a0), _mm512_unpackhi_epi32(q[0][t], a0));
-                    __m512i s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(q[1][t], a1), _mm512_unpackhi_epi32(q[1][t], a1));
-                    if (b == 1) {
-                        h[0][t] = s0;
-                        h[1][t] = s1;
-                    } else {
-                        q[0][t] = s0;
-                        q[1][t] = s1;
-                    }
+                    q[0][t] = fp4q_fold32(q[0][t], a0);
+                    q[1][t] = fp4q_fold32(q[1][t], a1);
                 }
             }
         }
@@ -904,9 +905,8 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
             __m512i c = _mm512_loadu_si512((const void *)(sp + 1024));
             __m512 sx = _mm512_loadu_ps((const float *)(const void *)(sp + 1088));
             UNROLL for (int i = 0; i < 2; i++) {
-                __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(h[i][t], q[i][t]), _mm512_unpackhi_epi64(h[i][t], q[i][t]));
-                __m512 f = _mm512_mul_ps(i ? ws1 : ws0, sx);
-                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(v, c)), f, acc[i][t]);
+                __m512i v = _mm512_sub_epi32(fp4q_fold64(h[i][t], q[i][t]), c);
+                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(i ? ws1 : ws0, sx), acc[i][t]);
             }
         }
     }
