@@ -710,7 +710,11 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->logits = ds_host_alloc(be, (size_t)max_items * (size_t)V * sizeof *s->logits, err); /* downloads land here */
     s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
     s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
-    if (!s->run || !s->cache || !s->items || !s->item_req || !s->logits || !s->expert_tokens || !s->expert_step) {
+    if (!s->logits) { /* the backend's message (pinned memory, or the bytes asked) */
+        ds_sched_stop(s);
+        return ds_fail_prefix(err, "scheduler logits for %d sequences, vocabulary %d", o->max_seqs, V);
+    }
+    if (!s->run || !s->cache || !s->items || !s->item_req || !s->expert_tokens || !s->expert_step) {
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
