@@ -541,17 +541,11 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
 }
 
 /* The scales mma_group_s takes for group g of rows sa / sb: FP8 the group's
- * scale (as fp32 bits), FP4 the 32-column group's as a bf16x2; loaded with
- * the weights, so no load waits between a group's MMAs. */
-template <int KIND> __device__ __forceinline__ uint32_t mma_sc(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    if (KIND == DS_W_FP8) return __float_as_uint(mma_scale<KIND>(w, sp, g));
-    if (KIND == DS_W_FP4) return bf2_scale(mma_scale<KIND>(w, sp, g * 4 + tig));
-    return 0;
-}
-
-/* mma_sc through the read-only path, without branches on the values (FP4:
- * the E8M0 byte to its bf16 directly: 2^(e-127) has exponent field e, 2^-127
- * is the subnormal 0x0040, e = 255 NaN), the same bits as mma_sc. */
+ * scale (as fp32 bits), FP4 the 32-column group's as a bf16x2 (bf2_scale of
+ * mma_scale's value: the E8M0 byte to its bf16 directly, 2^(e-127) has
+ * exponent field e, 2^-127 is the subnormal 0x0040, e = 255 NaN); through the
+ * read-only path, loaded with the weights, so no load waits between a
+ * group's MMAs. */
 template <int KIND>
 __device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
     if (KIND == DS_W_FP8) {
@@ -647,7 +641,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
     for (int j0 = blockIdx.y * 8; j0 < cnt; j0 += gridDim.y * 8) {
         int nt = cnt - j0 < 8 ? cnt - j0 : 8;
         uint4 qa0[UG][CPT], qb0[UG][CPT], qa1[UG][CPT], qb1[UG][CPT];
-        uint32_t ca0[UG], cb0[UG], ca1[UG], cb1[UG]; /* the units' scales (mma_sc) */
+        uint32_t ca0[UG], cb0[UG], ca1[UG], cb1[UG]; /* the units' scales (mma_sc_ldg) */
         auto ld = [&](int un, uint4(&qa)[UG][CPT], uint4(&qb)[UG][CPT], uint32_t(&ca)[UG], uint32_t(&cb)[UG]) {
 #pragma unroll
             for (int v = 0; v < UG; v++) {
@@ -660,8 +654,8 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
                     qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
                 }
                 bool gk = un < nu && g < ng;
-                ca[v] = gk ? mma_sc<KIND>(w, sa, g, tig) : 0u;
-                cb[v] = gk ? mma_sc<KIND>(w, sb, g, tig) : 0u;
+                ca[v] = gk ? mma_sc_ldg<KIND>(w, sa, g, tig) : 0u;
+                cb[v] = gk ? mma_sc_ldg<KIND>(w, sb, g, tig) : 0u;
             }
         };
         auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT], const uint32_t(&ca)[UG],
