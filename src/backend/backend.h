@@ -35,6 +35,9 @@
 
 typedef struct ds_backend ds_backend;
 
+/* What map_weights is given (see there). */
+typedef enum { DS_MAP_BYTES = 0, DS_MAP_FP4_CODES } ds_map_what;
+
 /* ---- per-sequence state, in backend memory --------------------------- */
 
 /* A compressor's state (paper §2.3): the entries so far and what a window
@@ -307,8 +310,12 @@ struct ds_backend {
     /* backend memory to backend memory (returns when the copy is done) */
     int (*copy)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
     /* Host bytes valid for the model's lifetime as backend memory (*out);
-     * unmap_weights releases them. */
-    int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err);
+     * unmap_weights releases them. what: DS_MAP_BYTES (kept as they are) or
+     * DS_MAP_FP4_CODES (an MXFP4 matrix's E2M1 codes, two a byte: the backend
+     * may keep them in its own order, which only its kernels read; CUDA:
+     * docs/cuda.md). */
+    int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, ds_map_what what, const void **out,
+                       ds_err *err);
     void (*unmap_weights)(const ds_backend *be, const void *p);
 
     /* the step */

@@ -5,8 +5,9 @@
 #include "dist/ep.h"
 #include "model/model.h"
 
-/* Every pointer the forward pass reads, with its size in bytes. */
-typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes);
+/* Every pointer the forward pass reads, with its size in bytes and what it
+ * holds (an MXFP4 matrix's codes, which a backend may reorder, or bytes). */
+typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes, ds_map_what what);
 
 static size_t scale_bytes(const ds_weight *w) {
     size_t ss = w->scale_f32 ? 4 : 1;
@@ -18,11 +19,14 @@ static size_t scale_bytes(const ds_weight *w) {
 static void weight(const ds_weight *cw, visit_fn fn, void *ctx) {
     ds_weight *w = (ds_weight *)cw;
     size_t sb = scale_bytes(w);
-    fn(ctx, (const void **)&w->data, (size_t)ds_weight_bytes(w) - sb);
-    if (sb) fn(ctx, (const void **)&w->scale, sb);
+    fn(ctx, (const void **)&w->data, (size_t)ds_weight_bytes(w) - sb,
+       w->kind == DS_W_FP4 ? DS_MAP_FP4_CODES : DS_MAP_BYTES);
+    if (sb) fn(ctx, (const void **)&w->scale, sb, DS_MAP_BYTES);
 }
 
-static void floats(float **p, size_t n, visit_fn fn, void *ctx) { fn(ctx, (const void **)p, n * sizeof(float)); }
+static void floats(float **p, size_t n, visit_fn fn, void *ctx) {
+    fn(ctx, (const void **)p, n * sizeof(float), DS_MAP_BYTES);
+}
 
 static void hc(ds_hc_w *h, size_t rows, size_t nscale, visit_fn fn, void *ctx) {
     weight(&h->fn, fn, ctx);
@@ -68,7 +72,8 @@ static void walk(ds_model *m, visit_fn fn, void *ctx) {
         }
         weight(&ly->gate, fn, ctx);
         if (ly->is_hash)
-            fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t));
+            fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t),
+               DS_MAP_BYTES);
         else
             floats(&ly->gate_bias, E, fn, ctx);
         for (size_t e = 0; e < E; e++) {
@@ -91,16 +96,16 @@ typedef struct {
     ds_err *err;
 } bind_ctx;
 
-static void count(void *ctx, const void **ptr, size_t bytes) {
-    (void)ptr, (void)bytes;
+static void count(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
+    (void)ptr, (void)bytes, (void)what;
     ((bind_ctx *)ctx)->n++;
 }
 
-static void map(void *ctx, const void **ptr, size_t bytes) {
+static void map(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
     bind_ctx *B = ctx;
     if (B->rc) return;
     const void *dev = NULL;
-    if (B->m->be->map_weights(B->m->be, *ptr, bytes, &dev, B->err)) {
+    if (B->m->be->map_weights(B->m->be, *ptr, bytes, what, &dev, B->err)) {
         B->rc = -1;
         return;
     }
@@ -108,9 +113,9 @@ static void map(void *ctx, const void **ptr, size_t bytes) {
     *ptr = dev;
 }
 
-static void unmap(void *ctx, const void **ptr, size_t bytes) {
+static void unmap(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
     bind_ctx *B = ctx;
-    (void)bytes;
+    (void)bytes, (void)what;
     if (B->n >= B->m->n_host_ptrs) return; /* not mapped (a bind that failed part way) */
     B->m->be->unmap_weights(B->m->be, *ptr);
     *ptr = B->m->host_ptrs[B->n++];
@@ -137,8 +142,8 @@ typedef struct {
     uint64_t bytes;
 } sum_ctx;
 
-static void sum_bytes(void *ctx, const void **ptr, size_t bytes) {
-    (void)ptr;
+static void sum_bytes(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
+    (void)ptr, (void)what;
     ((sum_ctx *)ctx)->bytes += bytes;
 }
 

@@ -164,10 +164,12 @@ static void map_weight(ctx *C, tw *t, size_t db, size_t ns) {
         }
     t->d = t->h;
     const void *dd = NULL, *ds = NULL;
-    die_if(C, C->be.map_weights(&C->be, t->hd, db, &dd, &C->err), "map_weights");
+    die_if(C, C->be.map_weights(&C->be, t->hd, db, w->kind == DS_W_FP4 ? DS_MAP_FP4_CODES : DS_MAP_BYTES, &dd, &C->err),
+           "map_weights");
     t->d.data = dd;
     if (ns) {
-        die_if(C, C->be.map_weights(&C->be, t->hs, ns * (w->scale_f32 ? 4 : 1), &ds, &C->err), "map_weights");
+        die_if(C, C->be.map_weights(&C->be, t->hs, ns * (w->scale_f32 ? 4 : 1), DS_MAP_BYTES, &ds, &C->err),
+               "map_weights");
         t->d.scale = ds;
     }
 }
@@ -244,8 +246,8 @@ static int bf16_isnan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f);
  * every E8M0 scale, bitwise against the host's values (exact products: the
  * e4m3 / e2m1 value times 2^(e-127) in fp32 (e2m1: 2 significant bits, so
  * exact in bf16 when finite), its top 16 bits; NaN for a NaN byte or scale). */
-static void test_weight_decode(ctx *C, int f32) {
-    const char *path = f32 ? "fp32" : "bf16x2";
+static void test_weight_decode(ctx *C, int way) {
+    const char *path = way == 2 ? "short FP4" : way ? "fp32" : "bf16x2";
     /* FP8: word i = bytes i, i+1, i+2, i+3 (each byte at each position), then i x4 */
     int nw = 512;
     uint32_t *w = malloc(sizeof(uint32_t) * nw), *o = malloc(sizeof(uint32_t) * 2 * nw);
@@ -254,7 +256,7 @@ static void test_weight_decode(ctx *C, int f32) {
         for (int p = 0; p < 4; p++) w[i] |= (uint32_t)((i + p) & 255) << (8 * p);
         w[256 + i] = (uint32_t)i * 0x01010101u;
     }
-    die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP8, f32, w, nw, NULL, 0, o, &C->err), "weight probe FP8");
+    die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP8, way, w, nw, NULL, 0, o, &C->err), "weight probe FP8");
     int bad = 0;
     for (int i = 0; i < nw; i++)
         for (int p = 0; p < 4; p++) {
@@ -284,7 +286,7 @@ static void test_weight_decode(ctx *C, int f32) {
                 for (int p = 0; p < 8; p++) w[i] |= (uint32_t)((i + p) & 15) << (4 * p);
             }
         }
-        die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP4, f32, w, n, sc, ns, o, &C->err), "weight probe FP4");
+        die_if(C, ds_cuda_mma_weight_probe(0, DS_W_FP4, way, w, n, sc, ns, o, &C->err), "weight probe FP4");
         bad = 0;
         for (int i = 0; i < n; i++)
             for (int j = 0; j < ns; j++)
@@ -1549,6 +1551,7 @@ int main(int argc, char **argv) {
 
     test_weight_decode(C, 0);
     test_weight_decode(C, 1);
+    test_weight_decode(C, 2); /* FP8 as path 0 */
     test_onehot(C, DS_W_FP4, 64, 256);   /* 512 (row, 32-column) scales: every scale twice */
     test_onehot(C, DS_W_FP8, 256, 512);  /* every byte in every row block */
     test_onehot(C, DS_W_FP4, 4096, 256); /* 256 tiles: the block decode kernel */

@@ -243,12 +243,27 @@ static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes
     return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copy on the device", e);
 }
 
-static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, const void **out, ds_err *err) {
+__global__ void fp4_reorder_kernel(uint32_t *w, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) w[i] = dsc_fp4_store_word(w[i]);
+}
+
+cudaError_t dsc_fp4_reorder(cudaStream_t st, uint32_t *words, size_t n) {
+    if (!n) return cudaSuccess;
+    fp4_reorder_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(words, n);
+    return cudaGetLastError();
+}
+
+/* A copy in device memory, in whole 32-bit words (FP4 codes reordered in
+ * each: dsc_fp4_nib; the last word's missing bytes zero). */
+static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, ds_map_what what, const void **out,
+                         ds_err *err) {
     *out = NULL;
     if (dsc_use(be, err, "map_weights")) return -1;
     if (dsc_graph_end(dsc_of(be), err)) return -1;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    size_t n4 = (bytes + 3) & ~(size_t)3;
+    cudaError_t e = cudaMalloc(&p, n4 ? n4 : 16);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
         cudaGetLastError();
@@ -257,10 +272,19 @@ static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, c
                            (double)bytes / 1073741824.0, (double)fr / 1073741824.0, (double)tot / 1073741824.0,
                            cudaGetErrorString(e));
     }
-    e = cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
+    if (n4 > bytes) e = cudaMemset((uint8_t *)p + n4 - 4, 0, 4);
+    if (e == cudaSuccess) e = cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
         cudaFree(p);
         return dsc_fail(err, "map_weights", "copy of the weights to the device", e);
+    }
+    if (what == DS_MAP_FP4_CODES) {
+        e = dsc_fp4_reorder(0, (uint32_t *)p, n4 / 4);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            cudaFree(p);
+            return dsc_fail(err, "map_weights", "reordering the FP4 codes on the device", e);
+        }
     }
     *out = p;
     return 0;

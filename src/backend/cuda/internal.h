@@ -191,6 +191,22 @@ __device__ __forceinline__ float dsc_e2m1(int code) {
     return __uint_as_float(__float_as_uint(a) | ((uint32_t)(code & 8) << 28));
 }
 
+/* FP4 codes in device memory (map_weights with DS_MAP_FP4_CODES) are
+ * reordered inside each aligned 32-bit word: the word's codes 2j and 2j + 1
+ * (the checkpoint's order: two columns side by side) sit at nibbles j and
+ * j + 4, 16 bits apart, so that a mask, a multiply and a mask put a column
+ * pair into a bf16x2 (mma.cu afrag). Code p (0..7) of a word is at nibble
+ * dsc_fp4_nib(p). Every FP4 reader here goes through it; the values, and so
+ * every bit, are those of the checkpoint's order. */
+__host__ __device__ constexpr int dsc_fp4_nib(int p) { return (p >> 1) | ((p & 1) << 2); }
+__host__ __device__ inline uint32_t dsc_fp4_store_word(uint32_t w) {
+    uint32_t o = 0;
+    for (int p = 0; p < 8; p++) o |= ((w >> (4 * p)) & 15u) << (4 * dsc_fp4_nib(p));
+    return o;
+}
+/* Reorders n device words in place (stream order). */
+cudaError_t dsc_fp4_reorder(cudaStream_t st, uint32_t *words, size_t n);
+
 __device__ __forceinline__ float dsc_scale(const dsc_w &w, size_t i) {
     if (w.scale_f32) return ((const float *)w.scale)[i];
     return dsc_e8m0(w.scale[i]);
@@ -214,9 +230,11 @@ __device__ __forceinline__ float dsc_elem(const dsc_w &w, int r, int c) {
     if (KIND == DS_W_FP8)
         return dsc_fp8(w.data[base + c]) *
                dsc_scale(w, (size_t)((w.srow0 + r) / DS_FP8_BLOCK) * (size_t)w.scale_cols + (size_t)(c / DS_FP8_BLOCK));
-    /* FP4 */
-    uint8_t b = w.data[base / 2 + c / 2];
-    return dsc_e2m1((c & 1) ? (b >> 4) : (b & 15)) * dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)(c / DS_FP4_GROUP));
+    /* FP4: the code's word (aligned: dsc_fp4_nib) */
+    uintptr_t b = (uintptr_t)(w.data + base / 2 + c / 2);
+    uint32_t u = *(const uint32_t *)(b & ~(uintptr_t)3);
+    int code = (int)(u >> (4 * dsc_fp4_nib((int)((b & 3) << 1) | (c & 1)))) & 15;
+    return dsc_e2m1(code) * dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)(c / DS_FP4_GROUP));
 }
 
 /* Dequantizes chunk ch (elements [ch*V, ch*V+V)) of row r from its 16 bytes. */
@@ -241,7 +259,7 @@ __device__ __forceinline__ void dsc_chunk(const dsc_w &w, int r, int ch, uint4 q
     } else {
         float s = dsc_scale(w, (size_t)r * (size_t)w.scale_cols + (size_t)ch); /* V == group */
 #pragma unroll
-        for (int i = 0; i < 32; i++) o[i] = dsc_e2m1((int)(u[i / 8] >> (4 * (i & 7))) & 15) * s;
+        for (int i = 0; i < 32; i++) o[i] = dsc_e2m1((int)(u[i / 8] >> (4 * dsc_fp4_nib(i & 7))) & 15) * s;
     }
 }
 
@@ -318,7 +336,7 @@ __device__ __forceinline__ int dsc_fp8_nan4(uint32_t w) { return __vcmpeq4(w & 0
  *   e4m3 byte p of a word: its 7 magnitude bits moved to bits 20..26 and its
  *     sign to bit 31 in one mask-merge, times 2^120 (dsc_fp8's identity; a
  *     word with a NaN byte takes dsc_fp8 itself: nan4 set);
- *   e2m1 nibble p: magnitude bits at 22..24 are 2^(e-127)(1 + m/2), or
+ *   e2m1 code e (at nibble p = dsc_fp4_nib(e & 7)): magnitude bits at 22..24 are 2^(e-127)(1 + m/2), or
  *     m 2^-127 when e == 0, so times 2^126 they are the e2m1 value exactly;
  *     the sign to bit 31 (code 8 gives -0.0f, as dsc_e2m1). */
 template <int KIND>
@@ -336,7 +354,7 @@ __device__ __forceinline__ float dsc_chunk_elem(const uint32_t *u, int e, float 
         return __fmul_rn(v, 1.329227995784915872903807060280344576e36f) * s; /* 2^120 */
     }
     uint32_t w = u[e / 8];
-    int p = e & 7;
+    int p = dsc_fp4_nib(e & 7);
     uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
     uint32_t sgn = w << (28 - 4 * p);
     float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));

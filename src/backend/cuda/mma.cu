@@ -68,6 +68,9 @@ __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
 }
 
+/* A compile-time bool for a generic lambda's argument (one body, two decodings). */
+template <bool B> struct bconst { static constexpr bool value = B; };
+
 /* bf16x2 a * b, round to nearest (a fused multiply-add with -0: a * b + -0 =
  * a * b for every a * b, -0 and +0 included). Subnormal inputs and results are
  * kept (PTX: fma.rn.bf16x2 has no .ftz). */
@@ -87,21 +90,50 @@ __device__ __forceinline__ uint32_t e4m3x2(uint32_t w, int h) {
     return bmul2((y & 0x80008000u) | ((y >> 4) & 0x07f007f0u), 0x7b807b80u); /* 2^120 */
 }
 
-/* Nibbles 0..3 of t (e2m1 codes) times the bf16x2 scale m2 (a power of two
- * in both halves), as two bf16x2 (nibbles 0,1 and 2,3), exact: the
+/* Columns 0..3 (h = 0) or 4..7 (h = 1) of a word of FP4 codes (reordered:
+ * dsc_fp4_nib) times the bf16x2 scale m2 (a power of two in both halves), as
+ * two bf16x2 (columns 0,1 and 2,3 of the four), exact: bytes h and h + 2 of
+ * the word hold the four codes as nibbles (c0, c2, c1, c3) of t; the
  * magnitudes' bf16 bytes by table lookup (prmt: 8 entries per table, the high
  * and the low byte of the bf16 of {0, .5, 1, 1.5, 2, 3, 4, 6}), the signs to
  * bits 15 and 31, then one bf16x2 multiply by the scale (a product of a
  * 2-bit-mantissa value and a power of two is exact in bf16 down to 2^-133 and
  * is +-inf past the bf16 range, as the product in fp32 was). */
-__device__ __forceinline__ void e2m1x4(uint32_t t, uint32_t m2, uint32_t &p01, uint32_t &p23) {
+__device__ __forceinline__ void e2m1x4(uint32_t w, int h, uint32_t m2, uint32_t &p01, uint32_t &p23) {
+    uint32_t t = __byte_perm(w, 0u, h ? 0x4431 : 0x4420);
     uint32_t sel = t & 0x7777u, sg = t & 0x8888u;
     uint32_t hb = __byte_perm(0x3f3f3f00u, 0x40404040u, sel); /* high bytes of 0 .5 1 1.5 | 2 3 4 6 */
     uint32_t lb = __byte_perm(0xc0800000u, 0xc0804000u, sel); /* low bytes */
-    uint32_t a = __byte_perm(lb, hb, 0x5140) | ((sg * 0x01001000u) & 0x80008000u); /* signs 3, 7 -> 15, 31 */
-    uint32_t b = __byte_perm(lb, hb, 0x7362) | ((sg * 0x00010010u) & 0x80008000u); /* signs 11, 15 -> 15, 31 */
+    uint32_t a = __byte_perm(lb, hb, 0x6240) | ((sg * 0x00101000u) & 0x80008000u); /* signs 3, 11 -> 15, 31 */
+    uint32_t b = __byte_perm(lb, hb, 0x7351) | ((sg * 0x00010100u) & 0x80008000u); /* signs 7, 15 -> 15, 31 */
     p01 = bmul2(a, m2);
     p23 = bmul2(b, m2);
+}
+
+/* The same in fewer instructions (the tile and streaming kernels): a column pair's
+ * codes are 16 bits apart (dsc_fp4_nib), so masking them, one multiply by
+ * 2^6 + 2^12 (the two shifted copies cannot overlap) and a mask put each
+ * code's magnitude bits at bf16 bits 6..8 and its sign at bit 15: the bf16 of
+ * the e2m1 value times 2^-126 (exponent bits e, mantissa bit m: 2^(e-127)
+ * (1 + m/2), or the subnormal m 2^-127 for e = 0). m2f is the scale times
+ * 2^126 (fp4_m2_fast), so one bf16x2 multiply gives the same exact product
+ * as e2m1x4. */
+__device__ __forceinline__ void e2m1x4_fast(uint32_t w, int h, uint32_t m2f, uint32_t &p01, uint32_t &p23) {
+    uint32_t v = h ? w >> 8 : w;
+    p01 = bmul2(((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u, m2f);
+    p23 = bmul2(((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u, m2f);
+}
+
+/* An FP4 scale byte e as e2m1x4's m2: 2^(e-127) in both halves (e = 0: the
+ * bf16 subnormal 2^-127; 255: NaN), exact. */
+__device__ __forceinline__ uint32_t fp4_m2(uint32_t e) {
+    return (e == 0 ? 0x40u : e == 255 ? 0x7fc0u : e << 7) * 0x10001u;
+}
+
+/* ... and as e2m1x4_fast's: 2^(e-1) (NaN for 255), or 0 where 2^(e-1) is
+ * past bf16 (e = 129..254, weights beyond +-24): such a group takes e2m1x4. */
+__device__ __forceinline__ uint32_t fp4_m2_fast(uint32_t e) {
+    return (e == 255 ? 0x7fc0u : e <= 128 ? (e + 126) << 7 : 0u) * 0x10001u;
 }
 
 /* An FP4 scale (a power of two, 2^-127 included, or NaN) as a bf16x2: exact. */
@@ -121,7 +153,7 @@ __device__ __forceinline__ float e4m3_f32(uint32_t w, int p) {
     return __fmul_rn(__uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u)),
                      1.329227995784915872903807060280344576e36f); /* 2^120 */
 }
-__device__ __forceinline__ float e2m1_f32(uint32_t w, int p, float s) {
+__device__ __forceinline__ float e2m1_f32(uint32_t w, int p, float s) { /* p: the nibble (dsc_fp4_nib) */
     uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
     uint32_t sgn = w << (28 - 4 * p);
     float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
@@ -133,8 +165,8 @@ __device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
 
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
  * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
- * m2: FP4's scale as bf16x2 (bf2_scale). */
-template <int KIND, bool F32 = false>
+ * m2: FP4's scale as bf16x2 (fp4_m2, or fp4_m2_fast with FAST). */
+template <int KIND, bool F32 = false, bool FAST = false>
 __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
@@ -158,11 +190,12 @@ __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32
         uint32_t w = u4w(q, s >> 1);
         int b = (s & 1) * 4;
         float sc = __uint_as_float((m2 & 0xffffu) << 16);
-        p01 = bf2_top(e2m1_f32(w, b, sc), e2m1_f32(w, b + 1, sc));
-        p23 = bf2_top(e2m1_f32(w, b + 2, sc), e2m1_f32(w, b + 3, sc));
+        p01 = bf2_top(e2m1_f32(w, dsc_fp4_nib(b), sc), e2m1_f32(w, dsc_fp4_nib(b + 1), sc));
+        p23 = bf2_top(e2m1_f32(w, dsc_fp4_nib(b + 2), sc), e2m1_f32(w, dsc_fp4_nib(b + 3), sc));
+    } else if (FAST) {
+        e2m1x4_fast(u4w(q, s >> 1), s & 1, m2, p01, p23);
     } else {
-        uint32_t w = u4w(q, s >> 1);
-        e2m1x4((s & 1) ? w >> 16 : w, m2, p01, p23);
+        e2m1x4(u4w(q, s >> 1), s & 1, m2, p01, p23);
     }
 }
 
@@ -522,15 +555,28 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
                                             int tig, const uint4 *xs, bool xv, float acc[4]) {
     const int SPC = 8 / mk<KIND>::CPT;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        uint32_t a0, a1, a2, a3;
-        afrag<KIND>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-        afrag<KIND>(qb[kk / SPC], kk % SPC, scb, a1, a3);
-        uint4 b = xv ? xs[(g * 8 + kk) * 4 + tig] : make_uint4(0, 0, 0, 0);
-        mma16816(acc, a0, a1, a2, a3, b.x, b.y);
-        mma16816(acc, a0, a1, a2, a3, b.z, b.w);
+    /* FP4: sca / scb are E8M0 bytes; the short decoding unless the warp has
+     * a scale past its range (the same values either way) */
+    bool fast = false;
+    if (KIND == DS_W_FP4) {
+        uint32_t fa = fp4_m2_fast(sca), fb = fp4_m2_fast(scb);
+        fast = !__any_sync(0xffffffffu, !fa || !fb);
+        sca = fast ? fa : fp4_m2(sca);
+        scb = fast ? fb : fp4_m2(scb);
     }
+    auto steps = [&](auto fast_t) {
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            uint32_t a0, a1, a2, a3;
+            afrag<KIND, false, decltype(fast_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+            afrag<KIND, false, decltype(fast_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+            uint4 b = xv ? xs[(g * 8 + kk) * 4 + tig] : make_uint4(0, 0, 0, 0);
+            mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+            mma16816(acc, a0, a1, a2, a3, b.z, b.w);
+        }
+    };
+    if (KIND == DS_W_FP4 && fast) steps(bconst<true>());
+    else steps(bconst<false>());
     if (KIND == DS_W_FP8) {
         float s0 = __uint_as_float(sca), s1 = __uint_as_float(scb);
         acc[0] = __fmul_rn(acc[0], s0);
@@ -540,24 +586,24 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
     }
 }
 
+/* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
+ * group g of a row (127, scale 1, past K: zero codes there). */
+__device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    int i = g * 4 + tig;
+    return i < w.scale_cols ? (uint32_t)__ldg(sp + i) : 127u;
+}
+
 /* The scales mma_group_s takes for group g of rows sa / sb: FP8 the group's
- * scale (as fp32 bits), FP4 the 32-column group's as a bf16x2 (bf2_scale of
- * mma_scale's value: the E8M0 byte to its bf16 directly, 2^(e-127) has
- * exponent field e, 2^-127 is the subnormal 0x0040, e = 255 NaN); through the
- * read-only path, loaded with the weights, so no load waits between a
- * group's MMAs. */
+ * scale (as fp32 bits), FP4 the 32-column group's E8M0 byte (mma_e8_ldg);
+ * through the read-only path, loaded with the weights, so no load waits
+ * between a group's MMAs. */
 template <int KIND>
 __device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
     if (KIND == DS_W_FP8) {
         if (w.scale_f32) return __ldg((const unsigned int *)sp + g);
         return __float_as_uint(dsc_e8m0(__ldg(sp + g)));
     }
-    if (KIND == DS_W_FP4) { /* E8M0 only (dsc_mma_fits) */
-        int i = g * 4 + tig;
-        if (i >= w.scale_cols) return 0x3f803f80u; /* columns past K: zero codes, scale 1 */
-        uint32_t e = __ldg(sp + i), h = e == 0 ? 0x40u : e == 255 ? 0x7fc0u : e << 7;
-        return h * 0x10001u;
-    }
+    if (KIND == DS_W_FP4) return mma_e8_ldg(w, sp, g, tig);
     return 0;
 }
 
@@ -906,7 +952,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
     };
     /* the rows' scales as 32-bit offsets from w.scale (64-bit row pointers
      * were recomputed every group under the register cap: ~45 instructions a
-     * scale with dsc_e8m0's branches; mma_sc_ldg gives the same values) */
+     * scale with dsc_e8m0's branches; mma_sc_ldg and mma_e8_ldg give the
+     * same values) */
     uint32_t soff[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -946,11 +993,27 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                 sc[mi][h] = 0;
                 s[mi][h] = 1.0f;
             }
-        if (KIND == DS_W_FP4)
+        /* FP4: the short decoding (e2m1x4_fast) unless a scale of the warp's
+         * rows in this group is past its range (the same values either way) */
+        bool fast = false;
+        if (KIND == DS_W_FP4) {
+            uint32_t e[MI][2];
+            bool big = false;
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) sc[mi][h] = mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig);
+                for (int h = 0; h < 2; h++) {
+                    e[mi][h] = mma_e8_ldg(w, w.scale + soff[mi][h], g, tig);
+                    sc[mi][h] = fp4_m2_fast(e[mi][h]);
+                    big |= sc[mi][h] == 0u;
+                }
+            fast = !__any_sync(0xffffffffu, big);
+            if (!fast)
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) sc[mi][h] = fp4_m2(e[mi][h]);
+        }
         if (KIND == DS_W_FP8)
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
@@ -963,34 +1026,40 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
+        auto mmas = [&](auto fast_t) {
 #pragma unroll
-        for (int c = 0; c < CPT; c++) {
-            uint4 q[MI][2];
+            for (int c = 0; c < CPT; c++) {
+                uint4 q[MI][2];
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++)
+                for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR + ((c * 4 + tig) ^ ax) * 16);
+                    for (int h = 0; h < 2; h++)
+                        q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR +
+                                                    ((c * 4 + tig) ^ ax) * 16);
 #pragma unroll
-            for (int s1 = 0; s1 < SPC; s1++) {
-                int kk = c * SPC + s1;
-                uint32_t af[MI][4];
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++) {
-                    afrag<KIND>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
-                    afrag<KIND>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
-                }
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++) {
-                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR + ((kk * 4 + tig) ^ bx) * 16);
+                for (int s1 = 0; s1 < SPC; s1++) {
+                    int kk = c * SPC + s1;
+                    uint32_t af[MI][4];
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
-                        mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
+                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
+                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
+                    }
+#pragma unroll
+                    for (int ni = 0; ni < NI; ni++) {
+                        uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR +
+                                                   ((kk * 4 + tig) ^ bx) * 16);
+#pragma unroll
+                        for (int mi = 0; mi < MI; mi++) {
+                            mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+                            mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
+                        }
                     }
                 }
             }
-        }
+        };
+        if (KIND == DS_W_FP4 && fast) mmas(bconst<true>());
+        else mmas(bconst<false>());
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -1307,8 +1376,10 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
 /* ---- test hook ------------------------------------------------------------------ */
 
 /* The bf16 pairs afrag feeds the MMA (tests/gpu/test_cuda_ops.c checks them
- * bitwise against host-computed values). */
-template <bool F32>
+ * bitwise against host-computed values): words in the checkpoint's order,
+ * reordered here as map_weights does; FAST: the tile kernel's decoding, which
+ * takes e2m1x4 where fp4_m2_fast has no value (as the kernel does). */
+template <bool F32, bool FAST>
 __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
                                   const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1320,12 +1391,17 @@ __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, 
     }
     if (i >= nw * ns) return;
     uint4 q = make_uint4(words[i / ns], 0, 0, 0);
-    uint32_t m2 = bf2_scale(dsc_e8m0(scales[i % ns]));
-    afrag<DS_W_FP4, F32>(q, 0, m2, out[4 * i], out[4 * i + 1]);
-    afrag<DS_W_FP4, F32>(q, 1, m2, out[4 * i + 2], out[4 * i + 3]);
+    uint32_t e = scales[i % ns], m2 = fp4_m2(e), m2f = fp4_m2_fast(e);
+    if (FAST && m2f) {
+        afrag<DS_W_FP4, false, true>(q, 0, m2f, out[4 * i], out[4 * i + 1]);
+        afrag<DS_W_FP4, false, true>(q, 1, m2f, out[4 * i + 2], out[4 * i + 3]);
+    } else {
+        afrag<DS_W_FP4, F32>(q, 0, m2, out[4 * i], out[4 * i + 1]);
+        afrag<DS_W_FP4, F32>(q, 1, m2, out[4 * i + 2], out[4 * i + 3]);
+    }
 }
 
-extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int f32, const uint32_t *words, int nw,
+extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int path, const uint32_t *words, int nw,
                                         const uint8_t *scales, int ns, uint32_t *out, ds_err *err) {
     const char *op = "mma weight probe";
     if (kind != DS_W_FP8 && kind != DS_W_FP4) return dsc_failmsg(err, op, "kind %d is neither FP8 nor FP4", kind);
@@ -1342,9 +1418,13 @@ extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int f32, const uint32
     else if (cudaMemcpy(dw, words, (size_t)nw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
              (kind == DS_W_FP4 && cudaMemcpy(ds, scales, (size_t)ns, cudaMemcpyHostToDevice) != cudaSuccess))
         rc = dsc_failmsg(err, op, "upload failed");
+    else if (kind == DS_W_FP4 && dsc_fp4_reorder(0, dw, (size_t)nw) != cudaSuccess)
+        rc = dsc_failmsg(err, op, "reordering the FP4 words failed");
     else {
-        if (f32) mma_wprobe_kernel<true><<<(unsigned)((n + 255) / 256), 256>>>(kind, dw, nw, ds, ns, dout);
-        else mma_wprobe_kernel<false><<<(unsigned)((n + 255) / 256), 256>>>(kind, dw, nw, ds, ns, dout);
+        unsigned nb = (unsigned)((n + 255) / 256);
+        if (path == 1) mma_wprobe_kernel<true, false><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
+        else if (path == 2) mma_wprobe_kernel<false, true><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
+        else mma_wprobe_kernel<false, false><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
         cudaError_t e = cudaMemcpy(out, dout, no * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) rc = dsc_failmsg(err, op, "kernel or download failed: %s", cudaGetErrorString(e));
     }
