@@ -547,12 +547,14 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
 
 /* Group g's partial of a warp's two rows for one token tile of 8, the
  * activations taken already split from shared memory (xs: this lane's
- * token's split chunks, position (g*8 + kk)*4 + tig; xv false: zeros): the
- * same B values split4 gives mma_group (split4 of zeros is zeros), the same
- * MMAs in the same order, so the same bits. */
+ * token's split chunks, position (g*8 + kk)*4 + tig): the same B values
+ * split4 gives mma_group, the same MMAs in the same order, so the same bits.
+ * Lanes past the tile's tokens pass a real token's chunks (no zeroing, no
+ * predicate): an MMA's output column depends on its own B column only, and
+ * the callers never store those columns' sums. */
 template <int KIND>
 __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, uint32_t sca, uint32_t scb, int g,
-                                            int tig, const uint4 *xs, bool xv, float acc[4]) {
+                                            int tig, const uint4 *xs, float acc[4]) {
     const int SPC = 8 / mk<KIND>::CPT;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     /* FP4: sca / scb are E8M0 bytes; the short decoding unless the warp has
@@ -570,7 +572,7 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
             uint32_t a0, a1, a2, a3;
             afrag<KIND, false, decltype(fast_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
             afrag<KIND, false, decltype(fast_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
-            uint4 b = xv ? xs[(g * 8 + kk) * 4 + tig] : make_uint4(0, 0, 0, 0);
+            uint4 b = xs[(g * 8 + kk) * 4 + tig];
             mma16816(acc, a0, a1, a2, a3, b.x, b.y);
             mma16816(acc, a0, a1, a2, a3, b.z, b.w);
         }
@@ -712,7 +714,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
                 int g = un * UG + v;
                 if (g >= ng) break;
                 float acc[4];
-                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, gid < nt, acc);
+                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, acc);
                 float *ps = part + (size_t)g * 128;
                 *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
                 *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
@@ -839,7 +841,7 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
                     if (k % D == d) {       /* a register copy would wait for its load) */
                         ld((d + D - 1) % D);
                         float acc[4];
-                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, gid < nt, acc);
+                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, acc);
                         float *ps = pt + (size_t)g * PS;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
