@@ -69,6 +69,36 @@ __device__ __forceinline__ const float *att_key(const att_args &a, const att_row
     return r.ent + (size_t)e * a.d;
 }
 
+/* The HW heads' xor-tree sums (dsc_warp_sum) in fewer shuffles: at each of
+ * the first log2(HW) levels a lane keeps half of its heads' partials and
+ * sends the other half, which its xor partner keeps; both add the same pairs
+ * as dsc_warp_sum at that level (fp addition commutes), so the sums are its
+ * bits. Lane l ends with head att_head_of<HW>(l)'s sum; 4 heads: 6 shuffles
+ * instead of 20. */
+template <int HW> __device__ __forceinline__ int att_head_of(int lane) {
+    return HW == 4 ? ((lane >> 4) & 1) * 2 + ((lane >> 3) & 1) : HW == 2 ? (lane >> 4) & 1 : 0;
+}
+template <int HW> __device__ __forceinline__ int att_lane_of(int h) { return HW == 4 ? (h >> 1) * 16 + (h & 1) * 8 : h * 16; }
+template <int HW> __device__ __forceinline__ float att_sums(const float (&v)[HW], int lane) {
+    static_assert(HW == 1 || HW == 2 || HW == 4, "1, 2 or 4 heads a warp");
+    float u[HW];
+#pragma unroll
+    for (int h = 0; h < HW; h++) u[h] = v[h];
+    int o = 16;
+#pragma unroll
+    for (int n = HW; n > 1; n /= 2, o /= 2) {
+        bool up = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            float keep = up ? u[i + n / 2] : u[i], send = up ? u[i] : u[i + n / 2];
+            u[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float r = u[0];
+    for (; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
 /* One warp per (row, HW consecutive heads, key block): the heads of a row
  * share its keys, so each key chunk is loaded once for HW heads (the loads
  * through L1, not the FMAs, bounded the one-head warp). Each head's
@@ -100,9 +130,8 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_part_kernel(att_args 
      * branch-free and keep several keys' loads in flight */
     for (int jj = lane; jj < nb; jj += 32) kptr[wl][jj] = att_key(a, r, b0 + jj);
     __syncwarp();
-    float bm[HW];
-#pragma unroll
-    for (int h = 0; h < HW; h++) bm[h] = -INFINITY;
+    const int hl = att_head_of<HW>(lane); /* the head whose score this lane ends with */
+    float bml = -INFINITY;
 #pragma unroll 2
     for (int jj = 0; jj < nb; jj++) {
         const float4 *k4 = (const float4 *)kptr[wl][jj];
@@ -112,23 +141,27 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_part_kernel(att_args 
             int ch = lane + 32 * c;
             kk[c] = ch < d4 ? k4[ch] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+        float dot[HW];
 #pragma unroll
         for (int h = 0; h < HW; h++) {
-            float dot = 0.0f;
+            dot[h] = 0.0f;
 #pragma unroll
             for (int c = 0; c < NC; c++) {
                 if (lane + 32 * c < d4) {
-                    dot = fmaf(q[h][c].x, kk[c].x, dot);
-                    dot = fmaf(q[h][c].y, kk[c].y, dot);
-                    dot = fmaf(q[h][c].z, kk[c].z, dot);
-                    dot = fmaf(q[h][c].w, kk[c].w, dot);
+                    dot[h] = fmaf(q[h][c].x, kk[c].x, dot[h]);
+                    dot[h] = fmaf(q[h][c].y, kk[c].y, dot[h]);
+                    dot[h] = fmaf(q[h][c].z, kk[c].z, dot[h]);
+                    dot[h] = fmaf(q[h][c].w, kk[c].w, dot[h]);
                 }
             }
-            float sj = dsc_warp_sum(dot) * a.scale;
-            if (lane == 0) sbuf[wl][h][jj] = sj;
-            bm[h] = fmaxf(bm[h], sj);
         }
+        float sj = att_sums<HW>(dot, lane) * a.scale;
+        if (lane == att_lane_of<HW>(hl)) sbuf[wl][hl][jj] = sj;
+        bml = fmaxf(bml, sj);
     }
+    float bm[HW]; /* each head's block maximum, to every lane */
+#pragma unroll
+    for (int h = 0; h < HW; h++) bm[h] = __shfl_sync(0xffffffffu, bml, att_lane_of<HW>(h));
     __syncwarp();
     float l[HW];
     float4 o[HW][NC];
