@@ -78,7 +78,10 @@ __device__ __forceinline__ const float *att_key(const att_args &a, const att_row
 template <int HW> __device__ __forceinline__ int att_head_of(int lane) {
     return HW == 4 ? ((lane >> 4) & 1) * 2 + ((lane >> 3) & 1) : HW == 2 ? (lane >> 4) & 1 : 0;
 }
-template <int HW> __device__ __forceinline__ int att_lane_of(int h) { return HW == 4 ? (h >> 1) * 16 + (h & 1) * 8 : h * 16; }
+/* the first lane that ends with head h's sum */
+template <int HW> __device__ __forceinline__ int att_lane_of(int h) {
+    return HW == 4 ? (h >> 1) * 16 + (h & 1) * 8 : h * 16;
+}
 template <int HW> __device__ __forceinline__ float att_sums(const float (&v)[HW], int lane) {
     static_assert(HW == 1 || HW == 2 || HW == 4, "1, 2 or 4 heads a warp");
     float u[HW];
