@@ -136,9 +136,6 @@ __device__ __forceinline__ uint32_t fp4_m2_fast(uint32_t e) {
     return (e == 255 ? 0x7fc0u : e <= 128 ? (e + 126) << 7 : 0u) * 0x10001u;
 }
 
-/* An FP4 scale (a power of two, 2^-127 included, or NaN) as a bf16x2: exact. */
-__device__ __forceinline__ uint32_t bf2_scale(float s) { return (__float_as_uint(s) >> 16) * 0x10001u; }
-
 /* The same values through fp32 (the code placed in a float's exponent /
  * mantissa, scaled by a power of two, then its top half): more instructions
  * per weight, fewer registers where several token tiles share the fragment
@@ -271,11 +268,31 @@ template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a
     return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
 }
 
-/* Row r's FP8 scale of group g / FP4 scale of 32-column group q. */
-template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, const uint8_t *sp, int i) {
+/* Row sp's FP8 scale of group g (1 for BF16). */
+template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, const uint8_t *sp, int g) {
     if (KIND == DS_W_BF16) return 1.0f;
-    if (KIND == DS_W_FP4 && i >= w.scale_cols) return 1.0f; /* columns past K: zero codes */
-    return w.scale_f32 ? ((const float *)sp)[i] : dsc_e8m0(sp[i]);
+    return w.scale_f32 ? ((const float *)sp)[g] : dsc_e8m0(sp[g]);
+}
+
+/* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
+ * group g of a row (127, scale 1, past K: zero codes there). */
+__device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    int i = g * 4 + tig;
+    return i < w.scale_cols ? (uint32_t)__ldg(sp + i) : 127u;
+}
+
+/* A warp's FP4 scale bytes s[0..N) (each lane its own rows') as afrag's m2,
+ * in place: fp4_m2_fast's when every lane's fit its range (true: the short
+ * decoding, e2m1x4_fast), else fp4_m2's (e2m1x4). The same products either
+ * way; the whole warp takes one decoding (__any_sync). */
+template <int N> __device__ __forceinline__ bool fp4_warp_m2(uint32_t *s) {
+    bool big = false;
+#pragma unroll
+    for (int i = 0; i < N; i++) big |= fp4_m2_fast(s[i]) == 0u;
+    bool fast = !__any_sync(0xffffffffu, big);
+#pragma unroll
+    for (int i = 0; i < N; i++) s[i] = fast ? fp4_m2_fast(s[i]) : fp4_m2(s[i]);
+    return fast;
 }
 
 /* ---- few tokens ------------------------------------------------------------ */
@@ -292,8 +309,8 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
     const int SPC = 8 / mk<KIND>::CPT;
     uint32_t sca = 0, scb = 0;
     if (KIND == DS_W_FP4) {
-        sca = bf2_scale(mma_scale<KIND>(w, sa, g * 4 + tig));
-        scb = bf2_scale(mma_scale<KIND>(w, sb, g * 4 + tig));
+        sca = fp4_m2(mma_e8_ldg(w, sa, g, tig));
+        scb = fp4_m2(mma_e8_ldg(w, sb, g, tig));
     }
 #pragma unroll
     for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
@@ -561,10 +578,10 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
      * a scale past its range (the same values either way) */
     bool fast = false;
     if (KIND == DS_W_FP4) {
-        uint32_t fa = fp4_m2_fast(sca), fb = fp4_m2_fast(scb);
-        fast = !__any_sync(0xffffffffu, !fa || !fb);
-        sca = fast ? fa : fp4_m2(sca);
-        scb = fast ? fb : fp4_m2(scb);
+        uint32_t sc[2] = {sca, scb};
+        fast = fp4_warp_m2<2>(sc);
+        sca = sc[0];
+        scb = sc[1];
     }
     auto steps = [&](auto fast_t) {
 #pragma unroll
@@ -586,13 +603,6 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
         acc[2] = __fmul_rn(acc[2], s1);
         acc[3] = __fmul_rn(acc[3], s1);
     }
-}
-
-/* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
- * group g of a row (127, scale 1, past K: zero codes there). */
-__device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    int i = g * 4 + tig;
-    return i < w.scale_cols ? (uint32_t)__ldg(sp + i) : 127u;
 }
 
 /* The scales mma_group_s takes for group g of rows sa / sb: FP8 the group's
@@ -999,22 +1009,11 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
          * rows in this group is past its range (the same values either way) */
         bool fast = false;
         if (KIND == DS_W_FP4) {
-            uint32_t e[MI][2];
-            bool big = false;
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    e[mi][h] = mma_e8_ldg(w, w.scale + soff[mi][h], g, tig);
-                    sc[mi][h] = fp4_m2_fast(e[mi][h]);
-                    big |= sc[mi][h] == 0u;
-                }
-            fast = !__any_sync(0xffffffffu, big);
-            if (!fast)
-#pragma unroll
-                for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) sc[mi][h] = fp4_m2(e[mi][h]);
+                for (int h = 0; h < 2; h++) sc[mi][h] = mma_e8_ldg(w, w.scale + soff[mi][h], g, tig);
+            fast = fp4_warp_m2<2 * MI>(&sc[0][0]);
         }
         if (KIND == DS_W_FP8)
 #pragma unroll
@@ -1379,8 +1378,9 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
 
 /* The bf16 pairs afrag feeds the MMA (tests/gpu/test_cuda_ops.c checks them
  * bitwise against host-computed values): words in the checkpoint's order,
- * reordered here as map_weights does; FAST: the tile kernel's decoding, which
- * takes e2m1x4 where fp4_m2_fast has no value (as the kernel does). */
+ * reordered here as map_weights does; FAST: the tile and streaming kernels'
+ * short decoding, e2m1x4 where fp4_m2_fast has no value (per thread here,
+ * per warp there: fp4_warp_m2). */
 template <bool F32, bool FAST>
 __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
                                   const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
