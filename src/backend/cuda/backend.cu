@@ -57,11 +57,15 @@ int dsc_check_launch(ds_err *err, const char *op) {
     return 0;
 }
 
+static int graph_cut(dsc_impl *I, ds_err *err);
+
 int dsc_use(const ds_backend *be, ds_err *err, const char *op) {
     dsc_impl *I = dsc_of(be);
     if (!I) return dsc_failmsg(err, op, "backend is closed");
     cudaError_t e = cudaSetDevice(I->gpu);
     if (e != cudaSuccess) return dsc_fail(err, op, "cannot select the device", e);
+    /* an op's start is a piece boundary of a captured step */
+    if (I->capturing && I->piece_ops > 0 && ++I->piece_n > I->piece_ops) return graph_cut(I, err);
     return 0;
 }
 
@@ -117,9 +121,14 @@ int dsc_graph_end(dsc_impl *I, ds_err *err) {
         cudaGetLastError();
         return dsc_fail(err, op, "end of the step's capture (the step's work is lost)", e);
     }
+    size_t nodes = 0;
+    if (cudaGraphGetNodes(g, NULL, &nodes) == cudaSuccess && nodes == 0) { /* a piece cut just before a sync */
+        cudaGraphDestroy(g);
+        return 0;
+    }
     int slot = -1;
     for (int i = 0; i < I->n_graphs; i++)
-        if (I->graphs[i].T == I->step.T) slot = i;
+        if (I->graphs[i].T == I->step.T && I->graphs[i].piece == I->piece) slot = i;
     cudaGraphExec_t x = slot >= 0 ? I->graphs[slot].exec : NULL;
     if (x) {
         /* the same kernels with this step's parameters (topology unchanged) */
@@ -148,6 +157,7 @@ int dsc_graph_end(dsc_impl *I, ds_err *err) {
                 if (I->graphs[slot].exec) cudaGraphExecDestroy(I->graphs[slot].exec);
             }
             I->graphs[slot].T = I->step.T;
+            I->graphs[slot].piece = I->piece;
         }
         I->graphs[slot].exec = x;
     }
@@ -169,16 +179,34 @@ int dsc_graph_end(dsc_impl *I, ds_err *err) {
 }
 
 /* Starts capturing the step when it is small and the last step had its size
- * (the first step of a size runs directly: scratch grows, tables are built). */
+ * (the first step of a size runs directly: scratch grows, tables are built).
+ * The capture is cut into pieces of I->piece_ops ops (graph_cut); a piece's
+ * executable graph is cached by (T, its index in the step). */
 static void graph_begin(const ds_backend *be, dsc_impl *I, int T) {
     int want = I->graph_on && !be->profile && !I->nccl && T <= DSC_GRAPH_MAX_T && T == I->last_T;
     I->last_T = T;
+    I->piece = 0;
+    I->piece_n = 0;
     if (!want) return;
     if (cudaStreamBeginCapture(I->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
         cudaGetLastError();
         return;
     }
     I->capturing = 1;
+}
+
+/* Launches the piece captured so far and goes on capturing the step's next
+ * piece: the GPU runs this one while the host captures the next. */
+static int graph_cut(dsc_impl *I, ds_err *err) {
+    if (dsc_graph_end(I, err)) return -1;
+    I->piece++;
+    I->piece_n = 1;
+    if (cudaStreamBeginCapture(I->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError(); /* the rest of the step runs directly */
+        return 0;
+    }
+    I->capturing = 1;
+    return 0;
 }
 
 /* ---- memory ------------------------------------------------------------- */
@@ -553,6 +581,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     I->smem_optin = pr.sharedMemPerBlockOptin;
     const char *gr = getenv("DSV4_CUDA_GRAPH");
     I->graph_on = !(gr && !strcmp(gr, "0"));
+    const char *go = getenv("DSV4_CUDA_GRAPH_OPS");
+    I->piece_ops = go && *go ? atoi(go) : DSC_GRAPH_PIECE_OPS;
     if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(I);
         return dsc_fail(err, op, "stream", e);

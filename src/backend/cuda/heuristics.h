@@ -213,6 +213,16 @@ static inline int dsc_att_heads_per_warp(int nrows, int H, int nc) {
 /* compressor (compressor.cu): one block per window closed. */
 #define DSC_COMP_THREADS 256
 
+/* CUDA graphs (backend.cu): a captured step is cut into pieces of this many
+ * backend ops, each launched as soon as it is captured, so the host captures
+ * piece n + 1 while the GPU runs piece n (one graph for the whole step left
+ * the GPU idle through the capture). DSV4_CUDA_GRAPH_OPS overrides it (0: the
+ * whole step in one graph). Not ORDER: the same kernels in the same order.
+ * One H200, flash 4 / 8 layers, batch 1, ms/token, two rounds: 0 (one graph)
+ * 1.67-1.78 / 3.37-3.47; 2: 1.65-1.69; 4: 1.59-1.63 / 3.01-3.05; 8: 1.56-1.63
+ * / 2.94-2.99; 12: 1.58-1.60; 24: 1.59-1.66; 64: 1.64-1.77. */
+#define DSC_GRAPH_PIECE_OPS 8
+
 /* elementwise kernels */
 #define DSC_EW_THREADS 256
 

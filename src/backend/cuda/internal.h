@@ -31,7 +31,7 @@ int dsc_buf_grow(dsc_buf *b, size_t bytes, size_t min_cap, cudaStream_t st);
 
 /* CUDA graphs of small steps (backend.cu; docs/cuda.md "CUDA graphs"). */
 #define DSC_GRAPH_MAX_T 64      /* steps of at most this many tokens are captured */
-#define DSC_GRAPHS 8            /* cached executable graphs (one per step size) */
+#define DSC_GRAPHS 256          /* cached executable graphs (one per step size and piece) */
 
 /* The step in device memory (begin_step), one blob: sections 16-byte aligned. */
 typedef struct dsc_step {
@@ -88,8 +88,10 @@ typedef struct dsc_impl {
     int graph_on;               /* DSV4_CUDA_GRAPH unset or not "0" */
     int capturing;              /* the stream is capturing this step */
     int last_T;                 /* the previous step's T: a size is captured from its second step on */
+    int piece_ops;              /* ops per piece (DSC_GRAPH_PIECE_OPS, DSV4_CUDA_GRAPH_OPS; 0: the whole step) */
+    int piece, piece_n;         /* this step's piece, the ops captured into it so far */
     struct {
-        int T;
+        int T, piece;
         cudaGraphExec_t exec;
     } graphs[DSC_GRAPHS];
     int n_graphs, next_graph;
