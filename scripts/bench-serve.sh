@@ -2,7 +2,7 @@
 # bench-serve.sh — the server's decode throughput against the engine alone.
 #
 #   scripts/bench-serve.sh [-b BUILD] [-m MODEL] [--conc 1,8,32] [--tokens 48] [--rounds 3]
-#                          [--load auto|copy|mmap] [--serve-args "ARGS"]
+#                          [--load auto|copy|mmap] [--serve-args "ARGS"] [--mode waves|free]
 #
 # Starts `dsv4 serve` once on MODEL, then for each round and each
 # concurrency N runs, back to back, `dsv4 bench --batch N` (decode tok/s of
@@ -24,7 +24,11 @@
 # the two share one page-cache copy of a model too large for two (the flash
 # shape, 16 GB, on a 24 GB machine). --serve-args adds options to `dsv4 serve`
 # (e.g. "--batch-wait 0" to measure the server without its wait for requests
-# sent together).
+# sent together). --mode (default waves) goes to the load generator: waves
+# sends each round's N requests together and the next round when all have
+# ended (prefills together, then N streams decoding, as `bench --batch N`);
+# free lets each of the N workers send its next request as soon as its last
+# ended (new prompts prefilled inside the others' decoding).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
@@ -34,6 +38,7 @@ tokens=48
 rounds=3
 load=auto
 serve_args=""
+mode=waves
 while [ $# -gt 0 ]; do
   case "$1" in
   -b) build="$2"; shift 2 ;;
@@ -43,7 +48,8 @@ while [ $# -gt 0 ]; do
   --rounds) rounds="$2"; shift 2 ;;
   --load) load="$2"; shift 2 ;;
   --serve-args) serve_args="$2"; shift 2 ;;
-  -h | --help) sed -n 2,29p "$0"; exit 0 ;;
+  --mode) mode="$2"; shift 2 ;;
+  -h | --help) sed -n 2,34p "$0"; exit 0 ;;
   *) echo "bench-serve.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +81,7 @@ for _ in $(seq 1 600); do
   sleep 0.2
 done
 [ -n "$url" ] || { echo "bench-serve.sh: the server did not start" >&2; exit 1; }
-echo "model $model; server $url ($(tail -1 "$work/serve.err")); $tokens tokens per stream; $rounds rounds"
+echo "model $model; server $url ($(tail -1 "$work/serve.err")); $tokens tokens per stream; $rounds rounds; load generator --mode $mode"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 res="$work/results"
@@ -85,7 +91,7 @@ for r in $(seq 1 "$rounds"); do
     b=$("$dsv4" bench -m "$model" --load "$load" --prompt 28 --gen "$tokens" --batch "$n" 2>&1 |
       sed -n "s/^batch $n *decode .*ms\/step, \([0-9.]*\) tokens\/s.*/\1/p")
     [ -n "$b" ] || { echo "bench-serve.sh: dsv4 bench --batch $n gave no number" >&2; exit 1; }
-    s=$(node "$root/tools/bench_serve.mjs" "$url" --conc "$n" --tokens "$tokens" --rounds 2 --json)
+    s=$(node "$root/tools/bench_serve.mjs" "$url" --conc "$n" --tokens "$tokens" --rounds 2 --mode "$mode" --json)
     echo "$r $n $b $s" >>"$res"
     echo "round $r  N=$n  bench $b tok/s  server $s  (load $(cut -d' ' -f1 /proc/loadavg))"
   done

@@ -1,13 +1,21 @@
 // bench_serve.mjs — load generator for `dsv4 serve` (Node 18+, no packages).
-//   node tools/bench_serve.mjs URL [--conc 1,8,32] [--tokens 64] [--rounds 2] [--key KEY] [--json]
-// At each concurrency C, C workers each send `rounds` streaming completions
-// (different prompts, max_tokens = tokens) one after the other. Reports output
-// tokens/s over the level's wall time, decode tokens/s of the running phase
-// (tokens after each stream's first / time while all C streams decode), time
-// to first token and time per output token (p50 / p99), and the CPU this
-// client itself used over the level's wall time (client_cpu: 0.5 = half a
-// core; on a small machine it is taken from the server it measures). --json:
-// one JSON object per level instead of the table (scripts/bench-serve.sh reads it).
+//   node tools/bench_serve.mjs URL [--conc 1,8,32] [--tokens 64] [--rounds 2] [--mode waves|free]
+//                              [--key KEY] [--json]
+// At each concurrency C, `rounds` times C streaming completions (different
+// prompts, max_tokens = tokens). --mode waves (the default): a round is a wave,
+// its C requests sent together and the next wave sent when all of them have
+// ended, so a wave's prompts are prefilled together and its streams then
+// decode together, as `dsv4 bench --batch C` measures the engine (prefills
+// first, then C sequences decoding). --mode free: C workers each send their
+// requests one after the other, so new prompts are prefilled inside the other
+// streams' decoding (a server's steady state; the decode rate then includes
+// that prefill work). Reports output tokens/s over the level's wall time,
+// decode tokens/s (the tokens after each stream's first over the summed
+// per-stream time from its first token to its end, times C), time to first
+// token and time per output token (p50 / p99), and the CPU this client itself
+// used over the level's wall time (client_cpu: 0.5 = half a core; on a small
+// machine it is taken from the server it measures). --json: one JSON object
+// per level instead of the table (scripts/bench-serve.sh reads it).
 import http from 'node:http';
 
 const args = process.argv.slice(2);
@@ -16,6 +24,8 @@ const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] :
 const levels = opt('--conc', '1,8,32').split(',').map(Number);
 const tokens = Number(opt('--tokens', '64'));
 const rounds = Number(opt('--rounds', '2'));
+const mode = opt('--mode', 'waves');
+if (mode !== 'waves' && mode !== 'free') { console.error(`bench_serve: --mode is waves or free, not '${mode}'`); process.exit(2); }
 const key = opt('--key', process.env.DSV4_API_KEY || '');
 const json = args.includes('--json');
 const agent = new http.Agent({keepAlive: true, maxSockets: 1024});
@@ -70,11 +80,16 @@ if (!json) console.log('conc  requests  out_tok/s  decode_tok/s  ttft_p50  ttft_
 for (const c of levels) {
   await Promise.all(Array.from({length: c}, (_, w) => one(w))); // warm-up round
   const t0 = performance.now(), cpu0 = process.cpuUsage();
-  const all = (await Promise.all(Array.from({length: c}, async (_, w) => {
-    const out = [];
-    for (let r = 0; r < rounds; r++) out.push(await one(1000 * c + w * rounds + r));
-    return out;
-  }))).flat();
+  let all = [];
+  if (mode === 'waves') {
+    for (let r = 0; r < rounds; r++) all.push(...await Promise.all(Array.from({length: c}, (_, w) => one(1000 * c + w * rounds + r))));
+  } else {
+    all = (await Promise.all(Array.from({length: c}, async (_, w) => {
+      const out = [];
+      for (let r = 0; r < rounds; r++) out.push(await one(1000 * c + w * rounds + r));
+      return out;
+    }))).flat();
+  }
   const wall = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0), client_cpu = (cpu.user + cpu.system) / 1e6 / wall;
   const total = all.reduce((s, r) => s + r.n, 0);
@@ -82,7 +97,7 @@ for (const c of levels) {
   const dec = all.reduce((s, r) => s + (r.n - 1), 0) / all.reduce((s, r) => s + (r.t1 - r.first) / 1000, 0) * c;
   const f = (x) => x.toFixed(4).padStart(8);
   if (json) {
-    console.log(JSON.stringify({conc: c, requests: all.length, out_tok_s: total / wall, decode_tok_s: dec,
+    console.log(JSON.stringify({conc: c, mode, requests: all.length, out_tok_s: total / wall, decode_tok_s: dec,
       ttft_p50: pct(all.map((r) => r.ttft), 50), ttft_p99: pct(all.map((r) => r.ttft), 99),
       tpot_p50: pct(all.map((r) => r.tpot), 50), tpot_p99: pct(all.map((r) => r.tpot), 99), client_cpu}));
     continue;

@@ -134,7 +134,11 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
                                  * expert): ncu, flash 4 layers, us per step, T = 1: up 297 ->
                                  * 205, down 180 -> 114; T = 8 (up before: mma_blk_kernel, its
                                  * 8 tokens' activations past DSC_MMA_STR_SMEM) 1,774 -> 1,403
-                                 * and 937 -> 717 */
+                                 * and 937 -> 717. Measured again with the tile cursor and the
+                                 * graph pieces (2026-12-02, flash 4 layers, three rounds, batch
+                                 * 1 / batch 8): 512 1.547-1.553 ms/token / 2,093-2,099 tok/s,
+                                 * 256 1.538-1.579 / 2,077-2,102, 128 1.569-1.574 / 2,090-2,103:
+                                 * no difference, the same bits */
 #define DSC_MMA_STRM_D 2        /* mma_strm_kernel: units in a warp's register ring (D - 1
                                  * loading while one is multiplied; 3 and 4: more registers,
                                  * fewer warps, slower: wq_b 22.9 / 23.8 us) */
