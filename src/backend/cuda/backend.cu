@@ -582,7 +582,17 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     const char *gr = getenv("DSV4_CUDA_GRAPH");
     I->graph_on = !(gr && !strcmp(gr, "0"));
     const char *go = getenv("DSV4_CUDA_GRAPH_OPS");
-    I->piece_ops = go && *go ? atoi(go) : DSC_GRAPH_PIECE_OPS;
+    I->piece_ops = DSC_GRAPH_PIECE_OPS;
+    if (go && *go) {
+        char *end = NULL;
+        long v = strtol(go, &end, 10);
+        if (*end || v < 0 || v > 1000000) {
+            free(I);
+            return dsc_failmsg(err, op, "DSV4_CUDA_GRAPH_OPS='%s': expected ops per graph piece, 0..1000000 "
+                               "(0: the whole step in one graph)", go);
+        }
+        I->piece_ops = (int)v;
+    }
     if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(I);
         return dsc_fail(err, op, "stream", e);
