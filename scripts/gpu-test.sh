@@ -11,7 +11,7 @@
 #      request) and repeatability across processes; CUDA graphs = direct
 #      launches, bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
-#   5. bad input: no such GPU, a sequence larger than GPU memory;
+#   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
 #      layers, written here) and the kernel timings; with 2 GPUs and mpirun
@@ -94,7 +94,8 @@ repeat() {
 run repeat_processes repeat
 # 3b. CUDA graphs (docs/cuda.md): steps of up to 64 tokens are captured and
 #     replayed; the bits must equal the direct launches (DSV4_CUDA_GRAPH=0):
-#     token by token (one sequence, then two in one step) and chunks of 5
+#     token by token (one sequence, then two in one step) and chunks of 5;
+#     with the default pieces (8 ops), pieces of 1 op and one graph a step
 graph_bits() {
   local toks b n=0 f=0 c
   toks=$(python3 -c "print(','.join(str((i * 7919 + 13) % 6000) for i in range(120)))")
@@ -110,6 +111,16 @@ graph_bits() {
     for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gr1.$i.f32" || ok=0; done
     if [ $ok = 1 ] && grep -q "cuda graphs: [1-9]" "$T/gr.err"; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: graphs = direct launches (bits)"
     else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: graph logits differ (or no graph replayed)"; fi
+    # the step in pieces of 1 op, and in one graph (DSV4_CUDA_GRAPH_OPS; default 8)
+    local o
+    for o in 1 0; do
+      DSV4_CUDA_GRAPH_OPS=$o "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gro" \
+        >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, pieces of $o ops: run"; continue; }
+      ok=1
+      for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gro.$i.f32" || ok=0; done
+      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: pieces of $o ops (0: one graph) = direct launches (bits)"
+      else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: pieces of $o ops differ from direct launches"; fi
+    done
   done
   echo "$n passed, $f failed"
   [ "$f" -eq 0 ]
@@ -141,6 +152,10 @@ bad_input() {
   local n=0 f=0
   "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda --gpu 63 >"$T/e" 2>&1
   if [ $? -eq 1 ] && grep -q "^dsv4 logits: cuda" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); cat "$T/e"; fi
+  cat "$T/e"
+  # a bad tuning variable is named, not ignored
+  DSV4_CUDA_GRAPH_OPS=eight "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
+  if [ $? -eq 1 ] && grep -q "DSV4_CUDA_GRAPH_OPS='eight'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
   cat "$T/e"
   # a model larger than the GPU's memory (DSV4_CUDA_FREE_MIB leaves 8 MiB free)
   DSV4_CUDA_FREE_MIB=8 "$bin" logits -m models/kjv --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
