@@ -411,10 +411,11 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
     /* invariance: token j of the 70-batch at row p of batches of 1, 2, 7, 20 (on the
      * tensor-core path: T = 1..32 run the decode kernel, 70 the tile kernel; the bits
      * must not change: T = 1 = T = large, bitwise) */
-    /* 1, 2, 7: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert): the
-     * tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
-    int sizes[5] = {1, 2, 7, 12, 20};
-    for (int si = 0; si < 5; si++) {
+    /* 1, 2, 7, 8: the decode kernels (8: two m16 tiles a warp for BF16 of many
+     * rows); 12 and 20 tokens (3 and 5 pairs per expert): the tile kernel's x8
+     * and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
+    int sizes[6] = {1, 2, 7, 8, 12, 20};
+    for (int si = 0; si < 6; si++) {
         int n = sizes[si], same = 1;
         for (int trial = 0; trial < 3; trial++) {
             int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
@@ -1392,10 +1393,11 @@ static void test_moe(ctx *C, int MD, int MI) {
     printf("  moe D=%d: worst |out - ref| / tolerance = %.3g\n", MD, worst);
     check(C, !bad, "moe FP4 experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4 + the split's bound; %d bad)", MD, MI,
           bad);
-    /* 1, 2, 7: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert): the
-     * tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
-    int sizes[5] = {1, 2, 7, 12, 20};
-    for (int si = 0; si < 5; si++) {
+    /* 1, 2, 7, 8: the decode kernels (8: two m16 tiles a warp for BF16 of many
+     * rows); 12 and 20 tokens (3 and 5 pairs per expert): the tile kernel's x8
+     * and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
+    int sizes[6] = {1, 2, 7, 8, 12, 20};
+    for (int si = 0; si < 6; si++) {
         int n = sizes[si], ok = 1;
         for (int trial = 0; trial < 3; trial++) {
             int j = (int)(rnd(C) % T), p = (int)(rnd(C) % n);
@@ -1572,6 +1574,11 @@ int main(int argc, char **argv) {
      * fill the GPU: the split decode kernel with one unit per tile */
     test_matmul(C, DS_W_FP8, 33000, 256, 0);
     test_matmul(C, DS_W_BF16, 66000, 128, 0);
+    /* BF16 of >= DSC_MMA_DEC_MI2_ROWS rows at 8 tokens: two m16 tiles a warp
+     * (66000 x 128: one unit a tile; 65608 x 520: ragged rows (the last tile's
+     * second m16 tile past them) and last group, 2,051 tiles of 32 rows: two
+     * units a tile, partials added by the last) */
+    test_matmul(C, DS_W_BF16, 65608, 520, 0);
     /* one token tile (T <= 8) with >= 128 tiles: the streaming kernel (activations
      * split in shared memory, units of groups in flight): FP8 21 groups (the last
      * one ragged), 2052 rows (ragged; grouped: 4 x 513); FP4 33 groups; FP4 9

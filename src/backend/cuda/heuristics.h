@@ -159,6 +159,16 @@ static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
                                  * not ORDER) */
+#define DSC_MMA_DEC_MI2_T 8      /* decode kernel: BF16 plain products of at least
+                                 * DSC_MMA_DEC_MI2_ROWS rows (rows x groups) at this many to 8
+                                 * tokens give a warp two m16 tiles that share each activation
+                                 * fragment (the head at 8 tokens read every token's
+                                 * activations through L1 per 16 rows; not ORDER). One H200,
+                                 * flash 4 layers (the head: 129,280 rows), two rounds, tok/s
+                                 * one tile / two: batch 8 1,789-1,806 / 1,835-1,844, batch 2
+                                 * 861-877 / 839-851 (168 registers instead of 122: fewer warps,
+                                 * and at 2 tokens the activations are few); 3..7 not measured */
+#define DSC_MMA_DEC_MI2_ROWS 65536
 #define DSC_MMA_DEC_WARPS 4096  /* decode kernel: a matrix whose 16-row tiles give fewer
                                  * warps than this splits each tile's groups over several
                                  * warps (units; not ORDER: the partials are added in group

@@ -297,23 +297,26 @@ template <int N> __device__ __forceinline__ bool fp4_warp_m2(uint32_t *s) {
 
 /* ---- few tokens ------------------------------------------------------------ */
 
-/* Group g's partial p_g of a warp's two rows (fragments qa, qb: the group's
- * 16-byte chunks of rows gid and gid + 8) for its NB x 8 tokens: a fresh fp32
+/* Group g's partials p_g of a warp's MI m16 tiles (tile mi: rows gid and gid
+ * + 8 of its 16, their scales sp[2 mi], sp[2 mi + 1] and the group's 16-byte
+ * chunks q[2 mi], q[2 mi + 1]) for its NB x 8 tokens: per tile a fresh fp32
  * accumulator through the 8 m16n8k16 steps kk ascending, mma(A, x_hi) then
- * mma(A, x_lo), then FP8's group scale (the order of docs/cuda.md). Both
- * decode kernels call it, so they give the same bits as each other. */
-template <int KIND, int NB, bool HX>
-__device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, const uint8_t *sb, const uint4 *qa,
-                                          const uint4 *qb, int g, int tig, int K, const float *const *xr,
-                                          const bool *xv, int xal, float acc[NB][4]) {
+ * mma(A, x_lo), then FP8's group scale (the order of docs/cuda.md). The MI
+ * tiles share each activation fragment (loaded and split once); a tile's own
+ * sequence does not depend on MI. Both decode kernels call it, so they give
+ * the same bits as each other. */
+template <int KIND, int NB, bool HX, int MI = 1>
+__device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *sp, const uint4 *const *q, int g,
+                                          int tig, int K, const float *const *xr, const bool *xv, int xal,
+                                          float (*acc)[NB][4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    uint32_t sca = 0, scb = 0;
-    if (KIND == DS_W_FP4) {
-        sca = fp4_m2(mma_e8_ldg(w, sa, g, tig));
-        scb = fp4_m2(mma_e8_ldg(w, sb, g, tig));
-    }
+    uint32_t sc[2 * MI];
 #pragma unroll
-    for (int ni = 0; ni < NB; ni++) acc[ni][0] = acc[ni][1] = acc[ni][2] = acc[ni][3] = 0.0f;
+    for (int i = 0; i < 2 * MI; i++) sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NB; ni++) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
     /* HX (one token tile): the group's 8 activation loads issued before its
      * MMAs (not ORDER: the same values; 32 more registers) */
     const int XH = HX ? 8 : 1;
@@ -332,10 +335,13 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
     }
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
-        uint32_t a0, a1, a2, a3;
+        uint32_t a[MI][4];
         /* NB > 1: the fp32 decoding (fewer registers; the same values) */
-        afrag<KIND, (NB > 1)>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-        afrag<KIND, (NB > 1)>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+            afrag<KIND, (NB > 1)>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0], a[mi][2]);
+            afrag<KIND, (NB > 1)>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1], a[mi][1], a[mi][3]);
+        }
         int col = g * DSC_MMA_G + tig * 32 + kk * 4;
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
@@ -348,38 +354,46 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *sa, con
             }
             uint32_t b[4];
             split4(xv4, b);
-            mma16816(acc[ni], a0, a1, a2, a3, b[0], b[1]);
-            mma16816(acc[ni], a0, a1, a2, a3, b[2], b[3]);
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                mma16816(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[0], b[1]);
+                mma16816(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[2], b[3]);
+            }
         }
     }
     if (KIND == DS_W_FP8) {
-        float s0 = mma_scale<KIND>(w, sa, g), s1 = mma_scale<KIND>(w, sb, g);
 #pragma unroll
-        for (int ni = 0; ni < NB; ni++) {
-            acc[ni][0] = __fmul_rn(acc[ni][0], s0);
-            acc[ni][1] = __fmul_rn(acc[ni][1], s0);
-            acc[ni][2] = __fmul_rn(acc[ni][2], s1);
-            acc[ni][3] = __fmul_rn(acc[ni][3], s1);
+        for (int mi = 0; mi < MI; mi++) {
+            float s0 = mma_scale<KIND>(w, sp[2 * mi], g), s1 = mma_scale<KIND>(w, sp[2 * mi + 1], g);
+#pragma unroll
+            for (int ni = 0; ni < NB; ni++) {
+                acc[mi][ni][0] = __fmul_rn(acc[mi][ni][0], s0);
+                acc[mi][ni][1] = __fmul_rn(acc[mi][ni][1], s0);
+                acc[mi][ni][2] = __fmul_rn(acc[mi][ni][2], s1);
+                acc[mi][ni][3] = __fmul_rn(acc[mi][ni][3], s1);
+            }
         }
     }
 }
 
-/* One warp: a unit of a 16-row tile, groups [u*gpw, min(ng, (u+1)*gpw)), for
- * 8*NB tokens; DSC_MMA_DSW warps per block, each its own unit. A thread loads
- * GR groups' chunks of its two rows (DSC_MMA_DLOADS 16-byte loads in flight),
- * then runs their MMAs. With one unit per tile (U == 1) the warp adds the
- * partials p_g in group order in registers; with U > 1 each unit writes its
- * p_g to global memory and the warp that finishes a tile last (a counter per
- * tile; no atomics touch an output) adds all of them in group order: the same
- * bits either way, and the same as mma_tile_kernel. */
-template <int KIND, int MODE, int NB>
+/* One warp: a unit of a tile of MI x 16 rows, groups [u*gpw, min(ng,
+ * (u+1)*gpw)), for 8*NB tokens; DSC_MMA_DSW warps per block, each its own
+ * unit. A thread loads GR groups' chunks of its 2 MI rows (DSC_MMA_DLOADS
+ * 16-byte loads in flight, at least one group), then runs their MMAs (MI > 1:
+ * the m16 tiles share each activation fragment, half the activation loads per
+ * weight). With one unit per tile (U == 1) the warp adds the partials p_g in
+ * group order in registers; with U > 1 each unit writes its p_g to global
+ * memory and the warp that finishes a tile last (a counter per tile; no
+ * atomics touch an output) adds all of them in group order: the same bits
+ * either way, for any MI, and the same as mma_tile_kernel. */
+template <int KIND, int MODE, int NB, int MI = 1>
 __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
-    const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GR = DSC_MMA_DLOADS / (2 * CPT);
+    const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GR0 = DSC_MMA_DLOADS / (2 * CPT * MI), GR = GR0 > 0 ? GR0 : 1;
     int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int wi = blockIdx.x * DSC_MMA_DSW + (threadIdx.x >> 5);
     int tile = wi / a.U, u = wi % a.U;
     if (tile >= a.tiles) return;
-    int r0 = tile * 16;
+    int r0 = tile * 16 * MI;
     dsc_w w;
     int rl0, yb, cnt, m0;
     size_t xq;
@@ -389,9 +403,14 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
     const int gb = u * a.gpw, ge = min(ng, gb + a.gpw);
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16);
-    int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
-    const uint8_t *pa = w.data + (size_t)ra * rowbytes, *pb = w.data + (size_t)rb * rowbytes;
-    const uint8_t *sa = dsc_row_scales(w, KIND, ra), *sb = dsc_row_scales(w, KIND, rb);
+    /* row i of the thread: rl0 + (i / 2) * 16 + gid + (i % 2) * 8 */
+    const uint8_t *pr[2 * MI], *sp[2 * MI];
+#pragma unroll
+    for (int i = 0; i < 2 * MI; i++) {
+        int r = min(rl0 + (i / 2) * 16 + gid + (i % 2) * 8, w.rows - 1);
+        pr[i] = w.data + (size_t)r * rowbytes;
+        sp[i] = dsc_row_scales(w, KIND, r);
+    }
     int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
     for (int j0 = blockIdx.y * NTOK; j0 < cnt; j0 += gridDim.y * NTOK) {
     const float *xr[NB];
@@ -402,14 +421,16 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
         xv[ni] = j < cnt;
         xr[ni] = a.x + (xv[ni] ? mma_xoff<MODE>(a, m0, j, xq) : 0);
     }
-    /* this tile's partials (U > 1): [ng][32 lanes][NB][4] */
+    /* this tile's partials (U > 1): [ng][32 lanes][MI][NB][4] */
     size_t pidx = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * (size_t)a.tiles + (size_t)tile;
-    float4 *part = a.U > 1 ? (float4 *)a.part + pidx * (size_t)ng * 32 * NB : NULL;
-    float tot[NB][4];
+    float4 *part = a.U > 1 ? (float4 *)a.part + pidx * (size_t)ng * 32 * MI * NB : NULL;
+    float tot[MI][NB][4];
 #pragma unroll
-    for (int ni = 0; ni < NB; ni++) tot[ni][0] = tot[ni][1] = tot[ni][2] = tot[ni][3] = 0.0f;
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NB; ni++) tot[mi][ni][0] = tot[mi][ni][1] = tot[mi][ni][2] = tot[mi][ni][3] = 0.0f;
     for (int g0 = gb; g0 < ge; g0 += GR) {
-        uint4 qa[GR][CPT], qb[GR][CPT];
+        uint4 qv[GR][2 * MI][CPT];
 #pragma unroll
         for (int v = 0; v < GR; v++) {
             int g = g0 + v;
@@ -417,26 +438,32 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
             for (int c = 0; c < CPT; c++) {
                 int ch = g * 4 * CPT + tig * CPT + c;
                 bool ok = g < ge && ch < nchr;
-                qa[v][c] = ok ? __ldg((const uint4 *)(pa + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
-                qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int i = 0; i < 2 * MI; i++)
+                    qv[v][i][c] = ok ? __ldg((const uint4 *)(pr[i] + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll
         for (int v = 0; v < GR; v++) {
             int g = g0 + v;
             if (g >= ge) break;
-            float acc[NB][4];
-            mma_group<KIND, NB, NB == 1>(w, sa, sb, qa[v], qb[v], g, tig, K, xr, xv, xal, acc);
-            if (a.U == 1) {
+            float acc[MI][NB][4];
+            const uint4 *qp[2 * MI];
 #pragma unroll
-                for (int ni = 0; ni < NB; ni++)
+            for (int i = 0; i < 2 * MI; i++) qp[i] = qv[v][i];
+            mma_group<KIND, NB, NB == 1, MI>(w, sp, qp, g, tig, K, xr, xv, xal, acc);
 #pragma unroll
-                    for (int q = 0; q < 4; q++) tot[ni][q] = __fadd_rn(tot[ni][q], acc[ni][q]);
-            } else {
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int ni = 0; ni < NB; ni++)
-                    __stcg(part + ((size_t)g * 32 + lane) * NB + ni, make_float4(acc[ni][0], acc[ni][1], acc[ni][2], acc[ni][3]));
-            }
+                for (int ni = 0; ni < NB; ni++) {
+                    if (a.U == 1) {
+#pragma unroll
+                        for (int q = 0; q < 4; q++) tot[mi][ni][q] = __fadd_rn(tot[mi][ni][q], acc[mi][ni][q]);
+                    } else {
+                        __stcg(part + (((size_t)g * 32 + lane) * MI + mi) * NB + ni,
+                               make_float4(acc[mi][ni][0], acc[mi][ni][1], acc[mi][ni][2], acc[mi][ni][3]));
+                    }
+                }
         }
     }
     if (a.U > 1) {
@@ -448,35 +475,42 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
         old = __shfl_sync(0xffffffffu, old, 0);
         if (old != a.U - 1) continue;
         __threadfence();
-        for (int g0 = 0; g0 < ng; g0 += 8) {
-            float4 p[8][NB]; /* 8 groups' loads in flight, then the adds in order */
+        const int GL = 8 / MI; /* groups' loads in flight, then the adds in order */
+        for (int g0 = 0; g0 < ng; g0 += GL) {
+            float4 p[GL][MI][NB];
 #pragma unroll
-            for (int v = 0; v < 8; v++)
+            for (int v = 0; v < GL; v++)
 #pragma unroll
-                for (int ni = 0; ni < NB; ni++)
-                    p[v][ni] = g0 + v < ng ? __ldcg(part + ((size_t)(g0 + v) * 32 + lane) * NB + ni)
-                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int v = 0; v < 8; v++) {
+                    for (int ni = 0; ni < NB; ni++)
+                        p[v][mi][ni] = g0 + v < ng ? __ldcg(part + (((size_t)(g0 + v) * 32 + lane) * MI + mi) * NB + ni)
+                                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int v = 0; v < GL; v++) {
                 if (g0 + v >= ng) break;
 #pragma unroll
-                for (int ni = 0; ni < NB; ni++) {
-                    tot[ni][0] = __fadd_rn(tot[ni][0], p[v][ni].x);
-                    tot[ni][1] = __fadd_rn(tot[ni][1], p[v][ni].y);
-                    tot[ni][2] = __fadd_rn(tot[ni][2], p[v][ni].z);
-                    tot[ni][3] = __fadd_rn(tot[ni][3], p[v][ni].w);
-                }
+                for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NB; ni++) {
+                        tot[mi][ni][0] = __fadd_rn(tot[mi][ni][0], p[v][mi][ni].x);
+                        tot[mi][ni][1] = __fadd_rn(tot[mi][ni][1], p[v][mi][ni].y);
+                        tot[mi][ni][2] = __fadd_rn(tot[mi][ni][2], p[v][mi][ni].z);
+                        tot[mi][ni][3] = __fadd_rn(tot[mi][ni][3], p[v][mi][ni].w);
+                    }
             }
         }
         if (lane == 0) a.cnt[pidx] = 0; /* ready for the next launch */
     }
 #pragma unroll
-    for (int ni = 0; ni < NB; ni++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int row = gid + (q >> 1) * 8, j = j0 + ni * 8 + tig * 2 + (q & 1);
-            if (j < cnt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + row)] = tot[ni][q];
-        }
+        for (int ni = 0; ni < NB; ni++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int row = mi * 16 + gid + (q >> 1) * 8, j = j0 + ni * 8 + tig * 2 + (q & 1);
+                if (j < cnt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + row)] = tot[mi][ni][q];
+            }
     }
 }
 
@@ -533,15 +567,17 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
         for (int u = 0; u < GW; u++) {
             int slot = warp * GW + u, g = g0 + slot;
             if (g >= ng) break;
-            float acc[NB][4];
-            mma_group<KIND, NB, HX>(w, sa, sb, qa[u], qb[u], g, tig, K, xr, xv, xal, acc);
+            float acc[1][NB][4];
+            const uint8_t *sp[2] = {sa, sb};
+            const uint4 *qp[2] = {qa[u], qb[u]};
+            mma_group<KIND, NB, HX>(w, sp, qp, g, tig, K, xr, xv, xal, acc);
             float *ps = part + (size_t)slot * 16 * NTOK;
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
-                ps[gid * NTOK + ni * 8 + tig * 2] = acc[ni][0];
-                ps[gid * NTOK + ni * 8 + tig * 2 + 1] = acc[ni][1];
-                ps[(gid + 8) * NTOK + ni * 8 + tig * 2] = acc[ni][2];
-                ps[(gid + 8) * NTOK + ni * 8 + tig * 2 + 1] = acc[ni][3];
+                ps[gid * NTOK + ni * 8 + tig * 2] = acc[0][ni][0];
+                ps[gid * NTOK + ni * 8 + tig * 2 + 1] = acc[0][ni][1];
+                ps[(gid + 8) * NTOK + ni * 8 + tig * 2] = acc[0][ni][2];
+                ps[(gid + 8) * NTOK + ni * 8 + tig * 2 + 1] = acc[0][ni][3];
             }
         }
         __syncthreads();
@@ -1220,7 +1256,13 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
         else mma_blk_kernel<KIND, MODE, 4, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
         return 0;
     }
-    int tiles = (rows + 15) / 16, ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1, gpw = ng;
+    /* two m16 tiles a warp (heuristics.h DSC_MMA_DEC_MI2_*): BF16 plain
+     * products of many rows at 2..8 tokens (not ORDER) */
+    int mi2 = 0;
+    if constexpr (KIND == DS_W_BF16 && MODE == MMA_PLAIN)
+        mi2 = NB == 1 && T >= DSC_MMA_DEC_MI2_T && (long)rows * nz >= DSC_MMA_DEC_MI2_ROWS;
+    int tiles = (rows + 16 * (1 + mi2) - 1) / (16 * (1 + mi2)), ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1,
+        gpw = ng;
     dsc_mma_dec_split((long)tiles * nz, ng, &U, &gpw);
     a.tiles = tiles;
     a.U = U;
@@ -1228,12 +1270,18 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     if (U > 1) {
         size_t nt = (size_t)nz * ny * (size_t)tiles;
         size_t had = mb[2].cap;
-        if (grow(&mb[1], nt * (size_t)ng * 32 * NB * sizeof(float4), st) || grow(&mb[2], nt * sizeof(int), st)) return -1;
+        if (grow(&mb[1], nt * (size_t)ng * 32 * (1 + mi2) * NB * sizeof(float4), st) || grow(&mb[2], nt * sizeof(int), st))
+            return -1;
         if (mb[2].cap != had && cudaMemsetAsync(mb[2].p, 0, mb[2].cap, st) != cudaSuccess) return -1;
         a.part = (float *)mb[1].p;
         a.cnt = (int *)mb[2].p;
     }
     dim3 grid((unsigned)(((size_t)tiles * U + DSC_MMA_DSW - 1) / DSC_MMA_DSW), ny, nz);
+    if constexpr (KIND == DS_W_BF16 && MODE == MMA_PLAIN)
+        if (mi2) {
+            mma_dec_kernel<KIND, MODE, 1, 2><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+            return 0;
+        }
     if (NB == 1) mma_dec_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
     else if (NB == 2) mma_dec_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
     else mma_dec_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
