@@ -1257,7 +1257,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
         return 0;
     }
     /* two m16 tiles a warp (heuristics.h DSC_MMA_DEC_MI2_*): BF16 plain
-     * products of many rows at 2..8 tokens (not ORDER) */
+     * products of many rows at DSC_MMA_DEC_MI2_T..8 tokens (not ORDER) */
     int mi2 = 0;
     if constexpr (KIND == DS_W_BF16 && MODE == MMA_PLAIN)
         mi2 = NB == 1 && T >= DSC_MMA_DEC_MI2_T && (long)rows * nz >= DSC_MMA_DEC_MI2_ROWS;
