@@ -82,7 +82,10 @@ for (const c of levels) {
   const t0 = performance.now(), cpu0 = process.cpuUsage();
   let all = [];
   if (mode === 'waves') {
-    for (let r = 0; r < rounds; r++) all.push(...await Promise.all(Array.from({length: c}, (_, w) => one(1000 * c + w * rounds + r))));
+    for (let r = 0; r < rounds; r++) {
+      const wave = await Promise.all(Array.from({length: c}, (_, w) => one(1000 * c + w * rounds + r)));
+      all.push(...wave);
+    }
   } else {
     all = (await Promise.all(Array.from({length: c}, async (_, w) => {
       const out = [];

@@ -408,7 +408,7 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
                 printf("  matmul %s [%d,%d] t %d r %d: %g vs %g\n", kname[kind], rows, cols, t, r, y[(size_t)t * rows + r], ref);
         }
     check(C, !bad, "matmul %s%s [%d x %d] vs reference (%d bad)", kname[kind], sf32 ? "/f32 scales" : "", rows, cols, bad);
-    /* invariance: token j of the 70-batch at row p of batches of 1, 2, 7, 20 (on the
+    /* invariance: token j of the 70-batch at row p of batches of 1 to 20 (on the
      * tensor-core path: T = 1..32 run the decode kernel, 70 the tile kernel; the bits
      * must not change: T = 1 = T = large, bitwise) */
     /* 1, 2, 7, 8: the decode kernels (8: two m16 tiles a warp for BF16 of many
@@ -1393,9 +1393,8 @@ static void test_moe(ctx *C, int MD, int MI) {
     printf("  moe D=%d: worst |out - ref| / tolerance = %.3g\n", MD, worst);
     check(C, !bad, "moe FP4 experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4 + the split's bound; %d bad)", MD, MI,
           bad);
-    /* 1, 2, 7, 8: the decode kernels (8: two m16 tiles a warp for BF16 of many
-     * rows); 12 and 20 tokens (3 and 5 pairs per expert): the tile kernel's x8
-     * and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
+    /* 1, 2, 7, 8: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert):
+     * the tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
     int sizes[6] = {1, 2, 7, 8, 12, 20};
     for (int si = 0; si < 6; si++) {
         int n = sizes[si], ok = 1;

@@ -160,7 +160,7 @@ static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP
                                  * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
                                  * not ORDER) */
 #define DSC_MMA_DEC_MI2_T 8      /* decode kernel: BF16 plain products of at least
-                                 * DSC_MMA_DEC_MI2_ROWS rows (rows x groups) at this many to 8
+                                 * DSC_MMA_DEC_MI2_ROWS rows (all row groups) at this many to 8
                                  * tokens give a warp two m16 tiles that share each activation
                                  * fragment (the head at 8 tokens read every token's
                                  * activations through L1 per 16 rows; not ORDER). One H200,

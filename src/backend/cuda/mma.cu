@@ -1261,8 +1261,8 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     int mi2 = 0;
     if constexpr (KIND == DS_W_BF16 && MODE == MMA_PLAIN)
         mi2 = NB == 1 && T >= DSC_MMA_DEC_MI2_T && (long)rows * nz >= DSC_MMA_DEC_MI2_ROWS;
-    int tiles = (rows + 16 * (1 + mi2) - 1) / (16 * (1 + mi2)), ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1,
-        gpw = ng;
+    const int MI = 1 + mi2; /* m16 tiles a warp */
+    int tiles = (rows + 16 * MI - 1) / (16 * MI), ng = (a.w.cols + DSC_MMA_G - 1) / DSC_MMA_G, U = 1, gpw = ng;
     dsc_mma_dec_split((long)tiles * nz, ng, &U, &gpw);
     a.tiles = tiles;
     a.U = U;
@@ -1270,8 +1270,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     if (U > 1) {
         size_t nt = (size_t)nz * ny * (size_t)tiles;
         size_t had = mb[2].cap;
-        if (grow(&mb[1], nt * (size_t)ng * 32 * (1 + mi2) * NB * sizeof(float4), st) || grow(&mb[2], nt * sizeof(int), st))
-            return -1;
+        if (grow(&mb[1], nt * (size_t)ng * 32 * MI * NB * sizeof(float4), st) || grow(&mb[2], nt * sizeof(int), st)) return -1;
         if (mb[2].cap != had && cudaMemsetAsync(mb[2].p, 0, mb[2].cap, st) != cudaSuccess) return -1;
         a.part = (float *)mb[1].p;
         a.cnt = (int *)mb[2].p;
