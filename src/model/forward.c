@@ -254,6 +254,7 @@ static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item 
             if (head_out(&S, items, order, n, rs->g_head, z.Rg, err)) return -1;
         }
     }
+    if (!dp && T > 0 && obs && obs->route && ds_moe_observe(&S, err)) return -1;
     for (int i = 0; i < n_items; i++) items[i].seq->pos += items[i].n_tokens;
     return 0;
 }

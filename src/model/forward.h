@@ -21,8 +21,11 @@ typedef struct ds_batch_item {
  * thread, so a callback needs no locking; either may be NULL.
  * route: the k experts chosen for token `tok` of batch item `item` at MoE
  *   layer `layer` (ascending ids for routed layers, table order for hash
- *   layers), one token at a time, in row order (under expert parallelism
- *   with data-parallel attention: rank 0's rows first, then rank 1's, ...).
+ *   layers), one token at a time, in row order, layer after layer once the
+ *   step's layers have run (one read of every layer's routes: a device
+ *   step is not stopped at each MoE layer); under expert parallelism with
+ *   data-parallel attention at each MoE layer, rank 0's rows first, then
+ *   rank 1's, ...
  * tensor: a named intermediate of the step, rows = the step's tokens in
  *   batch order (the head's: one row per logits row), copied to host memory
  *   (valid during the call). layer = -1 outside the layers. Names, in order:

@@ -13,17 +13,21 @@ static int score_func(const ds_config *c) {
                                                : DS_ROUTE_SQRTSOFTPLUS;
 }
 
-/* The observer's route hook, one token at a time in row order. */
-static int observe(const ds_step *S, int li, ds_err *err) {
+/* The observer's route hook after the step: every layer's routes, kept in
+ * rs->idx [L][T][k], read in one download (a read per layer would stop a
+ * device's step at every MoE layer), then layer by layer, one token at a
+ * time in row order. */
+int ds_moe_observe(const ds_step *S, ds_err *err) {
     const ds_observer *obs = S->obs;
     ds_runstate *rs = S->rs;
-    int k = S->m->cfg.n_active_experts;
-    if (S->be->download(S->be, rs->idx_host, rs->idx, (size_t)S->T * k * sizeof(int32_t), err)) return -1;
-    for (int t = 0; t < S->T; t++) {
-        int s = rs->tok_seq[t], ids[64];
-        for (int j = 0; j < k; j++) ids[j] = rs->idx_host[(size_t)t * k + j];
-        obs->route(obs->ctx, li, s, t - rs->seq_row0[s], ids, k);
-    }
+    int k = S->m->cfg.n_active_experts, L = S->m->cfg.n_layers;
+    if (S->be->download(S->be, rs->idx_host, rs->idx, (size_t)L * S->T * k * sizeof(int32_t), err)) return -1;
+    for (int li = 0; li < L; li++)
+        for (int t = 0; t < S->T; t++) {
+            int s = rs->tok_seq[t], ids[64];
+            for (int j = 0; j < k; j++) ids[j] = rs->idx_host[((size_t)li * S->T + t) * k + j];
+            obs->route(obs->ctx, li, s, t - rs->seq_row0[s], ids, k);
+        }
     return 0;
 }
 
@@ -61,7 +65,7 @@ static void observe_all(const ds_step *S, int li) {
  * rank's MoE inputs and routes (rank after rank); then this rank's pairs,
  * the exchange of the pairs' rows, and the backend's combine over this
  * rank's tokens in the single-process order. */
-static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
+static int moe_ep(const ds_step *S, int li, const float *xn, const int32_t *lidx, float *out, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
     const ds_layer *ly = &m->layers[li];
@@ -71,7 +75,7 @@ static int moe_ep(const ds_step *S, int li, const float *xn, float *out, ds_err 
     int T = S->T, Tg = dp ? dp->Tg : T, off = dp ? dp->off : 0;
     int E = c->n_routed_experts, k = c->n_active_experts, D = c->dim, sh = c->n_shared_experts > 0;
     const float *x = xn;
-    const int32_t *idx = rs->idx;
+    const int32_t *idx = lidx; /* this layer's routes (this rank's; every rank's below under data parallel) */
     const float *wts = rs->wts;
     if (dp) {
         /* the ids travel as 32-bit words, never converted */
@@ -130,15 +134,14 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     ds_runstate *rs = S->rs;
     int T = S->T, E = c->n_routed_experts, k = c->n_active_experts;
     size_t off = S->dp ? (size_t)S->dp->off * k : 0; /* data parallel: routes into every rank's table */
-    int32_t *idx = S->dp ? rs->g_idx + off : rs->idx;
+    int32_t *idx = S->dp ? rs->g_idx + off : rs->idx + (size_t)li * T * k;
     float *wts = S->dp ? rs->g_wts + off : rs->wts;
     ds_route_params rp = {rs->logits,     T,   E,  k, score_func(c), ly->gate_bias, ly->is_hash ? ly->tid2eid : NULL,
                           c->route_scale, idx, wts};
     if (T > 0 && (ds_matmul(be, &ly->gate, xn, T, rs->logits, err) || be->route(be, &rp, err))) return -1;
-    if (!S->dp && S->obs && S->obs->route && observe(S, li, err)) return -1;
     int sh = c->n_shared_experts > 0;
-    if (m->ep) return moe_ep(S, li, xn, out, err);
-    ds_moe_params mp = {xn,     T,      c->dim, E,           k,           rs->idx,     rs->wts,      ly->w1,
+    if (m->ep) return moe_ep(S, li, xn, idx, out, err);
+    ds_moe_params mp = {xn,     T,      c->dim, E,           k,           idx,         rs->wts,      ly->w1,
                         ly->w2, ly->w3, sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL,
                         c->swiglu_limit, out};
     return be->moe(be, &mp, err);

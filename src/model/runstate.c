@@ -33,7 +33,7 @@ static size_t carve(ds_runstate *rs, const ds_config *c, char *base, const ds_st
     TAKE(n_sel, int, t);
     TAKE(logits, float, t * c->n_routed_experts);
     TAKE(wts, float, t * c->n_active_experts);
-    TAKE(idx, int32_t, t * c->n_active_experts);
+    TAKE(idx, int32_t, (size_t)c->n_layers * t * k);
     TAKE(hlog, float, (size_t)z->Rh * c->vocab_size);
     if (rs->ep) {
         TAKE(slot_out, float, tg * k * D);
@@ -49,7 +49,8 @@ static size_t carve(ds_runstate *rs, const ds_config *c, char *base, const ds_st
 
 static int host_table(ds_runstate *rs, const ds_config *c, const ds_step_size *z, ds_err *err) {
     size_t t = (size_t)z->T, s = (size_t)z->n_seqs, tg = (size_t)z->Tg, rg = (size_t)z->Rg;
-    size_t need = t * (sizeof(int32_t) + sizeof(int64_t) + sizeof(int)) + tg * c->n_active_experts * sizeof(int32_t) +
+    size_t need = t * (sizeof(int32_t) + sizeof(int64_t) + sizeof(int)) +
+                  (size_t)c->n_layers * tg * c->n_active_experts * sizeof(int32_t) +
                   s * (sizeof(int64_t) + 3 * sizeof(int) + sizeof(void *)) + (size_t)z->R * sizeof(int) +
                   (3 * tg + rg + tg * c->n_active_experts) * sizeof(int) + 64;
     if (need > rs->host_cap) {
@@ -63,7 +64,7 @@ static int host_table(ds_runstate *rs, const ds_config *c, const ds_step_size *z
     rs->seq_pos0 = (int64_t *)p, p += s * sizeof(int64_t);
     rs->seq_mem = (const struct ds_layer_mem **)p, p += s * sizeof(void *);
     rs->tok_id = (int32_t *)p, p += t * sizeof(int32_t);
-    rs->idx_host = (int32_t *)p, p += tg * c->n_active_experts * sizeof(int32_t);
+    rs->idx_host = (int32_t *)p, p += (size_t)c->n_layers * tg * c->n_active_experts * sizeof(int32_t);
     rs->tok_seq = (int *)p, p += t * sizeof(int);
     rs->seq_row0 = (int *)p, p += s * sizeof(int);
     rs->seq_n = (int *)p, p += s * sizeof(int);

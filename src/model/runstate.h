@@ -27,7 +27,7 @@ typedef struct ds_runstate {
     float *iq, *iw;         /* [T][index_heads][index_dim], [T][index_heads] */
     int *sel, *n_sel;       /* [T][index_topk], [T] */
     float *logits, *wts;    /* [T][E], [T][k] */
-    int32_t *idx;           /* [T][k] */
+    int32_t *idx;           /* [L][T][k] every layer's routes (kept for the observer, read once after the step) */
     float *hlog;            /* [Rh][vocab] the rows whose head runs here */
     /* expert parallelism only (ep set before the first reserve); Tg = the
      * step's rows on every rank (= T unless attention is data parallel) */
@@ -44,7 +44,7 @@ typedef struct ds_runstate {
     /* host memory: the step's token table (see ds_step_desc) */
     void *host;
     size_t host_cap;
-    int32_t *tok_id, *idx_host;
+    int32_t *tok_id, *idx_host; /* idx_host: [L][Tg][k] (expert parallelism uses [Tg][k] a layer) */
     int64_t *tok_pos, *seq_pos0;
     int *tok_seq, *seq_row0, *seq_n, *hrow;
     int *loc;               /* [n_seqs] the batch items this rank runs (all unless data parallel) */

@@ -59,6 +59,11 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
 /* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D].
  * Under data-parallel attention xn is this rank's rows of rs->g_xn. */
 int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err);
+/* After the step's layers: the observer's route hook over every layer's
+ * routes (rs->idx), layer by layer, tokens in row order. Not under
+ * data-parallel attention (expert parallelism reports each layer's routes
+ * as it exchanges them). */
+int ds_moe_observe(const ds_step *S, ds_err *err);
 
 /* Expert parallelism: nb buffers of n rows of backend memory (buffer b's
  * rows of widths[b] 32-bit words), row i of each filled by rank owner[i]; on
