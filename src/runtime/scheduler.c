@@ -584,8 +584,9 @@ static void *sched_main(void *arg) {
             if (s->items[i].logits) s->samp[n_samp++] = i;
         if (s->be->host_for && n_samp > 1) {
             s->be->host_for(s->be, n_samp, draw, s);
-        } else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(s->n_scr) if (n_samp > 1 && s->n_scr > 1)
+        } else { /* a team no larger than the draws: an idle member only takes a core from the others */
+            int team = n_samp < s->n_scr ? n_samp : s->n_scr;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
             for (int j = 0; j < n_samp; j++) draw(s, j);
         }
         const double t2 = ds_now();
