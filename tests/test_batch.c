@@ -2,11 +2,16 @@
  * equal its logits inside batches of 2, 3, 8 and 17 sequences, at every
  * position in the batch, with co-batched sequences of random lengths and
  * phases (some prefilling in random chunks, some decoding one token per
- * step, joining and leaving), and with random chunking of the target. */
+ * step, joining and leaving), and with random chunking of the target.
+ * Also the observer's route hook (reported after the step since 2026-12-02):
+ * every (layer, token) once, layers ascending, rows in order; hash layers'
+ * experts = the checkpoint's tid2eid row of the token; the same experts for a
+ * token whether its sequences ran in one step or token by token. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/forward.h"
+#include "model/model.h"
 #include "runtime/batch.h"
 #include "testutil.h"
 
@@ -129,8 +134,98 @@ static void fixture(const char *name, int target_len) {
     test_unload(m, &be);
 }
 
+/* what the route hook saw: calls in order */
+typedef struct {
+    int n, cap, k, bad_k;
+    int *rec; /* [cap][3 + k]: layer, item, tok, experts */
+} routes;
+
+static void on_route(void *ctx, int layer, int item, int tok, const int *experts, int k) {
+    routes *r = ctx;
+    if (k != r->k) r->bad_k = 1;
+    if (r->n >= r->cap || k != r->k) return;
+    int *o = r->rec + (size_t)r->n++ * (3 + r->k);
+    o[0] = layer, o[1] = item, o[2] = tok;
+    memcpy(o + 3, experts, sizeof(int) * (size_t)k);
+}
+
+static void route_hook(const char *name) {
+    char dir[1024];
+    test_path(dir, sizeof dir, "tests/fixtures/");
+    strncat(dir, name, sizeof dir - strlen(dir) - 1);
+    ds_model *m;
+    ds_backend be;
+    ds_err err;
+    if (test_load(dir, 2, &m, &be, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const ds_config *c = &m->cfg;
+    int L = c->n_layers, k = c->n_active_experts, E = c->n_routed_experts, V = c->vocab_size, n_hash = 0;
+    enum { NA = 9, NB = 5 };
+    int32_t ta[NA], tb[NB];
+    for (int i = 0; i < NA; i++) ta[i] = rnd(0, V - 1);
+    for (int i = 0; i < NB; i++) tb[i] = rnd(0, V - 1);
+    const int32_t *toks[2] = {ta, tb};
+    ds_seq *sa, *sb;
+    ds_seq_new(m, NA, &sa, &err);
+    ds_seq_new(m, NB, &sb, &err);
+    int cap = L * (NA + NB) + 1;
+    routes whole = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
+    routes step = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
+    ds_observer obs = {on_route, NULL, &whole};
+    ds_batch_item it[2] = {{sa, ta, NA, NULL, 0}, {sb, tb, NB, NULL, 0}};
+    CHECK(ds_forward_observed(m, &be, it, 2, &obs, &err) == 0, "%s", err.msg);
+    CHECK(!whole.bad_k && whole.n == L * (NA + NB), "%s: %d route calls for %d layers x %d tokens", name, whole.n, L,
+          NA + NB);
+    int order = 1, hash_ok = 1, ids_ok = 1;
+    for (int i = 0; i < whole.n; i++) {
+        const int *o = whole.rec + (size_t)i * (3 + k);
+        int li = i / (NA + NB), row = i % (NA + NB), item = row < NA ? 0 : 1, tok = row < NA ? row : row - NA;
+        order &= o[0] == li && o[1] == item && o[2] == tok;
+        if (m->layers[li].is_hash) { /* the table lives in backend memory: read the token's row */
+            int32_t want[64];
+            n_hash += row == 0;
+            hash_ok &= k <= 64 &&
+                       be.download(&be, want, m->layers[li].tid2eid + (size_t)toks[item][tok] * k,
+                                   sizeof(int32_t) * (size_t)k, &err) == 0 &&
+                       !memcmp(o + 3, want, sizeof(int) * (size_t)k);
+        } else {
+            for (int j = 0; j < k; j++) ids_ok &= o[3 + j] >= 0 && o[3 + j] < E && (j == 0 || o[3 + j] > o[2 + j]);
+        }
+    }
+    CHECK(order, "%s: route calls not in (layer, item, token) order", name);
+    CHECK(n_hash > 0 && hash_ok, "%s: %d hash layers; their experts %s the checkpoint's tid2eid rows", name, n_hash,
+          hash_ok ? "equal" : "differ from");
+    CHECK(ids_ok, "%s: routed layers' experts not ascending ids in [0, %d)", name, E);
+    /* token by token, both sequences in each step while they last */
+    ds_seq_reset(sa);
+    ds_seq_reset(sb);
+    obs.ctx = &step;
+    int same = 1;
+    for (int t = 0; t < NA; t++) {
+        ds_batch_item one[2] = {{sa, ta + t, 1, NULL, 0}, {sb, tb + t, 1, NULL, 0}};
+        int n = t < NB ? 2 : 1;
+        step.n = 0;
+        CHECK(ds_forward_observed(m, &be, one, n, &obs, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < step.n; i++) {
+            const int *o = step.rec + (size_t)i * (3 + k);
+            int row = o[1] == 0 ? o[2] + t : NA + o[2] + t;
+            same &= step.n == L * n && !memcmp(o + 3, whole.rec + ((size_t)o[0] * (NA + NB) + row) * (3 + k) + 3,
+                                              sizeof(int) * (size_t)k);
+        }
+    }
+    CHECK(same, "%s: a token's routes token by token != in one step", name);
+    ds_seq_free(sa);
+    ds_seq_free(sb);
+    free(whole.rec);
+    free(step.rec);
+    test_unload(m, &be);
+}
+
 int main(void) {
     fixture("tiny", 150);
     fixture("q128", 140);
+    route_hook("q128");
     return test_summary("batch");
 }
