@@ -4,7 +4,10 @@
  * (so prompts are chunked and mixed with decodes), give exactly the tokens
  * ds_generate gives each alone; a request that extends a finished one
  * reuses its sequence and still gets the same tokens and log-probabilities
- * bit for bit as with reuse off; a full queue refuses; cancel ends a request.
+ * bit for bit as with reuse off; a full queue refuses; cancel ends a request;
+ * with a masked suffix (a vocabulary padded past the tokenizer's) the
+ * draws over the live prefix give the tokens of a plain loop that masks
+ * every id over the whole vocabulary.
  * Also the OpenAI text layer: plain-text rule, stop strings, thinking split,
  * DSML tool calls parsed back. */
 #include <cjson/cJSON.h>
@@ -13,6 +16,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "model/forward.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
@@ -59,6 +63,39 @@ static void run_all(ds_sched *s, int32_t *const *prompts, const int *np, const d
         ds_req_tokens(r[i], 0, info[i].n_out, out[i]);
         ds_req_release(r[i]);
     }
+}
+
+/* The reference for masked ids: one request alone, its prompt whole then a
+ * token a step, every masked id -inf over all V logits, ds_sample over V. */
+static int masked_ref(const ds_model *m, const ds_backend *be, const int32_t *prompt, int np, const ds_req_params *rp,
+                      const int32_t *mask, int n_mask, gen_out *o, ds_err *err) {
+    int V = m->cfg.vocab_size, n_hist = np, rc = -1;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    int32_t *hist = malloc(sizeof(int32_t) * (size_t)(np + rp->max_new));
+    ds_sample_scratch *scr = ds_sample_scratch_create(V, err);
+    ds_seq *sq = NULL;
+    o->n = 0;
+    if (!lg || !hist || !scr || ds_seq_new(m, np + rp->max_new, &sq, err)) goto out;
+    memcpy(hist, prompt, sizeof(int32_t) * (size_t)np);
+    for (int fed = 0; o->n < rp->max_new;) {
+        ds_batch_item it = {sq, hist + fed, n_hist - fed, lg, 0};
+        if (ds_forward(m, be, &it, 1, err)) goto out;
+        fed = n_hist;
+        ds_gen_mask_logits(lg, mask, n_mask);
+        int32_t t;
+        /* keyed by the position after the step, as ds_generate and the scheduler */
+        if (ds_sample(&rp->sampling, lg, V, hist, n_hist, sq->pos, scr, &t, err)) goto out;
+        o->ids[o->n++] = t;
+        hist[n_hist++] = t;
+        if (ds_stop_check(rp->stop_ids, rp->n_stop, t)) break;
+    }
+    rc = 0;
+out:
+    ds_seq_free(sq);
+    ds_sample_scratch_free(scr);
+    free(hist);
+    free(lg);
+    return rc;
 }
 
 /* ids of the added token `id` in ids[0..n) */
@@ -452,6 +489,53 @@ int main(void) {
         for (int k = 0; k < mn[0]; k++) seen |= mo[0][k].id == mk[0];
         CHECK(mn[0] > 0 && !seen, "a masked id was sampled (%d tokens)", mn[0]);
         ds_sched_stop(s);
+        o.mask_ids = NULL;
+        o.n_mask = 0;
+    }
+    /* a masked suffix (the last 40% of the ids, shuffled into the list) and
+     * two holes below it: requests draw over the live prefix; one whose
+     * prompt holds a suffix id (with a repetition penalty over it) over all V */
+    {
+        int V = m->cfg.vocab_size, n_suf = V * 2 / 5, nm = 0;
+        int32_t *mk = malloc(sizeof(int32_t) * (size_t)(n_suf + 2));
+        for (int j = n_suf - 1; j >= 0; j -= 2) mk[nm++] = V - n_suf + j; /* not ascending */
+        for (int j = n_suf - 2; j >= 0; j -= 2) mk[nm++] = V - n_suf + j;
+        mk[nm++] = 17, mk[nm++] = ref[3].ids[0]; /* holes: one the greedy request took */
+        o.mask_ids = mk;
+        o.n_mask = nm;
+        CHECK(!ds_sched_start(m, &be, &o, &s, &err), "%s", err.msg);
+        int32_t *mp[NREQ + 1];
+        int mnp[NREQ + 1];
+        ds_req_params mrp[NREQ + 1];
+        for (int i = 0; i < NREQ; i++) mp[i] = prompts[i], mnp[i] = np[i], mrp[i] = rp[i];
+        int32_t wide[4] = {prompts[1][0], V - 3, prompts[1][1], V - 3}; /* raw ids: one of the masked suffix */
+        mp[NREQ] = wide, mnp[NREQ] = 4, mrp[NREQ] = rp[1];
+        mrp[NREQ].sampling.repetition_penalty = 1.3;
+        mrp[NREQ].top_logprobs = -1;
+        static ds_req_token mo[NREQ + 1][64];
+        int mn[NREQ + 1];
+        ds_req_info mi[NREQ + 1];
+        ds_req *rq[NREQ + 1];
+        for (int i = 0; i <= NREQ; i++) CHECK(!ds_sched_submit(s, mp[i], mnp[i], &mrp[i], &rq[i], &err), "%s", err.msg);
+        for (int i = 0; i <= NREQ; i++) {
+            do ds_req_wait(rq[i], 1 << 30, 5.0, &mi[i]);
+            while (mi[i].state < DS_REQ_DONE_STOP);
+            mn[i] = mi[i].n_out;
+            ds_req_tokens(rq[i], 0, mn[i], mo[i]);
+            ds_req_release(rq[i]);
+        }
+        for (int i = 0; i <= NREQ; i++) {
+            gen_out g;
+            CHECK(!masked_ref(m, &be, mp[i], mnp[i], &mrp[i], mk, nm, &g, &err), "%s", err.msg);
+            int bad = 0;
+            for (int k = 0; k < mn[i]; k++) bad |= mo[i][k].id >= V - n_suf || mo[i][k].id == 17;
+            CHECK(mn[i] > 0 && same_tokens(mo[i], mn[i], &g) && !bad,
+                  "masked suffix, request %d%s: %d tokens vs the reference's %d%s", i, i == NREQ ? " (raw ids)" : "",
+                  mn[i], g.n, bad ? "; a masked id was drawn" : "");
+        }
+        CHECK(mo[1][0].n_top == 3, "logprobs over the live prefix: %d top", mo[1][0].n_top);
+        ds_sched_stop(s);
+        free(mk);
         o.mask_ids = NULL;
         o.n_mask = 0;
     }

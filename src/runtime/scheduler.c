@@ -62,6 +62,7 @@ struct ds_req {
     int n_fed;       /* tokens of hist already in seq */
     int forced;      /* the forced tokens are in hist */
     int last_forced; /* the last token of hist was forced, not sampled */
+    int wide;        /* a prompt or forced id >= s->n_live: drawn over the whole vocabulary */
 };
 
 typedef struct {
@@ -98,8 +99,12 @@ struct ds_sched {
     ds_req_token *tok;  /* [max_seqs]: each item's draw */
     int *tok_rc;
     ds_err *tok_err;
-    int32_t *mask; /* [n_mask]: ids never sampled */
+    int32_t *mask; /* [n_mask]: ids never sampled, ascending */
     int n_mask;
+    /* every id >= n_live is masked (a vocabulary padded past the tokenizer's,
+     * as in the released V4): draws read the first n_live logits and mask
+     * the n_holes ids below it, the first n_holes of mask (see draw) */
+    int n_live, n_holes;
     /* statistics (under mu) */
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
@@ -205,6 +210,8 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
         r->wk = wk;
         wk->refs++;
         memcpy(r->hist, prompt, (size_t)n_prompt * sizeof *prompt);
+        for (int k = 0; k < n_prompt; k++) r->wide |= prompt[k] >= s->n_live;
+        for (int k = 0; k < p[i].n_force; k++) r->wide |= p[i].force[k] >= s->n_live;
         r->n_prompt = n_prompt;
         r->p = p[i];
         r->s = s;
@@ -451,11 +458,18 @@ static void draw(void *ctx, int j) {
     int n_hist = r->n_prompt + r->info.n_out;
     ds_req_token *t = &s->tok[i];
     int k = scratch_take(s);
-    ds_gen_mask_logits(lg, s->mask, s->n_mask);
+    /* Over the first n_live logits, the masked suffix left out: the same
+     * token as over all V with the suffix at -inf (ds_sample never takes a
+     * -inf token, drops it before any sum, and orders its candidates by
+     * (logit, id) whatever the vocabulary's size), and the same logprobs (a
+     * -inf adds exp(-inf) = 0 to the log-sum-exp's sum). A request whose
+     * history holds an id past n_live (a raw-id prompt) draws over all V. */
+    const int Vs = r->wide ? V : s->n_live;
+    ds_gen_mask_logits(lg, s->mask, r->wide ? s->n_mask : s->n_holes);
     memset(t, 0, sizeof *t);
-    s->tok_rc[i] = ds_sample(&r->p.sampling, lg, V, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    s->tok_rc[i] = ds_sample(&r->p.sampling, lg, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
     atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
-    if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, V, t, r->p.top_logprobs);
+    if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, Vs, t, r->p.top_logprobs);
 }
 
 /* Under mu, woken from idle by a request: wait for the requests sent with it
@@ -683,6 +697,11 @@ static void *sched_main(void *arg) {
 
 /* --------------------------------------------------------------- lifecycle */
 
+static int cmp_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts *o, ds_sched **out, ds_err *err) {
     *out = NULL;
     if (o->max_seqs < 1 || o->max_seqs > 256) return ds_fail(err, "max-seqs is %d (must be in [1, 256])", o->max_seqs);
@@ -734,7 +753,13 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
             s->mask[i] = o->mask_ids[i];
         }
         s->n_mask = o->n_mask;
+        qsort(s->mask, (size_t)s->n_mask, sizeof *s->mask, cmp_id);
     }
+    /* the live prefix: every id from n_live on masked (all masked: the whole
+     * vocabulary, where ds_sample reports that nothing can be sampled) */
+    s->n_live = V, s->n_holes = s->n_mask;
+    for (int j = s->n_mask - 1; j >= 0 && s->mask[j] == s->n_live - 1; j--) s->n_live--, s->n_holes--;
+    if (s->n_live == 0) s->n_live = V, s->n_holes = s->n_mask;
     s->n_scr = be->host_for ? be->host_threads(be) : o->threads > 0 ? o->threads : omp_get_num_procs();
     if (s->n_scr > o->max_seqs) s->n_scr = o->max_seqs;
     if (s->n_scr < 1) s->n_scr = 1;
