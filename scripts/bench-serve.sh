@@ -27,13 +27,13 @@
 # bench` and `dsv4 serve` (e.g. "--backend cuda", or "--threads 8" to leave a
 # machine's other cores to the load generator). --serve-args adds options to
 # `dsv4 serve` only (e.g. "--batch-wait 0" to measure the server without its
-# wait for requests sent together). --mode (default waves) goes to the load generator: waves
-# sends each round's N requests together and the next round when all have
-# ended (prefills together, then N streams decoding, as `bench --batch N`);
-# free lets each of the N workers send its next request as soon as its last
-# ended (new prompts prefilled inside the others' decoding). --temperature
-# (default 0.8: the whole distribution sampled, the server's dearest case;
-# 0: greedy) goes to the load generator.
+# wait for requests sent together). --mode (default waves) goes to the load
+# generator: waves sends each round's N requests together and the next round
+# when all have ended (prefills together, then N streams decoding, as `bench
+# --batch N`); free lets each of the N workers send its next request as soon
+# as its last ended (new prompts prefilled inside the others' decoding).
+# --temperature (default 0.8: the whole distribution sampled, the costliest
+# draws; 0: greedy) goes to the load generator.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
