@@ -208,11 +208,11 @@ static void route_hook(const char *name) {
         int n = t < NB ? 2 : 1;
         step.n = 0;
         CHECK(ds_forward_observed(m, &be, one, n, &obs, &err) == 0, "%s", err.msg);
+        same &= step.n == L * n; /* every layer of every token of the step reported */
         for (int i = 0; i < step.n; i++) {
             const int *o = step.rec + (size_t)i * (3 + k);
             int row = o[1] == 0 ? o[2] + t : NA + o[2] + t;
-            same &= step.n == L * n && !memcmp(o + 3, whole.rec + ((size_t)o[0] * (NA + NB) + row) * (3 + k) + 3,
-                                              sizeof(int) * (size_t)k);
+            same &= !memcmp(o + 3, whole.rec + ((size_t)o[0] * (NA + NB) + row) * (3 + k) + 3, sizeof(int) * (size_t)k);
         }
     }
     CHECK(same, "%s: a token's routes token by token != in one step", name);
