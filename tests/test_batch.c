@@ -28,13 +28,10 @@ typedef struct {
 } other;
 
 static void fixture(const char *name, int target_len) {
-    char dir[1024];
-    test_path(dir, sizeof dir, "tests/fixtures/");
-    strncat(dir, name, sizeof dir - strlen(dir) - 1);
     ds_model *m;
     ds_backend be;
     ds_err err;
-    if (test_load(dir, 2, &m, &be, &err)) {
+    if (test_load_fixture(name, 2, &m, &be, &err)) {
         CHECK(0, "%s", err.msg);
         return;
     }
@@ -150,13 +147,10 @@ static void on_route(void *ctx, int layer, int item, int tok, const int *experts
 }
 
 static void route_hook(const char *name) {
-    char dir[1024];
-    test_path(dir, sizeof dir, "tests/fixtures/");
-    strncat(dir, name, sizeof dir - strlen(dir) - 1);
     ds_model *m;
     ds_backend be;
     ds_err err;
-    if (test_load(dir, 2, &m, &be, &err)) {
+    if (test_load_fixture(name, 2, &m, &be, &err)) {
         CHECK(0, "%s", err.msg);
         return;
     }

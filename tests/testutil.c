@@ -5,6 +5,7 @@
 #include "runtime/backend_select.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int test_passed = 0, test_failed = 0;
 
@@ -32,6 +33,13 @@ int test_load(const char *dir, int threads, ds_model **m, ds_backend *be, ds_err
         return -1;
     }
     return 0;
+}
+
+int test_load_fixture(const char *name, int threads, ds_model **m, ds_backend *be, ds_err *err) {
+    char dir[1024];
+    test_path(dir, sizeof dir, "tests/fixtures/");
+    strncat(dir, name, sizeof dir - strlen(dir) - 1);
+    return test_load(dir, threads, m, be, err);
 }
 
 void test_unload(ds_model *m, ds_backend *be) {

@@ -32,6 +32,8 @@ struct ds_err;
  * or the one named by the environment variable DSV4_TEST_BACKEND (the GPU
  * script runs the model tests with DSV4_TEST_BACKEND=cuda). */
 int test_load(const char *dir, int threads, struct ds_model **m, struct ds_backend *be, struct ds_err *err);
+/* The same for tests/fixtures/NAME. */
+int test_load_fixture(const char *name, int threads, struct ds_model **m, struct ds_backend *be, struct ds_err *err);
 /* Frees both. */
 void test_unload(struct ds_model *m, struct ds_backend *be);
 
