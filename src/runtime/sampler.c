@@ -61,21 +61,43 @@ double ds_sample_exp(double x) {
     return exp_core(x);
 }
 
-/* x[i] = ds_sample_exp(x[i] / divisor). With AVX2 four lanes at a time doing
- * exactly the scalar operations in the scalar order (no FMA: the build uses
- * -ffp-contract=off, and mul/add/sub/div/convert are IEEE-exact in both), so
- * the bits match the portable path; lanes outside [DS_EXP_CUTOFF, 0] after the
- * division are redone by the scalar code. */
-void ds_sample_exp_div_n(double *x, int n, double divisor) {
-    int j = 0;
 #if defined(__AVX2__)
-    const __m256d v_div = _mm256_set1_pd(divisor), v_inv_ln2 = _mm256_set1_pd(EXP_INV_LN2),
-                  v_half = _mm256_set1_pd(0.5), v_mhalf = _mm256_set1_pd(-0.5), v_zero = _mm256_setzero_pd(),
-                  v_cut = _mm256_set1_pd(DS_EXP_CUTOFF), v_hi = _mm256_set1_pd(EXP_LN2_HI),
+/* exp_core on four lanes, DS_EXP_CUTOFF <= x <= 0 in each: exactly the scalar
+ * operations in the scalar order (no FMA: the build uses -ffp-contract=off,
+ * and mul/add/sub/div/convert are IEEE-exact in both), so the same bits. */
+static inline __m256d exp_core4(__m256d xv) {
+    const __m256d v_inv_ln2 = _mm256_set1_pd(EXP_INV_LN2), v_half = _mm256_set1_pd(0.5),
+                  v_mhalf = _mm256_set1_pd(-0.5), v_zero = _mm256_setzero_pd(), v_hi = _mm256_set1_pd(EXP_LN2_HI),
                   v_lo = _mm256_set1_pd(EXP_LN2_LO), v_p1 = _mm256_set1_pd(EXP_P1), v_p2 = _mm256_set1_pd(EXP_P2),
                   v_p3 = _mm256_set1_pd(EXP_P3), v_p4 = _mm256_set1_pd(EXP_P4), v_p5 = _mm256_set1_pd(EXP_P5),
                   v_one = _mm256_set1_pd(1.0), v_two = _mm256_set1_pd(2.0);
     const __m256i v_bias = _mm256_set1_epi64x(1023);
+    __m256d h = _mm256_blendv_pd(v_half, v_mhalf, _mm256_cmp_pd(xv, v_zero, _CMP_LT_OQ));
+    __m128i ki = _mm256_cvttpd_epi32(_mm256_add_pd(_mm256_mul_pd(v_inv_ln2, xv), h));
+    __m256d kd = _mm256_cvtepi32_pd(ki);
+    __m256d hi = _mm256_sub_pd(xv, _mm256_mul_pd(kd, v_hi));
+    __m256d lo = _mm256_mul_pd(kd, v_lo);
+    __m256d r = _mm256_sub_pd(hi, lo);
+    __m256d t = _mm256_mul_pd(r, r);
+    __m256d q = _mm256_add_pd(v_p4, _mm256_mul_pd(t, v_p5));
+    q = _mm256_add_pd(v_p3, _mm256_mul_pd(t, q));
+    q = _mm256_add_pd(v_p2, _mm256_mul_pd(t, q));
+    q = _mm256_add_pd(v_p1, _mm256_mul_pd(t, q));
+    __m256d c = _mm256_sub_pd(r, _mm256_mul_pd(t, q));
+    __m256d rc = _mm256_div_pd(_mm256_mul_pd(r, c), _mm256_sub_pd(v_two, c));
+    __m256d y = _mm256_sub_pd(v_one, _mm256_sub_pd(_mm256_sub_pd(lo, rc), hi));
+    __m256i sc = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(ki), v_bias), 52);
+    return _mm256_mul_pd(y, _mm256_castsi256_pd(sc));
+}
+#endif
+
+/* x[i] = ds_sample_exp(x[i] / divisor). With AVX2 four lanes at a time; lanes
+ * outside [DS_EXP_CUTOFF, 0] after the division are redone by the scalar code. */
+void ds_sample_exp_div_n(double *x, int n, double divisor) {
+    int j = 0;
+#if defined(__AVX2__)
+    const __m256d v_div = _mm256_set1_pd(divisor), v_zero = _mm256_setzero_pd(),
+                  v_cut = _mm256_set1_pd(DS_EXP_CUTOFF);
     for (; j + 4 <= n; j += 4) {
         __m256d xv = _mm256_div_pd(_mm256_loadu_pd(x + j), v_div);
         /* in-range lanes: DS_EXP_CUTOFF <= x <= 0 (false for NaN) */
@@ -84,22 +106,7 @@ void ds_sample_exp_div_n(double *x, int n, double divisor) {
             for (int l = 0; l < 4; l++) x[j + l] = ds_sample_exp(x[j + l] / divisor);
             continue;
         }
-        __m256d h = _mm256_blendv_pd(v_half, v_mhalf, _mm256_cmp_pd(xv, v_zero, _CMP_LT_OQ));
-        __m128i ki = _mm256_cvttpd_epi32(_mm256_add_pd(_mm256_mul_pd(v_inv_ln2, xv), h));
-        __m256d kd = _mm256_cvtepi32_pd(ki);
-        __m256d hi = _mm256_sub_pd(xv, _mm256_mul_pd(kd, v_hi));
-        __m256d lo = _mm256_mul_pd(kd, v_lo);
-        __m256d r = _mm256_sub_pd(hi, lo);
-        __m256d t = _mm256_mul_pd(r, r);
-        __m256d q = _mm256_add_pd(v_p4, _mm256_mul_pd(t, v_p5));
-        q = _mm256_add_pd(v_p3, _mm256_mul_pd(t, q));
-        q = _mm256_add_pd(v_p2, _mm256_mul_pd(t, q));
-        q = _mm256_add_pd(v_p1, _mm256_mul_pd(t, q));
-        __m256d c = _mm256_sub_pd(r, _mm256_mul_pd(t, q));
-        __m256d rc = _mm256_div_pd(_mm256_mul_pd(r, c), _mm256_sub_pd(v_two, c));
-        __m256d y = _mm256_sub_pd(v_one, _mm256_sub_pd(_mm256_sub_pd(lo, rc), hi));
-        __m256i sc = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(ki), v_bias), 52);
-        _mm256_storeu_pd(x + j, _mm256_mul_pd(y, _mm256_castsi256_pd(sc)));
+        _mm256_storeu_pd(x + j, exp_core4(xv));
     }
 #endif
     for (; j < n; j++) x[j] = ds_sample_exp(x[j] / divisor);
@@ -172,16 +179,30 @@ int ds_sampling_validate(const ds_sampling *p, ds_err *err) {
 
 #define RADIX_BITS 11
 #define RADIX_BUCKETS (1 << RADIX_BITS)
-#define RADIX_MAX_PASSES 6 /* 32 logit bits + up to 31 id bits = 63 <= 66 */
+#define RADIX_MAX_PASSES 3 /* token ids: up to 31 bits */
+
+/* A token's weight is an integer, q = floor(exp(x) * 2^DS_QBITS) <= 2^52, and
+ * the sums of weights are exact 128-bit integers (2^31 tokens at most: below
+ * 2^83), so no filter and no draw depends on the order of a summation. */
+#if !defined(__SIZEOF_INT128__)
+#error "sampler.c needs unsigned __int128 (GCC or Clang on a 64-bit target)"
+#endif
+typedef unsigned __int128 u128;
+#define DS_QBLOCK 2048 /* 2048 weights <= 2^52 sum below 2^63: one uint64 */
 
 struct ds_sample_scratch {
     int max_vocab;
-    float *w;       /* working logits */
-    int32_t *count; /* per-token history counts; all zero between calls */
-    uint64_t *keys; /* candidates as (logit desc, id asc) keys */
-    uint64_t *tmp;  /* radix sort buffer */
-    double *e;      /* exp weights, in candidate order */
+    float *w;        /* working logits */
+    int32_t *count;  /* per-token history counts; all zero between calls */
+    int32_t *ids;    /* candidates' token ids, ascending */
+    uint64_t *keys;  /* candidates' (logit desc, id asc) keys, in id order */
+    uint64_t *tmp;   /* radix sort buffer */
+    double *e;       /* candidates' exp weights */
+    uint64_t *q;     /* candidates' integer weights */
+    int32_t *sel, *sel2; /* selection lists */
+    uint64_t *bsum;  /* block sums of the kept weights */
     uint32_t hist[RADIX_MAX_PASSES * RADIX_BUCKETS];
+    u128 bw[4 * RADIX_BUCKETS]; /* selection: weight per digit, four copies */
 };
 
 ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err) {
@@ -198,10 +219,16 @@ ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err) {
     s->max_vocab = max_vocab;
     s->w = malloc(n * sizeof *s->w);
     s->count = calloc(n, sizeof *s->count);
+    s->ids = malloc(n * sizeof *s->ids);
     s->keys = malloc(n * sizeof *s->keys);
     s->tmp = malloc(n * sizeof *s->tmp);
     s->e = malloc(n * sizeof *s->e);
-    if (!s->w || !s->count || !s->keys || !s->tmp || !s->e) {
+    s->q = malloc(n * sizeof *s->q);
+    s->sel = malloc(n * sizeof *s->sel);
+    s->sel2 = malloc(n * sizeof *s->sel2);
+    s->bsum = malloc((n / DS_QBLOCK + 1) * sizeof *s->bsum);
+    if (!s->w || !s->count || !s->ids || !s->keys || !s->tmp || !s->e || !s->q || !s->sel || !s->sel2 ||
+        !s->bsum) {
         ds_sample_scratch_free(s);
         ds_fail(err, "sampler: out of memory for scratch (vocab %d)", max_vocab);
         return NULL;
@@ -213,9 +240,14 @@ void ds_sample_scratch_free(ds_sample_scratch *s) {
     if (!s) return;
     free(s->w);
     free(s->count);
+    free(s->ids);
     free(s->keys);
     free(s->tmp);
     free(s->e);
+    free(s->q);
+    free(s->sel);
+    free(s->sel2);
+    free(s->bsum);
     free(s);
 }
 
@@ -322,33 +354,21 @@ static uint64_t make_key(float w, int id, int idbits) {
 
 static float key_logit(uint64_t key, int idbits) { return ord_float(~(uint32_t)(key >> idbits)); }
 
-static void insertion_sort(uint64_t *a, int n) {
-    for (int i = 1; i < n; i++) {
-        uint64_t v = a[i];
-        int j = i - 1;
-        while (j >= 0 && a[j] > v) {
-            a[j + 1] = a[j];
-            j--;
-        }
-        a[j + 1] = v;
-    }
-}
-
-/* Stable LSD radix sort of a[0..n) by key bits [lo_bit, lo_bit + nbits).
- * Sorting on the logit bits alone (lo_bit = idbits) orders an array that is
- * already in id order by (logit desc, id asc): stability keeps the ids. */
-static void radix_sort(uint64_t *a, int n, int lo_bit, int nbits, uint64_t *tmp, uint32_t *hist) {
-    int passes = (nbits + RADIX_BITS - 1) / RADIX_BITS;
+/* Stable LSD radix sort of a[0..n) by key bits [0, nbits), nbits <= 33. */
+static void radix_sort(uint64_t *a, int n, int nbits, uint64_t *tmp, uint32_t *hist) {
+    const int passes = (nbits + RADIX_BITS - 1) / RADIX_BITS;
+    const uint64_t low = ((uint64_t)1 << nbits) - 1;
     memset(hist, 0, (size_t)passes * RADIX_BUCKETS * sizeof *hist);
     for (int i = 0; i < n; i++) {
-        uint64_t k = a[i] >> lo_bit;
+        uint64_t k = a[i] & low;
         for (int p = 0; p < passes; p++) hist[p * RADIX_BUCKETS + ((k >> (p * RADIX_BITS)) & (RADIX_BUCKETS - 1))]++;
     }
     uint64_t *src = a, *dst = tmp;
     for (int p = 0; p < passes; p++) {
         uint32_t *h = hist + p * RADIX_BUCKETS;
-        int shift = lo_bit + p * RADIX_BITS;
-        if (h[(src[0] >> shift) & (RADIX_BUCKETS - 1)] == (uint32_t)n) continue; /* one bucket */
+        const int shift = p * RADIX_BITS;
+#define DIGIT(k) ((((k) & low) >> shift) & (RADIX_BUCKETS - 1))
+        if (h[DIGIT(src[0])] == (uint32_t)n) continue; /* one bucket */
         uint32_t sum = 0;
         for (int b = 0; b < RADIX_BUCKETS; b++) {
             uint32_t c = h[b];
@@ -357,8 +377,9 @@ static void radix_sort(uint64_t *a, int n, int lo_bit, int nbits, uint64_t *tmp,
         }
         for (int i = 0; i < n; i++) {
             uint64_t k = src[i];
-            dst[h[(k >> shift) & (RADIX_BUCKETS - 1)]++] = k;
+            dst[h[DIGIT(k)]++] = k;
         }
+#undef DIGIT
         uint64_t *t = src;
         src = dst;
         dst = t;
@@ -366,54 +387,22 @@ static void radix_sort(uint64_t *a, int n, int lo_bit, int nbits, uint64_t *tmp,
     if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
 }
 
-/* radix_sort for the 32 logit bits at [lo_bit, lo_bit + 32): three digits
- * (11, 11, 10 bits) with the histogram loop unrolled and split over two copies,
- * because neighbouring logits mostly share their top digit and one counter
- * incremented back to back serialises on store forwarding. Same result as
- * radix_sort(a, n, lo_bit, 32, ...). */
-static void radix_sort_logits(uint64_t *a, int n, int lo_bit, uint64_t *tmp, uint32_t *hist) {
-    enum { B = RADIX_BUCKETS, M = RADIX_BUCKETS - 1 };
-    uint32_t *h0 = hist, *h1 = hist + 3 * B; /* 6 * B counters: fits RADIX_MAX_PASSES * B */
-    memset(hist, 0, 6 * B * sizeof *hist);
-    int i = 0;
-    for (; i + 2 <= n; i += 2) {
-        uint32_t k0 = (uint32_t)(a[i] >> lo_bit), k1 = (uint32_t)(a[i + 1] >> lo_bit);
-        h0[k0 & M]++, h0[B + ((k0 >> 11) & M)]++, h0[2 * B + (k0 >> 22)]++;
-        h1[k1 & M]++, h1[B + ((k1 >> 11) & M)]++, h1[2 * B + (k1 >> 22)]++;
+/* Keys a[0..n) (distinct ids) into ascending id order. */
+static void sort_by_id(uint64_t *a, int n, int idbits, uint64_t *tmp, uint32_t *hist) {
+    const uint64_t idmask = ((uint64_t)1 << idbits) - 1;
+    if (n > 64) {
+        radix_sort(a, n, idbits, tmp, hist);
+        return;
     }
-    if (i < n) {
-        uint32_t k0 = (uint32_t)(a[i] >> lo_bit);
-        h0[k0 & M]++, h0[B + ((k0 >> 11) & M)]++, h0[2 * B + (k0 >> 22)]++;
-    }
-    for (int j = 0; j < 3 * B; j++) h0[j] += h1[j];
-    uint64_t *src = a, *dst = tmp;
-    for (int p = 0; p < 3; p++) {
-        uint32_t *h = h0 + p * B;
-        int shift = lo_bit + p * RADIX_BITS;
-        if (h[(src[0] >> shift) & M] == (uint32_t)n) continue; /* one bucket */
-        uint32_t sum = 0;
-        for (int b = 0; b < B; b++) {
-            uint32_t c = h[b];
-            h[b] = sum;
-            sum += c;
+    for (int i = 1; i < n; i++) {
+        uint64_t v = a[i];
+        int j = i - 1;
+        while (j >= 0 && (a[j] & idmask) > (v & idmask)) {
+            a[j + 1] = a[j];
+            j--;
         }
-        for (int j = 0; j < n; j++) {
-            uint64_t k = src[j];
-            dst[h[(k >> shift) & M]++] = k;
-        }
-        uint64_t *t = src;
-        src = dst;
-        dst = t;
+        a[j + 1] = v;
     }
-    if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
-}
-
-/* Sorts distinct full keys. */
-static void sort_keys(uint64_t *a, int n, int idbits, uint64_t *tmp, uint32_t *hist) {
-    if (n <= 64)
-        insertion_sort(a, n);
-    else
-        radix_sort(a, n, 0, 32 + idbits, tmp, hist);
 }
 
 static void heap_sift_down(uint64_t *h, int n, int i) {
@@ -447,13 +436,89 @@ static int heap_select(const float *w, int vocab, float wcut, int k, int idbits,
     }
     if (n < k) return n;
     float root_w = key_logit(h[0], idbits);
-    for (; i < vocab; i++) {
-        if (!(w[i] > root_w) || !(w[i] >= wcut)) continue;
-        h[0] = make_key(w[i], i, idbits);
-        heap_sift_down(h, k, 0);
-        root_w = key_logit(h[0], idbits);
+    while (i < vocab) {
+#if defined(__AVX2__)
+        if (i + 8 <= vocab && /* eight tokens at once that cannot displace the root */
+            !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(w + i), _mm256_set1_ps(root_w), _CMP_GT_OQ))) {
+            i += 8;
+            continue;
+        }
+#endif
+        if (w[i] > root_w && w[i] >= wcut) {
+            h[0] = make_key(w[i], i, idbits);
+            heap_sift_down(h, k, 0);
+            root_w = key_logit(h[0], idbits);
+        }
+        i++;
     }
     return k;
+}
+
+/* Among the entries j < n with keys[j] <= limit, the smallest key kb whose
+ * running weight (the weights of the entries with keys <= kb) reaches need;
+ * wt NULL: every weight 1. frac > 0: need = ceil(frac * total) in double
+ * arithmetic instead, total being the weight of those entries. need is
+ * clamped to [1, total]; total >= 1. A most-significant-digit radix
+ * selection: each level sums the weights per digit of the remaining entries
+ * and keeps the one bucket where the running weight crosses need. Keys are
+ * distinct, so one entry is left at the latest after the last digit, and its
+ * weight is > 0 (its bucket's weight reached need >= 1). The sums are exact
+ * integers, so the result does not depend on any order. The first level, over
+ * every entry, sums into four copies of the table in turn: neighbouring
+ * tokens mostly share a digit, and one counter added to back to back would
+ * serialise on store forwarding. */
+static uint64_t select_key(const uint64_t *keys, const uint64_t *wt, int n, uint64_t limit, u128 need,
+                           double frac, int nbits, int32_t *list, int32_t *list2, u128 *bw) {
+    const int32_t *src = NULL; /* the remaining entries; NULL: every j < n (the first level) */
+    int len = n, shift = nbits;
+    for (;;) {
+        if (src && len == 1) return keys[src[0]];
+        const int bits = shift >= RADIX_BITS ? RADIX_BITS : shift;
+        shift -= bits;
+        const uint64_t dm = ((uint64_t)1 << bits) - 1;
+        const size_t nbk = (size_t)1 << bits;
+        const int copies = src ? 1 : 4;
+        memset(bw, 0, copies * nbk * sizeof *bw);
+        int i = 0;
+        if (!src) /* branch-free: the tests are random in id order */
+            for (; i + 4 <= len; i += 4)
+                for (int c = 0; c < 4; c++) {
+                    const uint64_t k = keys[i + c];
+                    bw[c * nbk + ((k >> shift) & dm)] += (wt ? wt[i + c] : 1) & -(uint64_t)(k <= limit);
+                }
+        for (; i < len; i++) {
+            const int j = src ? src[i] : i;
+            const uint64_t k = keys[j];
+            bw[(k >> shift) & dm] += (wt ? wt[j] : 1) & -(uint64_t)(k <= limit);
+        }
+        if (!src) {
+            u128 total = 0;
+            for (size_t d = 0; d < nbk; d++) {
+                bw[d] += bw[nbk + d] + bw[2 * nbk + d] + bw[3 * nbk + d];
+                total += bw[d];
+            }
+            if (frac > 0) {
+                const double t = ceil(frac * (double)total);
+                need = t < 1 ? 1 : (u128)t;
+            }
+            if (need > total) need = total;
+            if (need < 1) need = 1;
+        }
+        u128 cum = 0;
+        uint64_t b = 0;
+        while (cum + bw[b] < need) cum += bw[b++];
+        need -= cum;
+        int len2 = 0;
+        for (int i2 = 0; i2 < len; i2++) {
+            const int j = src ? src[i2] : i2;
+            const uint64_t k = keys[j];
+            list2[len2] = j;
+            len2 += ((k >> shift) & dm) == b && k <= limit;
+        }
+        int32_t *t = list;
+        list = list2, list2 = t;
+        src = list, len = len2;
+    }
 }
 
 /* ------------------------------------------------------------ sample --- */
@@ -481,24 +546,100 @@ static float find_cut(float wmax, double temperature, double xlo) {
     return ord_float(hi);
 }
 
-/* e[j] = exp(scaled_logit(w[id_j])) for the ordered keys. */
-static void weights(const float *w, const uint64_t *keys, int m, int idbits, float wmax, double temperature,
-                    double *e) {
-    const uint64_t idmask = ((uint64_t)1 << idbits) - 1;
+/* Below this x every weight is 0: exp(x) < 2^-52 for x < -52 ln 2, and our exp
+ * is within an ulp, which the 1e-9 margin covers with room to spare. */
+#define DS_ZERO_WEIGHT_X (-52.0 * 0.69314718055994530942 - 1e-9)
+
+static uint64_t quantize(double e) { return (uint64_t)(e * 0x1p52); } /* exact scaling, truncated */
+
+/* The heap path's few candidates: e[j] = exp(scaled_logit(w[ids[j]])),
+ * q[j] = quantize(e[j]). */
+static void weights_of(const float *w, const int32_t *ids, int m, float wmax, double temperature, double *e,
+                       uint64_t *q) {
     if (wmax == INFINITY) {
-        for (int j = 0; j < m; j++) e[j] = w[keys[j] & idmask] == INFINITY ? 1.0 : 0.0;
-        return;
+        for (int j = 0; j < m; j++) e[j] = w[ids[j]] == INFINITY ? 1.0 : 0.0;
+    } else {
+        for (int j = 0; j < m; j++) e[j] = (double)w[ids[j]] - (double)wmax;
+        ds_sample_exp_div_n(e, m, temperature); /* same bits as ds_sample_exp(scaled_logit(...)) */
     }
-    for (int j = 0; j < m; j++) e[j] = (double)w[keys[j] & idmask] - (double)wmax;
-    ds_sample_exp_div_n(e, m, temperature); /* same bits as ds_sample_exp(scaled_logit(...)) */
+    for (int j = 0; j < m; j++) q[j] = quantize(e[j]);
 }
 
-/* Weights below 2^-53 never change a running sum that is already >= 1, and
- * every sum here starts with the top token's weight exp(0) = 1. Tokens with
- * x < DS_NEGLIGIBLE_X have such weights (exp(-37) = 8.5e-17 < 2^-53 = 1.1e-16,
- * and our exp is within 1 ulp): they form a suffix of the order that changes no
- * prefix sum, so no top-p cut, no draw, and no Z — dropping them is exact. */
-#define DS_NEGLIGIBLE_X (-37.0)
+/* Every token's weight, in id order: e[i] = exp(scaled_logit(w[i])) and
+ * q[i] = quantize(e[i]) for the candidates (w >= cut), 0 for the rest. With
+ * AVX2 four tokens at a time (a group of non-candidates costs one compare),
+ * the same bits as the scalar loop: the candidates' x lie in [xlo, 0], inside
+ * exp_core4's range; the quantization floor(v) + 2^52 reads v's integer from
+ * the mantissa, exact for 0 <= v <= 2^52. */
+static void weights_all(const float *w, int n, float cut, float wmax, double temperature, double *e,
+                        uint64_t *q) {
+    int i = 0;
+    if (wmax == INFINITY) {
+        for (; i < n; i++) {
+            e[i] = w[i] == INFINITY ? 1.0 : 0.0;
+            q[i] = quantize(e[i]);
+        }
+        return;
+    }
+#if defined(__AVX2__)
+    const __m256d v_cut = _mm256_set1_pd((double)cut), v_max = _mm256_set1_pd((double)wmax),
+                  v_t = _mm256_set1_pd(temperature), v_zero = _mm256_setzero_pd(),
+                  v_scale = _mm256_set1_pd(0x1p52), v_magic = _mm256_set1_pd(0x1p52);
+    for (; i + 4 <= n; i += 4) {
+        __m256d wd = _mm256_cvtps_pd(_mm_loadu_ps(w + i)); /* exact */
+        __m256d in = _mm256_cmp_pd(wd, v_cut, _CMP_GE_OQ);
+        if (!_mm256_movemask_pd(in)) {
+            _mm256_storeu_pd(e + i, v_zero);
+            _mm256_storeu_si256((__m256i *)(q + i), _mm256_setzero_si256());
+            continue;
+        }
+        __m256d x = _mm256_div_pd(_mm256_sub_pd(wd, v_max), v_t);
+        x = _mm256_and_pd(x, in); /* non-candidates: exp(0), masked below */
+        __m256d ev = _mm256_and_pd(exp_core4(x), in);
+        __m256d v = _mm256_floor_pd(_mm256_mul_pd(ev, v_scale));
+        __m256i qi = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(v, v_magic)), _mm256_castpd_si256(v_magic));
+        _mm256_storeu_pd(e + i, ev);
+        _mm256_storeu_si256((__m256i *)(q + i), qi);
+    }
+#endif
+    for (; i < n; i++) {
+        e[i] = w[i] >= cut ? ds_sample_exp(scaled_logit(w[i], wmax, temperature)) : 0.0;
+        q[i] = quantize(e[i]);
+    }
+}
+
+/* Zeroes the weights of the tokens not kept (keys NULL or key <= kb, and
+ * e >= min_p: kept), writes the kept weights' sums per block of DS_QBLOCK
+ * candidates (each below 2^63) and returns their total. */
+static u128 keep_sums(uint64_t *q, int m, const uint64_t *keys, uint64_t kb, const double *e, double min_p,
+                      uint64_t *bs) {
+    u128 z = 0;
+    for (int j0 = 0, b = 0; j0 < m; j0 += DS_QBLOCK, b++) {
+        const int j1 = j0 + DS_QBLOCK < m ? j0 + DS_QBLOCK : m;
+        uint64_t sb = 0;
+        if (!keys && !(min_p > 0)) {
+            for (int j = j0; j < j1; j++) sb += q[j];
+        } else {
+            for (int j = j0; j < j1; j++) {
+                uint64_t v = q[j];
+                if (keys) v &= -(uint64_t)(keys[j] <= kb);
+                if (min_p > 0) v &= -(uint64_t)(e[j] >= min_p);
+                q[j] = v;
+                sb += v;
+            }
+        }
+        bs[b] = sb;
+        z += sb;
+    }
+    return z;
+}
+
+/* floor(u * z) for u = r / 2^53 (r < 2^53 an integer) and z < 2^83, exactly:
+ * z = a 2^53 + b gives r a + floor(r b / 2^53), each product below 2^106. */
+static u128 scale_draw(uint64_t r, u128 z) {
+    const u128 a = z >> 53, b = z & (((u128)1 << 53) - 1);
+    return (u128)r * a + (((u128)r * b) >> 53);
+}
 
 int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_t *history,
               int n_history, int64_t position, ds_sample_scratch *scratch, int32_t *out_token,
@@ -523,13 +664,13 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
         return 0;
     }
 
-    /* Candidates: w >= cut. Besides the negligible tail, when min-p is the last
-     * filter standing (top_p == 1) tokens with x < log(min_p) - 1e-6 go too: they
-     * have e < min_p * e(top) (e(top) = 1) so min-p drops them anyway, and they
-     * are a suffix of the order, so top-k ahead of min-p sees the same prefix.
+    /* Candidates: w >= cut, a prefix of the order. Left out: tokens of weight 0
+     * (x below DS_ZERO_WEIGHT_X); and when min-p is the last filter standing
+     * (top_p == 1) tokens with x < log(min_p) - 1e-6: they have e < min_p, so
+     * min-p drops them anyway, and top-k ahead of min-p sees the same prefix.
      * The margin covers libm's log and our exp; the exact test stays below. */
     const double T = p->temperature;
-    double xlo = DS_NEGLIGIBLE_X;
+    double xlo = DS_ZERO_WEIGHT_X;
     if (p->top_p >= 1.0 && p->min_p > 0) {
         double b = log(p->min_p) - 1e-6;
         if (b > xlo) xlo = b;
@@ -538,70 +679,60 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
     int idbits = 1;
     while (idbits < 31 && ((uint32_t)(vocab - 1) >> idbits) != 0) idbits++;
     const uint64_t idmask = ((uint64_t)1 << idbits) - 1;
-    uint64_t *keys = scratch->keys;
-    int m;
-    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < vocab / 4) {
-        m = heap_select(w, vocab, cut, p->top_k, idbits, keys);
-        sort_keys(keys, m, idbits, scratch->tmp, scratch->hist);
-    } else {
-        m = 0;
-        for (int i = 0; i < vocab; i++)
-            if (w[i] >= cut) keys[m++] = make_key(w[i], i, idbits);
-        if (m <= 64)
-            insertion_sort(keys, m);
-        else
-            radix_sort_logits(keys, m, idbits, scratch->tmp, scratch->hist); /* stable: ids stay ascending */
-        if (p->top_k > 0 && p->top_k < m) m = p->top_k;
-    }
-    /* m >= 1: the maximum has x == 0 >= xlo. */
-
+    uint64_t *keys = scratch->keys, *q = scratch->q;
+    int32_t *ids = scratch->ids;
     double *e = scratch->e;
-    weights(w, keys, m, idbits, wmax, T, e);
-    if (p->top_p < 1.0) {
-        double z = 0;
-        for (int j = 0; j < m; j++) z += e[j];
-        /* top_p * z <= z and the running sum ends at z, so this always stops. */
-        const double target = p->top_p * z;
-        double cum = 0;
-        for (int j = 0; j < m; j++) {
-            cum += e[j];
-            if (cum >= target) {
-                m = j + 1;
-                break;
+    /* The survivors of top-k and top-p: keys <= kb. A token that is no
+     * candidate has the key UINT64_MAX (a real key has bits above 32 + idbits
+     * clear), so it is never counted. */
+    uint64_t kb = UINT64_MAX - 1;
+    int m, limited = 0;
+    const int32_t *idv = NULL; /* the candidates' ids; NULL: candidate j is token j */
+    if (p->top_k > 0 && p->top_k <= 4096 && p->top_k < vocab / 4) {
+        m = heap_select(w, vocab, cut, p->top_k, idbits, keys); /* the top-k set itself */
+        sort_by_id(keys, m, idbits, scratch->tmp, scratch->hist);
+        for (int j = 0; j < m; j++) ids[j] = (int32_t)(keys[j] & idmask);
+        idv = ids;
+        weights_of(w, ids, m, wmax, T, e, q);
+    } else {
+        m = vocab;
+        weights_all(w, vocab, cut, wmax, T, e, q);
+        int n_cand = 0;
+        if (p->top_k > 0 || p->top_p < 1.0)
+            for (int i = 0; i < vocab; i++) {
+                keys[i] = w[i] >= cut ? make_key(w[i], i, idbits) : UINT64_MAX;
+                n_cand += w[i] >= cut;
+            }
+        if (p->top_k > 0) {
+            if (p->top_k < n_cand) {
+                kb = select_key(keys, NULL, m, kb, (u128)p->top_k, 0, 32 + idbits, scratch->sel, scratch->sel2,
+                                scratch->bw);
+                limited = 1;
             }
         }
     }
-    if (p->min_p > 0) {
-        const double thr = p->min_p * e[0];
-        int q = 0;
-        for (int j = 0; j < m; j++)
-            if (e[j] >= thr) {
-                keys[q] = keys[j];
-                e[q] = e[j];
-                q++;
-            }
-        m = q; /* e[0] == 1 >= thr, so q >= 1 */
+    uint64_t *bs = scratch->bsum;
+    if (p->top_p < 1.0) { /* the shortest prefix whose weight is >= top_p of the whole */
+        if (limited) keep_sums(q, m, keys, kb, NULL, 0, bs); /* top-k's survivors only */
+        kb = select_key(keys, q, m, kb, 0, p->top_p, 32 + idbits, scratch->sel, scratch->sel2, scratch->bw);
+        limited = 1;
     }
-    double z2 = 0;
-    for (int j = 0; j < m; j++) z2 += e[j];
+    /* min-p: e(top) == 1, so the threshold min_p * e(top) is min_p. */
+    const u128 z = keep_sums(q, m, limited ? keys : NULL, kb, e, p->min_p, bs);
 
-    /* Inverse CDF: the first token whose running sum exceeds u * z2. If u * z2
-     * rounded up to z2 there is none: take the last token that increased the
-     * running sum (never a zero or negligible weight). */
-    const double target = ds_rng_uniform(p->seed, (uint64_t)position) * z2;
-    double cum = 0;
-    int pick = -1, last_inc = 0;
-    for (int j = 0; j < m; j++) {
-        double next = cum + e[j];
-        if (next != cum) last_inc = j;
-        cum = next;
-        if (cum > target) {
-            pick = j;
-            break;
-        }
+    /* The draw: u * z over the kept weights (z >= 2^52: the top token survives
+     * every filter), walked in id order, a block at a time. */
+    const uint64_t r = (uint64_t)(ds_rng_uniform(p->seed, (uint64_t)position) * 0x1p53); /* exact */
+    const u128 target = scale_draw(r, z); /* < z */
+    u128 cum = 0;
+    int b = 0;
+    while (cum + bs[b] <= target) cum += bs[b++];
+    int j = b * DS_QBLOCK;
+    for (;; j++) {
+        cum += q[j];
+        if (cum > target) break;
     }
-    if (pick < 0) pick = last_inc;
-    *out_token = (int32_t)(keys[pick] & idmask);
+    *out_token = idv ? idv[j] : j;
     return 0;
 }
 

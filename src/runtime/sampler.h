@@ -19,35 +19,45 @@
  *                                 w = w - (presence + frequency * c)
  *   3. temperature == 0: greedy = argmax w, ties -> lower token id. Done.
  *   4. x[i] = ((double)w[i] - (double)wmax) / temperature  (all x <= 0; if wmax
- *      is +inf: x = 0 for the +inf tokens, -inf for the rest), e[i] = ds_sample_exp(x[i]).
- *   5. Candidates ordered by (w desc, id asc): a total order, so the result never
- *      depends on sort stability. top_k keeps the first k.
- *   6. Z = sum of e in that order (double). top_p < 1 keeps the smallest prefix
- *      whose running sum >= top_p * Z (at least one token).
+ *      is +inf: x = 0 for the +inf tokens, -inf for the rest), e[i] = ds_sample_exp(x[i]),
+ *      and the token's weight is the integer q[i] = floor(e[i] * 2^52) (the top
+ *      token's is 2^52; tokens with e < 2^-52, x < -36.04, weigh 0 and are
+ *      never drawn). Every sum below is an exact integer sum, so no result
+ *      depends on the order of a summation.
+ *   5. top_k keeps the first k tokens in the order (w desc, id asc), a total
+ *      order, so the result never depends on sort stability.
+ *   6. top_p < 1 keeps the shortest prefix of that order (within top-k's) whose
+ *      weight is >= need = ceil(top_p * Z) (double arithmetic; Z the weight of
+ *      top-k's survivors; need at least 1).
  *   7. min_p > 0 drops tokens with e < min_p * e(top token) (e(top) = 1 exactly).
- *   8. Z' = sum of the kept e in order; u = ds_rng_uniform(seed, position);
- *      the token is the first kept one whose running sum > u * Z' (inverse CDF);
- *      if u * Z' rounded up to Z', the last kept token that increased the sum.
- * Probabilities are never normalised explicitly: the comparisons above are the
- * normalised ones multiplied through by Z, which is the same rule with fewer
- * roundings.
+ *   8. Z' = the kept weight; r = the 53 bits of ds_rng_uniform(seed, position);
+ *      the token is the first kept one, walking the vocabulary in id order,
+ *      whose running weight exceeds floor(r * Z' / 2^53) (inverse CDF; never a
+ *      token of weight 0).
+ * The walk in id order needs no sort: only top-k and top-p order the tokens,
+ * and they only choose which tokens are kept.
  *
  * Speed, without changing any result (proofs at the code):
- *   - every running sum starts with e(top) = 1, and a weight < 2^-53 cannot
- *     change a double sum >= 1, so tokens with x < -37 (e < 8.6e-17) — a suffix
- *     of the order — are dropped before ordering;
- *   - with top_p == 1, tokens with x < log(min_p) - 1e-6 (surely e < min_p) too;
- *   - the cut is found once by bisection over float bit patterns (x is monotone
- *     in w), so the candidate loop is one float compare per token;
- *   - top_k <= 4096 (and < vocab/4): a k-heap over the tokens, then the k keys
- *     are sorted;
- *     otherwise a stable LSD radix sort on the 32 logit bits of keys built in id
- *     order (stability supplies the id tie-break);
- *   - with AVX2, clean/max and exp use vector code with the scalar operations
- *     in the scalar order (the build's -ffp-contract=off keeps them unfused),
- *     so SIMD and portable builds give the same bits (golden test).
- * Measured at vocab 129280 on a 2-core EPYC VM: greedy ~10 us, top_k=50 ~60 us,
- * min_p=0.05 ~40 us, full distribution (T only / top_p) ~0.75 ms per token.
+ *   - tokens with x < -52 ln 2 (weight 0) are left out before anything else,
+ *     and with top_p == 1, tokens with x < log(min_p) - 1e-6 (surely e < min_p);
+ *     the cut is found once by bisection over float bit patterns (x is monotone
+ *     in w), so the candidate test is one float compare per token;
+ *   - the weights of the whole vocabulary in one vector pass (AVX2: four
+ *     tokens at a time, a group below the cut skipped after one compare);
+ *   - top_k <= 4096 (and < vocab/4): a k-heap over the tokens (eight at a
+ *     time skipped when none beats the heap's root), the draw over those k;
+ *     otherwise top-k and top-p are one key each, the last kept, found by a
+ *     radix selection over exact integer weights (counts for top-k), without
+ *     sorting;
+ *   - the draw's walk goes a block of 2048 tokens at a time (64-bit block sums);
+ *   - with AVX2, clean/max, exp and the quantization use vector code with the
+ *     scalar operations in the scalar order (the build's -ffp-contract=off
+ *     keeps them unfused), so SIMD and portable builds give the same bits
+ *     (golden test).
+ * Measured at vocab 129280 on a 2-core EPYC VM: greedy ~10 us, top_k=50 ~40-70 us,
+ * full distribution (T only, min_p) ~0.4 ms, top_p < 1 ~1.0-1.3 ms per token
+ * (until 2026-12-02 a full sort and double sums in sorted order: 1.1 ms for
+ * both, which the draws' bits changed from).
  */
 #ifndef DS_SAMPLER_H
 #define DS_SAMPLER_H
@@ -74,7 +84,7 @@ void ds_sampling_init(ds_sampling *p);
 int ds_sampling_validate(const ds_sampling *p, ds_err *err);
 
 /* Caller-owned working memory for one sampling call at a time (one per thread),
- * sized for vocabularies up to max_vocab (about 28 bytes per token). */
+ * sized for vocabularies up to max_vocab (about 52 bytes per token). */
 typedef struct ds_sample_scratch ds_sample_scratch;
 
 ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err);
