@@ -428,6 +428,10 @@ static void rate_add(ds_sched *s, double t, uint64_t n) {
     s->rate_n[s->rate_i] = n;
 }
 
+/* The logits one member of the sampling team should have to read at least
+ * (a draw of the whole distribution reads its logits in ~3-5 ns each). */
+#define DRAW_LOGITS_PER_MEMBER 32768
+
 /* A free sampling scratch: at most n_scr draws run at once, so one is free
  * (were there more, a draw would spin until another one ends). */
 static int scratch_take(ds_sched *s) {
@@ -598,8 +602,13 @@ static void *sched_main(void *arg) {
             if (s->items[i].logits) s->samp[n_samp++] = i;
         if (s->be->host_for && n_samp > 1) {
             s->be->host_for(s->be, n_samp, draw, s);
-        } else { /* a team no larger than the draws: an idle member only takes a core from the others */
+        } else {
+            /* A team no larger than the draws (an idle member only takes a core
+             * from the others) nor than their work: waking a member costs tens
+             * of microseconds, as much as a draw over a few thousand logits. */
             int team = n_samp < s->n_scr ? n_samp : s->n_scr;
+            const long by_work = (long)n_samp * s->n_live / DRAW_LOGITS_PER_MEMBER + 1;
+            if (team > by_work) team = (int)by_work;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
             for (int j = 0; j < n_samp; j++) draw(s, j);
         }
