@@ -108,6 +108,7 @@ template <int HW> __device__ __forceinline__ float att_sums(const float (&v)[HW]
  * operations are the ORDER above, the same for every HW: the same bits. */
 template <int NC, int HW>
 __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_part_kernel(att_args a) {
+    DSC_PDL_WAIT();
     __shared__ float sbuf[DSC_ATT_WARPS][HW][DSC_ATT_KB];
     __shared__ const float *kptr[DSC_ATT_WARPS][DSC_ATT_KB];
     int lane = threadIdx.x & 31, wl = threadIdx.x >> 5, ng = a.H / HW;
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_part_kernel(att_args 
 
 template <int NC>
 __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_merge_kernel(att_args a) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
     size_t i = (size_t)blockIdx.x * DSC_ATT_WARPS + wl;
     if (i >= (size_t)a.nrows * a.H) return;
@@ -259,12 +261,11 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_merge_kernel(att_args
 template <int NC, int HW> static void attn_part(const att_args &a, cudaStream_t st) {
     size_t warps = (size_t)a.nrows * (a.H / HW);
     dim3 g((unsigned)((warps + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), (unsigned)a.nblk);
-    attn_part_kernel<NC, HW><<<g, DSC_ATT_WARPS * 32, 0, st>>>(a);
+    dsc_launch(attn_part_kernel<NC, HW>, g, DSC_ATT_WARPS * 32, 0, st, a);
 }
 
 /* the part kernel with the heads per warp of heuristics.h, then the merge */
-template <int NC>
-static void attn_launch(const att_args &a, cudaStream_t st) {
+template <int NC> static void attn_launch(const att_args &a, cudaStream_t st) {
     int hw = dsc_att_heads_per_warp(a.nrows, a.H, NC);
     if constexpr (NC <= 4) {
         if (hw == 4) attn_part<NC, 4>(a, st);
@@ -272,7 +273,8 @@ static void attn_launch(const att_args &a, cudaStream_t st) {
         else attn_part<NC, 1>(a, st);
     } else attn_part<NC, 1>(a, st);
     size_t pairs = (size_t)a.nrows * a.H;
-    attn_merge_kernel<NC><<<(unsigned)((pairs + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), DSC_ATT_WARPS * 32, 0, st>>>(a);
+    dsc_launch(attn_merge_kernel<NC>, (unsigned)((pairs + DSC_ATT_WARPS - 1) / DSC_ATT_WARPS), DSC_ATT_WARPS * 32, 0,
+               st, a);
 }
 
 extern "C" int dsc_attention(const ds_backend *be, const ds_attention_params *p, ds_err *err) {
@@ -329,6 +331,7 @@ __global__ void window_store_kernel(int layer, int n_layers, int W, int d, int T
                                     const int *__restrict__ tok_seq, const int *__restrict__ seq_row0,
                                     const int *__restrict__ seq_n, const int64_t *__restrict__ seq_pos0,
                                     const ds_layer_mem *__restrict__ mem) {
+    DSC_PDL_WAIT();
     int t = blockIdx.y;
     int s = tok_seq[t], i = t - seq_row0[s], n = seq_n[s];
     if (i < n - W) return;
@@ -346,7 +349,7 @@ extern "C" int dsc_window_store(const ds_backend *be, const ds_window_store_para
     if (st->T > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", st->T);
     if (p->layer < 0 || p->layer >= st->n_layers) return dsc_failmsg(err, op, "layer %d of %d", p->layer, st->n_layers);
     dim3 grid((unsigned)((p->d + 255) / 256), (unsigned)st->T);
-    window_store_kernel<<<grid, 256, 0, I->stream>>>(p->layer, st->n_layers, p->window, p->d, st->T, p->kv,
-                                                     st->tok_seq, st->seq_row0, st->seq_n, st->seq_pos0, st->mem);
+    dsc_launch(window_store_kernel, grid, 256, 0, I->stream, p->layer, st->n_layers, p->window, p->d, st->T, p->kv,
+               st->tok_seq, st->seq_row0, st->seq_n, st->seq_pos0, st->mem);
     return dsc_check_launch(err, op);
 }

@@ -272,13 +272,14 @@ static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes
 }
 
 __global__ void fp4_reorder_kernel(uint32_t *w, size_t n) {
+    DSC_PDL_WAIT();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) w[i] = dsc_fp4_store_word(w[i]);
 }
 
 cudaError_t dsc_fp4_reorder(cudaStream_t st, uint32_t *words, size_t n) {
     if (!n) return cudaSuccess;
-    fp4_reorder_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(words, n);
+    dsc_launch(fp4_reorder_kernel, (unsigned)((n + 255) / 256), 256, 0, st, words, n);
     return cudaGetLastError();
 }
 
@@ -406,6 +407,7 @@ static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err
 
 template <int KIND>
 __global__ void embed_kernel(dsc_w w, const int32_t *__restrict__ tok, int n, float *__restrict__ X) {
+    DSC_PDL_WAIT();
     int t = blockIdx.y, D = w.cols;
     int id = tok[t];
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
@@ -424,11 +426,11 @@ static int c_embed(const ds_backend *be, const ds_embed_params *p, ds_err *err) 
     dsc_w w = dsc_wdesc(p->w);
     dim3 grid((unsigned)((w.cols + 255) / 256), (unsigned)T);
     switch (p->w->kind) {
-    case DS_W_F32: embed_kernel<DS_W_F32><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
-    case DS_W_BF16: embed_kernel<DS_W_BF16><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
-    case DS_W_F16: embed_kernel<DS_W_F16><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
-    case DS_W_FP8: embed_kernel<DS_W_FP8><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
-    case DS_W_FP4: embed_kernel<DS_W_FP4><<<grid, 256, 0, I->stream>>>(w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_F32: dsc_launch(embed_kernel<DS_W_F32>, grid, 256, 0, I->stream, w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_BF16: dsc_launch(embed_kernel<DS_W_BF16>, grid, 256, 0, I->stream, w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_F16: dsc_launch(embed_kernel<DS_W_F16>, grid, 256, 0, I->stream, w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_FP8: dsc_launch(embed_kernel<DS_W_FP8>, grid, 256, 0, I->stream, w, I->step.tok_id, p->n, p->X); break;
+    case DS_W_FP4: dsc_launch(embed_kernel<DS_W_FP4>, grid, 256, 0, I->stream, w, I->step.tok_id, p->n, p->X); break;
     default: return dsc_failmsg(err, op, "unknown storage kind");
     }
     return dsc_check_launch(err, op);
@@ -443,6 +445,7 @@ struct gather_rows {
 
 __global__ void gather_kernel(const float *__restrict__ src, const int *__restrict__ rows, gather_rows ra, int width,
                               float *__restrict__ dst) {
+    DSC_PDL_WAIT();
     int j = blockIdx.y;
     const float *s = src + (size_t)(rows ? rows[j] : ra.r[j]) * width;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x)
@@ -468,7 +471,7 @@ static int c_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err
         if (e != cudaSuccess) return dsc_fail(err, op, "upload of the row list", e);
     }
     dim3 grid((unsigned)((p->width + 255) / 256 < 64 ? (p->width + 255) / 256 : 64), (unsigned)p->n);
-    gather_kernel<<<grid, 256, 0, I->stream>>>(p->src, rows, ra, p->width, p->dst);
+    dsc_launch(gather_kernel, grid, 256, 0, I->stream, p->src, rows, ra, p->width, p->dst);
     return dsc_check_launch(err, op);
 }
 

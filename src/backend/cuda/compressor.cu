@@ -62,6 +62,7 @@ __device__ __forceinline__ void comp_slot(const comp_args &a, const ds_comp_mem 
 }
 
 __global__ void __launch_bounds__(DSC_COMP_THREADS) comp_entry_kernel(comp_args a) {
+    DSC_PDL_WAIT();
     extern __shared__ float e[]; /* [d] */
     __shared__ float sh[32];
     int t = blockIdx.x;
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(DSC_COMP_THREADS) comp_entry_kernel(comp_args 
 
 /* prev <- series A of the last window closed in the step (reads the old pend). */
 __global__ void comp_prev_kernel(comp_args a) {
+    DSC_PDL_WAIT();
     int t = blockIdx.x;
     int64_t pos = a.tok_pos[t];
     if (pos % a.R != a.R - 1) return;
@@ -135,6 +137,7 @@ __global__ void comp_prev_kernel(comp_args a) {
 
 /* pend[pos % R] <- the step's last row of each slot. */
 __global__ void comp_pend_kernel(comp_args a) {
+    DSC_PDL_WAIT();
     int t = blockIdx.x;
     int s = a.tok_seq[t];
     if (t - a.seq_row0[s] + a.R < a.seq_n[s]) return; /* a later row has the slot */
@@ -160,12 +163,12 @@ extern "C" int dsc_compress(const ds_backend *be, const ds_compress_params *p, d
     comp_args a = {p->layer, st->n_layers, p->which, p->ratio, p->d, (p->overlap ? 2 : 1) * p->d, p->overlap, p->half,
                    p->ape, p->norm, p->kv, p->gate, p->inv_freq, p->eps, st->tok_seq, st->seq_row0, st->seq_n,
                    st->tok_pos, st->seq_pos0, st->mem};
-    comp_entry_kernel<<<(unsigned)st->T, DSC_COMP_THREADS, smem, I->stream>>>(a);
+    dsc_launch(comp_entry_kernel, (unsigned)st->T, DSC_COMP_THREADS, smem, I->stream, a);
     if (dsc_check_launch(err, op)) return -1;
     if (p->overlap) {
-        comp_prev_kernel<<<(unsigned)st->T, DSC_COMP_THREADS, 0, I->stream>>>(a);
+        dsc_launch(comp_prev_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, I->stream, a);
         if (dsc_check_launch(err, op)) return -1;
     }
-    comp_pend_kernel<<<(unsigned)st->T, DSC_COMP_THREADS, 0, I->stream>>>(a);
+    dsc_launch(comp_pend_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, I->stream, a);
     return dsc_check_launch(err, op);
 }

@@ -126,6 +126,7 @@ extern "C" int dsc_ep_comm_init(const ds_backend *be, const void *id, size_t len
  * by stride */
 __global__ void ep_gather_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx,
                                  int rows, int D) {
+    DSC_PDL_WAIT();
     for (int j = blockIdx.y; j < rows; j += gridDim.y) {
         const float *s = src + (size_t)idx[j] * D;
         float *d = dst + (size_t)j * D;
@@ -136,6 +137,7 @@ __global__ void ep_gather_kernel(float *__restrict__ dst, const float *__restric
 /* dst[idx[j]] = src[j] (unpack) */
 __global__ void ep_scatter_kernel(float *__restrict__ dst, const float *__restrict__ src, const int *__restrict__ idx,
                                   int rows, int D) {
+    DSC_PDL_WAIT();
     for (int j = blockIdx.y; j < rows; j += gridDim.y) {
         const float *s = src + (size_t)j * D;
         float *d = dst + (size_t)idx[j] * D;
@@ -212,14 +214,15 @@ extern "C" int dsc_ep_exchange(const ds_backend *be, int nb, float *const *bufs,
     for (int b = 0; b < nb; b++) {
         int w = widths[b];
         if (pl->n_pack)
-            ep_gather_kernel<<<rows_grid(pl->n_pack, w), 256, 0, I->stream>>>(send, bufs[b], dmap, pl->n_pack, w);
+            dsc_launch(ep_gather_kernel, rows_grid(pl->n_pack, w), 256, 0, I->stream, send, bufs[b], dmap, pl->n_pack,
+                       w);
         if (dsc_check_launch(err, op)) return -1;
         ncclResult_t r = n->group_start();
         if (r == ncclSuccess) r = run_ops(I, n, pl, bufs[b], w, send, recv);
         if (nccl_check(n, r, n->group_end(), err, op, "the exchange (NCCL group)")) return -1;
         if (pl->n_recv)
-            ep_scatter_kernel<<<rows_grid(pl->n_recv, w), 256, 0, I->stream>>>(bufs[b], recv, dmap + pl->n_pack,
-                                                                               pl->n_recv, w);
+            dsc_launch(ep_scatter_kernel, rows_grid(pl->n_recv, w), 256, 0, I->stream, bufs[b], recv, dmap + pl->n_pack,
+                       pl->n_recv, w);
         if (dsc_check_launch(err, op)) return -1;
     }
     return 0;

@@ -26,6 +26,7 @@ struct idx_args {
 };
 
 __global__ void __launch_bounds__(DSC_IDX_WARPS * 32) idx_score_kernel(idx_args a) {
+    DSC_PDL_WAIT();
     extern __shared__ float qs[]; /* [nh*dh] then [nh] weights */
     int t = a.t0 + blockIdx.y, lane = threadIdx.x & 31;
     int nv = (int)((a.tok_pos[t] + 1) / a.ratio);
@@ -58,6 +59,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 __global__ void __launch_bounds__(DSC_IDX_SEL_THREADS) idx_select_kernel(idx_args a) {
+    DSC_PDL_WAIT();
     __shared__ int hist[256];
     __shared__ uint32_t sh_prefix, sh_mask;
     __shared__ int sh_need, wtot[2][32];
@@ -161,9 +163,9 @@ extern "C" int dsc_indexer(const ds_backend *be, const ds_indexer_params *p, ds_
         size_t gx = (stride + DSC_IDX_WARPS - 1) / DSC_IDX_WARPS;
         size_t cap = (size_t)4 * I->n_sm; /* enough warps per row; the grid never changes a score */
         dim3 grid((unsigned)(gx < cap ? gx : cap), (unsigned)n);
-        idx_score_kernel<<<grid, DSC_IDX_WARPS * 32, smem, I->stream>>>(a);
+        dsc_launch(idx_score_kernel, grid, DSC_IDX_WARPS * 32, smem, I->stream, a);
         if (dsc_check_launch(err, op)) return -1;
-        idx_select_kernel<<<(unsigned)n, DSC_IDX_SEL_THREADS, 0, I->stream>>>(a);
+        dsc_launch(idx_select_kernel, (unsigned)n, DSC_IDX_SEL_THREADS, 0, I->stream, a);
         if (dsc_check_launch(err, op)) return -1;
     }
     return 0;

@@ -12,6 +12,38 @@
 #include "backend/backend.h"
 #include "backend/cuda/heuristics.h"
 
+/* ---- kernel launches ------------------------------------------------ */
+
+/* Every kernel starts with DSC_PDL_WAIT() and is launched by dsc_launch, with
+ * programmatic dependent launch (Hopper; docs/cuda.md "Launches"): the grid is
+ * scheduled while the previous kernel in the stream drains, and the wait holds
+ * the whole body until that kernel has completed and its writes are visible.
+ * So each kernel still runs after the one before it, on the same inputs, with
+ * the same bits; only the launch latency between them is hidden. A kernel
+ * launched without the attribute (after a copy, under a profiler) does not
+ * wait. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DSC_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define DSC_PDL_WAIT() ((void)0)
+#endif
+
+template <typename... P, typename... A>
+static inline cudaError_t dsc_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                     A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = st;
+    c.attrs = at;
+    c.numAttrs = 1;
+    return cudaLaunchKernelEx(&c, kernel, static_cast<A &&>(args)...);
+}
+
 /* ---- the backend's state (be->impl) ---------------------------------- */
 
 /* A grow-only device buffer. A buffer that grows while a step is being

@@ -17,6 +17,7 @@
 /* Random codes of a storage kind: no NaN (e4m3 0x7f / 0xff), E8M0 scales
  * 2^-7 .. 2^0, bf16 values of magnitude 2^-7 .. 2^-6. */
 __global__ void kb_fill(uint8_t *p, size_t n, uint32_t seed, int what) {
+    DSC_PDL_WAIT();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15;
@@ -31,6 +32,7 @@ __global__ void kb_fill(uint8_t *p, size_t n, uint32_t seed, int what) {
 }
 
 __global__ void kb_fill_x(float *x, size_t n, uint32_t seed) {
+    DSC_PDL_WAIT();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 16;
@@ -154,12 +156,15 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
             cudaGetLastError();
             rc = dsc_failmsg(err, op, "%s [%d x %d]: out of device memory", c->name, c->rows, c->cols);
         } else {
-            kb_fill<<<1024, 256, 0, st>>>(w, wb, 0x1234u + (uint32_t)ci, c->kind == DS_W_FP8 ? 1 : c->kind == DS_W_BF16 ? 3 : 0);
-            if (sb) kb_fill<<<256, 256, 0, st>>>(sc, sb, 0x99u, 2);
-            kb_fill_x<<<1024, 256, 0, st>>>(x, xn, 0x77u);
+            dsc_launch(kb_fill, 1024, 256, 0, st, w, wb, 0x1234u + (uint32_t)ci,
+                       c->kind == DS_W_FP8    ? 1
+                       : c->kind == DS_W_BF16 ? 3
+                                              : 0);
+            if (sb) dsc_launch(kb_fill, 256, 256, 0, st, sc, sb, 0x99u, 2);
+            dsc_launch(kb_fill_x, 1024, 256, 0, st, x, xn, 0x77u);
             if (have_blas) {
-                kb_fill<<<1024, 256, 0, st>>>((uint8_t *)wbf, (size_t)c->rows * c->cols * 2, 0x55u, 3);
-                kb_fill<<<1024, 256, 0, st>>>((uint8_t *)xbf, xn * 2, 0x66u, 3);
+                dsc_launch(kb_fill, 1024, 256, 0, st, (uint8_t *)wbf, (size_t)c->rows * c->cols * 2, 0x55u, 3);
+                dsc_launch(kb_fill, 1024, 256, 0, st, (uint8_t *)xbf, xn * 2, 0x66u, 3);
             }
             dsc_w d = {w, sc, c->rows, c->cols, 0, c->kind == DS_W_FP8 ? (c->cols + 127) / 128 : c->cols / 32, 0};
             for (int ti = 0; ti < 2 && *n_out < cap; ti++) {

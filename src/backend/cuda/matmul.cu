@@ -19,6 +19,7 @@ template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32)
     mm_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y, int ys,
               int xvec) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
     if (r >= w.rows) return;
     const float *xb = x + (size_t)(r / rpg) * (size_t)xg;
@@ -48,6 +49,7 @@ template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32)
     mm_tiled_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y,
                     int ys) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
     if (r0 >= w.rows) return;
     const float *xb = x + (size_t)(r0 / rpg) * (size_t)xg;
@@ -81,6 +83,7 @@ template <int KIND, int RW>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32)
     mm_gemv_kernel(dsc_w w, const float *__restrict__ x, int xs, int xg, int rpg, int T, float *__restrict__ y,
                    int ys) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
     if (r0 >= w.rows) return;
     const float *xb = x + (size_t)(r0 / rpg) * (size_t)xg;
@@ -112,24 +115,27 @@ static void launch(cudaStream_t st, dsc_w w, const float *x, int xs, int xg, int
     if (T >= DSC_MM_TILED_MIN_T && regular<KIND>(w, rpg, xvec)) {
         int rpb = DSC_MM_WARPS * DSC_MM_RW;
         dim3 grid((unsigned)((w.rows + rpb - 1) / rpb), (unsigned)(ty < 65535 ? ty : 65535));
-        mm_tiled_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        dsc_launch(mm_tiled_kernel<KIND>, grid, block, 0, st, w, x, xs, xg, rpg, T, y, ys);
         return;
     }
     int rw = dsc_gemv_rows(w.rows);
     while (rw > 1 && !regular<KIND>(w, rpg, xvec, rw)) rw /= 2;
     if (T < DSC_MM_TILED_MIN_T && regular<KIND>(w, rpg, xvec, rw)) {
         dim3 grid((unsigned)((w.rows + DSC_MM_WARPS * rw - 1) / (DSC_MM_WARPS * rw)));
-        if (rw == 4) mm_gemv_kernel<KIND, 4><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
-        else if (rw == 2) mm_gemv_kernel<KIND, 2><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
-        else mm_gemv_kernel<KIND, 1><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys);
+        if (rw == 4)
+            dsc_launch(mm_gemv_kernel<KIND, 4>, grid, block, 0, st, w, x, xs, xg, rpg, T, y, ys);
+        else if (rw == 2)
+            dsc_launch(mm_gemv_kernel<KIND, 2>, grid, block, 0, st, w, x, xs, xg, rpg, T, y, ys);
+        else
+            dsc_launch(mm_gemv_kernel<KIND, 1>, grid, block, 0, st, w, x, xs, xg, rpg, T, y, ys);
         return;
     }
     dim3 grid((unsigned)((w.rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), (unsigned)(ty < 65535 ? ty : 65535));
-    mm_kernel<KIND><<<grid, block, 0, st>>>(w, x, xs, xg, rpg, T, y, ys, xvec);
+    dsc_launch(mm_kernel<KIND>, grid, block, 0, st, w, x, xs, xg, rpg, T, y, ys, xvec);
 }
 
-int dsc_launch_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
-                      int T, float *y, int ys) {
+int dsc_launch_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
+                      float *y, int ys) {
     if (T <= 0 || w.rows <= 0) return 0;
     /* BF16 / FP8 / FP4-E8M0 matrices with 16-byte rows: tensor cores, for every T */
     if (dsc_mma_fits(kind, w, rpg)) return dsc_mma_matmul(st, mb, kind, w, x, xs, xg, rpg, T, y, ys);

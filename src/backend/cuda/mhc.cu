@@ -56,6 +56,7 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
                               const float *__restrict__ sc, const float *__restrict__ X, int n, int D, int iters,
                               float eps, float *__restrict__ x_in, float *__restrict__ post,
                               float *__restrict__ comb) {
+    DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
     int rows = (2 + n) * n;
@@ -110,6 +111,7 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
 __global__ void hc_head_kernel(const float *__restrict__ m, const float *__restrict__ base,
                                const float *__restrict__ sc, const float *__restrict__ X, int n, int D, float eps,
                                float *__restrict__ x) {
+    DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
     if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(m[t * n + threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
@@ -133,6 +135,7 @@ template <int V>
 __global__ void hc_post_kernel(int n, int D, int Tn, const float *__restrict__ X, const float *__restrict__ y,
                                const float *__restrict__ post, const float *__restrict__ comb,
                                float *__restrict__ Xout) {
+    DSC_PDL_WAIT();
     int k = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (k >= D) return;
     for (int tj = blockIdx.y; tj < Tn; tj += gridDim.y) {
@@ -176,6 +179,7 @@ __global__ void hc_post_kernel(int n, int D, int Tn, const float *__restrict__ X
 template <int KIND, bool FUSE>
 __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, int tpb,
                                                                 float eps, float *__restrict__ m) {
+    DSC_PDL_WAIT();
     __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
     __shared__ float wsum[HC_MIX_NT][8], rs[HC_MIX_NT];
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5, K = w.cols;
@@ -241,6 +245,7 @@ __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const f
 #define HC_MIX_RG_MIN_T 32 /* tokens from which the row groups pay (not ORDER) */
 __global__ void __launch_bounds__(256) hc_mix_rg_kernel(dsc_w w, const float *__restrict__ f, int T,
                                                         float *__restrict__ m) {
+    DSC_PDL_WAIT();
     extern __shared__ float seg[]; /* [HC_MIX_RG][HC_MIX_NT][nseg] */
     int r0 = blockIdx.x * HC_MIX_RG, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int K = w.cols, rows = w.rows, nseg = (K + HC_SEG - 1) / HC_SEG;
@@ -333,20 +338,26 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         ((uintptr_t)f & 15) == 0) {
         dim3 gr((unsigned)((mrows + HC_MIX_RG - 1) / HC_MIX_RG), grid.y);
         size_t sm = sizeof(float) * HC_MIX_RG * HC_MIX_NT * ((nd + HC_SEG - 1) / HC_SEG);
-        hc_mix_rg_kernel<<<gr, 256, sm, I->stream>>>(w, f, T, m);
+        dsc_launch(hc_mix_rg_kernel, gr, 256, sm, I->stream, w, f, T, m);
     } else {
         switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
         case DS_W_F32:
-            if (fuse) hc_mix_kernel<DS_W_F32, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
-            else hc_mix_kernel<DS_W_F32, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_F32, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_F32, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
             break;
         case DS_W_BF16:
-            if (fuse) hc_mix_kernel<DS_W_BF16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
-            else hc_mix_kernel<DS_W_BF16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_BF16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_BF16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
             break;
         case DS_W_F16:
-            if (fuse) hc_mix_kernel<DS_W_F16, true><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, X, T, tpb, eps, m);
-            else hc_mix_kernel<DS_W_F16, false><<<grid, HC_MIX_THREADS, 0, I->stream>>>(w, f, T, tpb, eps, m);
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_F16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_F16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
             break;
         default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
             if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
@@ -369,9 +380,8 @@ extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_er
     if (!m) return -1;
     /* the channel blocks, then one block for the comb */
     dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64) + 1);
-    hc_pre_kernel<<<grid, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
-                                                                  hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post,
-                                                                  p->comb);
+    dsc_launch(hc_pre_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D,
+               hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post, p->comb);
     return dsc_check_launch(err, op);
 }
 
@@ -383,8 +393,8 @@ extern "C" int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_
     float *m = mixes(be, hc, p->X, p->R, hc->n, err, op);
     if (!m) return -1;
     dim3 grid((unsigned)p->R, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
-    hc_head_kernel<<<grid, 256, 0, dsc_of(be)->stream>>>(m, hc->base, hc->scale, p->X, hc->n, hc->D,
-                                                                   hc->hc_eps, p->x);
+    dsc_launch(hc_head_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D, hc->hc_eps,
+               p->x);
     return dsc_check_launch(err, op);
 }
 
@@ -399,7 +409,11 @@ extern "C" int dsc_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_
     int V = v4 ? 4 : 1;
     dim3 grid((unsigned)((p->D / V + DSC_EW_THREADS - 1) / DSC_EW_THREADS), (unsigned)(Tn < 65535 ? Tn : 65535));
     cudaStream_t st = dsc_of(be)->stream;
-    if (v4) hc_post_kernel<4><<<grid, DSC_EW_THREADS, 0, st>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
-    else hc_post_kernel<1><<<grid, DSC_EW_THREADS, 0, st>>>(p->n, p->D, Tn, p->X, p->y, p->post, p->comb, p->Xout);
+    if (v4)
+        dsc_launch(hc_post_kernel<4>, grid, DSC_EW_THREADS, 0, st, p->n, p->D, Tn, p->X, p->y, p->post, p->comb,
+                   p->Xout);
+    else
+        dsc_launch(hc_post_kernel<1>, grid, DSC_EW_THREADS, 0, st, p->n, p->D, Tn, p->X, p->y, p->post, p->comb,
+                   p->Xout);
     return dsc_check_launch(err, op);
 }

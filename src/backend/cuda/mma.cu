@@ -388,6 +388,7 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
  * either way, for any MI, and the same as mma_tile_kernel. */
 template <int KIND, int MODE, int NB, int MI = 1>
 __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
+    DSC_PDL_WAIT();
     const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GR0 = DSC_MMA_DLOADS / (2 * CPT * MI), GR = GR0 > 0 ? GR0 : 1;
     int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int wi = blockIdx.x * DSC_MMA_DSW + (threadIdx.x >> 5);
@@ -521,6 +522,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
  * the round's partials in group order. */
 template <int KIND, int MODE, int NB, bool HX>
 __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
+    DSC_PDL_WAIT();
     const int CPT = mk<KIND>::CPT, NTOK = 8 * NB, GW = mk<KIND>::GW, SLOTS = DSC_MMA_DW * GW;
     const int NOUT = 16 * NTOK, PER = (NOUT + DSC_MMA_DW * 32 - 1) / (DSC_MMA_DW * 32);
     extern __shared__ float part[]; /* [SLOTS][16][NTOK] */
@@ -714,6 +716,7 @@ __device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng, i
 template <int KIND, int MODE, int UG>
 __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32, UG == 2 ? 2 : 1)
     mma_str_kernel(mma_args a) {
+    DSC_PDL_WAIT();
     const int CPT = mk<KIND>::CPT, DW = blockDim.x >> 5, NTH = blockDim.x;
     extern __shared__ __align__(16) uint8_t smx[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -804,6 +807,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
  * over groups in group order are mma_str_kernel's: the same bits. */
 template <int KIND, int MODE, int D, int MINB>
 __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_args a) {
+    DSC_PDL_WAIT();
     const int CPT = mk<KIND>::CPT, DW = DSC_MMA_DW;
     extern __shared__ __align__(16) uint8_t smx[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -944,6 +948,7 @@ template <int KIND, int BM, int BN, int NST> struct mt {
  * walks the groups in order for each of its outputs. */
 template <int KIND, int MODE, int WM, int WN, int MI, int NI, int NST, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a) {
+    DSC_PDL_WAIT();
     const int BM = WM * MI * 16, BN = WN * NI * 8, NTH = WM * WN * 32;
     static_assert(BM * 4 * mk<KIND>::CPT % NTH == 0 && BN * 32 % NTH == 0 && NTH % (4 * mk<KIND>::CPT) == 0,
                   "whole loads per thread");
@@ -1128,6 +1133,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
 
 /* x -> the split form: 4 activations -> {hi x4, lo x4} (16 bytes). */
 __global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict__ o, size_t n4) {
+    DSC_PDL_WAIT();
     int al = ((uintptr_t)x & 15) == 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         const float *p = x + 4 * i;
@@ -1145,7 +1151,7 @@ static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) { return dsc_buf_grow
 static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n) {
     if (grow(buf, n * 4, st)) return -1;
     size_t n4 = n / 4, blocks = (n4 + 255) / 256;
-    mma_split_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st>>>(x, (uint4 *)buf->p, n4);
+    dsc_launch(mma_split_kernel, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st, x, (uint4 *)buf->p, n4);
     return 0;
 }
 
@@ -1165,7 +1171,7 @@ static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm,
         cudaFuncSetAttribute(mma_str_kernel<KIND, MODE, UG>, cudaFuncAttributeMaxDynamicSharedMemorySize, DSC_MMA_STR_SMEM);
         attr = 1;
     }
-    mma_str_kernel<KIND, MODE, UG><<<grid, (unsigned)nw * 32, sm, st>>>(a);
+    dsc_launch(mma_str_kernel<KIND, MODE, UG>, grid, (unsigned)nw * 32, sm, st, a);
 }
 
 /* mma_strm_kernel's shared memory: ntk tokens' split activations, two
@@ -1204,7 +1210,7 @@ template <int KIND, int MODE> static void launch_strm(cudaStream_t st, mma_args 
     long tiles = (rows + 15) / 16, per = ((long)MINB * sm_count() + nz - 1) / nz;
     dim3 grid((unsigned)(tiles < per ? tiles : per), 1, nz);
     a.ntk = ntk;
-    kern<<<grid, DSC_MMA_DW * 32, mma_strm_smem(a.w.cols, ntk), st>>>(a);
+    dsc_launch(kern, grid, DSC_MMA_DW * 32, mma_strm_smem(a.w.cols, ntk), st, a);
 }
 
 /* split: whether the tiles' groups may be split over units (plain products:
@@ -1250,10 +1256,13 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
         /* activations loaded ahead (more registers, less occupancy) only for
          * matrices of fewer tiles (heuristics.h) */
         if (NB == 1 && (rows + 15) / 16 < DSC_MMA_HX_TILES)
-            mma_blk_kernel<KIND, MODE, 1, true><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-        else if (NB == 1) mma_blk_kernel<KIND, MODE, 1, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-        else if (NB == 2) mma_blk_kernel<KIND, MODE, 2, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
-        else mma_blk_kernel<KIND, MODE, 4, false><<<grid, DSC_MMA_DW * 32, smem, st>>>(a);
+            dsc_launch(mma_blk_kernel<KIND, MODE, 1, true>, grid, DSC_MMA_DW * 32, smem, st, a);
+        else if (NB == 1)
+            dsc_launch(mma_blk_kernel<KIND, MODE, 1, false>, grid, DSC_MMA_DW * 32, smem, st, a);
+        else if (NB == 2)
+            dsc_launch(mma_blk_kernel<KIND, MODE, 2, false>, grid, DSC_MMA_DW * 32, smem, st, a);
+        else
+            dsc_launch(mma_blk_kernel<KIND, MODE, 4, false>, grid, DSC_MMA_DW * 32, smem, st, a);
         return 0;
     }
     /* two m16 tiles a warp (heuristics.h DSC_MMA_DEC_MI2_*): BF16 plain
@@ -1278,12 +1287,15 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
     dim3 grid((unsigned)(((size_t)tiles * U + DSC_MMA_DSW - 1) / DSC_MMA_DSW), ny, nz);
     if constexpr (KIND == DS_W_BF16 && MODE == MMA_PLAIN)
         if (mi2) {
-            mma_dec_kernel<KIND, MODE, 1, 2><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+            dsc_launch(mma_dec_kernel<KIND, MODE, 1, 2>, grid, DSC_MMA_DSW * 32, 0, st, a);
             return 0;
         }
-    if (NB == 1) mma_dec_kernel<KIND, MODE, 1><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
-    else if (NB == 2) mma_dec_kernel<KIND, MODE, 2><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
-    else mma_dec_kernel<KIND, MODE, 4><<<grid, DSC_MMA_DSW * 32, 0, st>>>(a);
+    if (NB == 1)
+        dsc_launch(mma_dec_kernel<KIND, MODE, 1>, grid, DSC_MMA_DSW * 32, 0, st, a);
+    else if (NB == 2)
+        dsc_launch(mma_dec_kernel<KIND, MODE, 2>, grid, DSC_MMA_DSW * 32, 0, st, a);
+    else
+        dsc_launch(mma_dec_kernel<KIND, MODE, 4>, grid, DSC_MMA_DSW * 32, 0, st, a);
     return 0;
 }
 
@@ -1302,7 +1314,7 @@ static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int 
         attr = 1;
     }
     dim3 grid((unsigned)((rows + BM - 1) / BM), (unsigned)((T + BN - 1) / BN), nz);
-    mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB><<<grid, WM * WN * 32, SMEM, st>>>(a);
+    dsc_launch(mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB>, grid, WM * WN * 32, SMEM, st, a);
 }
 
 /* The experts' x16 / x8 shapes: FP4 with the registers capped for
@@ -1431,6 +1443,7 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
 template <bool F32, bool FAST>
 __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
                                   const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
+    DSC_PDL_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (kind == DS_W_FP8) {
         if (i >= nw) return;
@@ -1471,9 +1484,12 @@ extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int path, const uint3
         rc = dsc_failmsg(err, op, "reordering the FP4 words failed");
     else {
         unsigned nb = (unsigned)((n + 255) / 256);
-        if (path == 1) mma_wprobe_kernel<true, false><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
-        else if (path == 2) mma_wprobe_kernel<false, true><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
-        else mma_wprobe_kernel<false, false><<<nb, 256>>>(kind, dw, nw, ds, ns, dout);
+        if (path == 1)
+            dsc_launch(mma_wprobe_kernel<true, false>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
+        else if (path == 2)
+            dsc_launch(mma_wprobe_kernel<false, true>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
+        else
+            dsc_launch(mma_wprobe_kernel<false, false>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
         cudaError_t e = cudaMemcpy(out, dout, no * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) rc = dsc_failmsg(err, op, "kernel or download failed: %s", cudaGetErrorString(e));
     }

@@ -35,6 +35,7 @@ struct route_args {
 };
 
 __global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args a) {
+    DSC_PDL_WAIT();
     extern __shared__ float rsm[]; /* [warps][E] scores, then [warps][E] taken flags */
     int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
     int t = blockIdx.x * DSC_ROUTE_WARPS + wl;
@@ -129,8 +130,8 @@ extern "C" int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err 
     if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the shared-memory tile", p->E);
     route_args a = {p->logits, p->bias, p->T, p->E, p->k, p->score_func, p->tid2eid, I->step.tok_id,
                     p->route_scale, p->idx, p->wts};
-    route_kernel<<<(unsigned)((p->T + DSC_ROUTE_WARPS - 1) / DSC_ROUTE_WARPS), DSC_ROUTE_WARPS * 32, smem,
-                   I->stream>>>(a);
+    dsc_launch(route_kernel, (unsigned)((p->T + DSC_ROUTE_WARPS - 1) / DSC_ROUTE_WARPS), DSC_ROUTE_WARPS * 32, smem,
+               I->stream, a);
     return dsc_check_launch(err, op);
 }
 
@@ -139,6 +140,7 @@ extern "C" int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err 
 /* Sorted pairs: off[E+1], active[E], n_active[1], members[P], slot_pos[P]. */
 __global__ void __launch_bounds__(1024) moe_sort_kernel(const int32_t *__restrict__ idx, int P, int E, int *off,
                                                         int *active, int *n_active, int *members, int *slot_pos) {
+    DSC_PDL_WAIT();
     extern __shared__ int cnt[]; /* [E+1] */
     for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -210,6 +212,7 @@ struct up_args {
 
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_kernel(up_args a) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
     if (blockIdx.y >= (unsigned)*a.n_active || r >= a.shape.rows) return;
     int e = a.active[blockIdx.y];
@@ -253,6 +256,7 @@ struct down_args {
 
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_kernel(down_args a) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r = blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5);
     if (blockIdx.y >= (unsigned)*a.n_active || r >= a.shape.rows) return;
     int e = a.active[blockIdx.y];
@@ -286,6 +290,7 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_kernel(down_args a
  * DSC_MM_RW rows; a (row, token)'s arithmetic is unchanged (dsc_rows_dot). */
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_tiled_kernel(up_args a) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
     if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
     int e = a.active[blockIdx.y];
@@ -321,6 +326,7 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_tiled_kernel(up_args
 
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_tiled_kernel(down_args a) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * DSC_MM_RW;
     if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
     int e = a.active[blockIdx.y];
@@ -356,6 +362,7 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_tiled_kernel(down_
  * token)'s arithmetic is dsc_row_dot's, so the path never changes a bit. */
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_gemv_kernel(up_args a) {
+    DSC_PDL_WAIT();
     const int RW = DSC_MOE_GEMV_RW;
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
     if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
@@ -394,6 +401,7 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_up_gemv_kernel(up_args 
 
 template <int KIND>
 __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_gemv_kernel(down_args a) {
+    DSC_PDL_WAIT();
     const int RW = 4;
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * DSC_MM_WARPS + (threadIdx.x >> 5)) * RW;
     if (blockIdx.y >= (unsigned)*a.n_active || r0 >= a.shape.rows) return;
@@ -429,6 +437,7 @@ static int moe_regular(const ds_moe_params *p, const float *h) {
 }
 
 __global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, float L) {
+    DSC_PDL_WAIT();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         a[i] = dsc_swiglu(a[i], b[i], L);
 }
@@ -436,6 +445,7 @@ __global__ void swiglu_kernel(float *a, const float *__restrict__ b, size_t n, f
 __global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float *__restrict__ wts,
                                    const int *__restrict__ slot_pos, const float *__restrict__ y2,
                                    const float *__restrict__ shared, int k, int D, int E, float *__restrict__ out) {
+    DSC_PDL_WAIT();
     int t = blockIdx.y;
     int order[32];
     const int32_t *id = idx + (size_t)t * k;
@@ -533,7 +543,7 @@ static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float 
     if (dsc_launch_matmul(I->stream, xhl, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
     if (dsc_launch_matmul(I->stream, xhl, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
     size_t n = (size_t)T * Is, b = (n + 255) / 256;
-    swiglu_kernel<<<(unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream>>>(hs1, hs3, n, p->limit);
+    dsc_launch(swiglu_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, hs1, hs3, n, p->limit);
     return dsc_launch_matmul(I->stream, xhl, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
 }
 
@@ -554,6 +564,7 @@ static int moe_mma_ok(const ds_moe_params *p) {
 
 /* h[m][r] = SwiGLU(u[m][r], u[m][I + r]) (u: the up product's w1 then w3 rows). */
 __global__ void swiglu_pairs_kernel(const float *__restrict__ u, float *__restrict__ h, size_t n, int I, float L) {
+    DSC_PDL_WAIT();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t m = i / (size_t)I, r = i % (size_t)I;
         h[i] = dsc_swiglu(u[m * 2 * I + r], u[m * 2 * I + I + r], L);
@@ -599,7 +610,7 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
     int *off = ib, *active = off + E + 1, *n_active = active + E, *members = n_active + 1, *slot_pos = members + P;
     size_t smem = sizeof(int) * (size_t)(E + 1);
     if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the sort's shared memory", E);
-    moe_sort_kernel<<<1, 1024, smem, I->stream>>>(p->idx, (int)P, E, off, active, n_active, members, slot_pos);
+    dsc_launch(moe_sort_kernel, 1, 1024, smem, I->stream, p->idx, (int)P, E, off, active, n_active, members, slot_pos);
     if (dsc_check_launch(err, op)) return -1;
 
     unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
@@ -612,77 +623,80 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
                             active, n_active, members, k, ny, u, 2 * (int)Ie))
             return dsc_failmsg(err, op, "out of device memory for the split activations");
         size_t n = P * Ie, b = (n + 255) / 256;
-        swiglu_pairs_kernel<<<(unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream>>>(u, h, n, (int)Ie, p->limit);
+        dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
+                   p->limit);
         if (dsc_mma_experts(I->stream, xhl, 0, w2->kind, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, T,
                             T, off, active, n_active, members, k, ny, y2, D))
             return dsc_failmsg(err, op, "out of device memory for the split activations");
         if (dsc_check_launch(err, op)) return -1;
     } else {
-    up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
-    int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
-    if (gemv) {
-        int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
-        dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-        switch (w1->kind) {
-        case DS_W_F32: moe_up_gemv_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_BF16: moe_up_gemv_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_F16: moe_up_gemv_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_FP8: moe_up_gemv_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_FP4: moe_up_gemv_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
+        int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
+        if (gemv) {
+            int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
+            dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+            switch (w1->kind) {
+            case DS_W_F32: dsc_launch(moe_up_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_BF16: dsc_launch(moe_up_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_F16: dsc_launch(moe_up_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP8: dsc_launch(moe_up_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP4: dsc_launch(moe_up_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            }
         }
-    }
-    if (tiled) {
-        int rpb = DSC_MM_WARPS * DSC_MM_RW;
-        dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-        switch (w1->kind) {
-        case DS_W_F32: moe_up_tiled_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_BF16: moe_up_tiled_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_F16: moe_up_tiled_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_FP8: moe_up_tiled_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-        case DS_W_FP4: moe_up_tiled_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
+        if (tiled) {
+            int rpb = DSC_MM_WARPS * DSC_MM_RW;
+            dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+            switch (w1->kind) {
+            case DS_W_F32: dsc_launch(moe_up_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_BF16: dsc_launch(moe_up_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_F16: dsc_launch(moe_up_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP8: dsc_launch(moe_up_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP4: dsc_launch(moe_up_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            }
         }
-    }
-    dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    if (!tiled && !gemv) switch (w1->kind) {
-    case DS_W_F32: moe_up_kernel<DS_W_F32><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-    case DS_W_BF16: moe_up_kernel<DS_W_BF16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-    case DS_W_F16: moe_up_kernel<DS_W_F16><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-    case DS_W_FP8: moe_up_kernel<DS_W_FP8><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-    case DS_W_FP4: moe_up_kernel<DS_W_FP4><<<gu, DSC_MM_WARPS * 32, 0, I->stream>>>(ua); break;
-    }
-    if (dsc_check_launch(err, op)) return -1;
-    down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
-    if (gemv) {
-        int rpb = DSC_MM_WARPS * 4;
-        dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-        switch (w2->kind) {
-        case DS_W_F32: moe_down_gemv_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_BF16: moe_down_gemv_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_F16: moe_down_gemv_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_FP8: moe_down_gemv_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_FP4: moe_down_gemv_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+        if (!tiled && !gemv) switch (w1->kind) {
+            case DS_W_F32: dsc_launch(moe_up_kernel<DS_W_F32>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_BF16: dsc_launch(moe_up_kernel<DS_W_BF16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_F16: dsc_launch(moe_up_kernel<DS_W_F16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP8: dsc_launch(moe_up_kernel<DS_W_FP8>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            case DS_W_FP4: dsc_launch(moe_up_kernel<DS_W_FP4>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+            }
+        if (dsc_check_launch(err, op)) return -1;
+        down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
+        if (gemv) {
+            int rpb = DSC_MM_WARPS * 4;
+            dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+            switch (w2->kind) {
+            case DS_W_F32: dsc_launch(moe_down_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_BF16: dsc_launch(moe_down_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_F16: dsc_launch(moe_down_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP8: dsc_launch(moe_down_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP4: dsc_launch(moe_down_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            }
         }
-    }
-    if (tiled) {
-        int rpb = DSC_MM_WARPS * DSC_MM_RW;
-        dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-        switch (w2->kind) {
-        case DS_W_F32: moe_down_tiled_kernel<DS_W_F32><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_BF16: moe_down_tiled_kernel<DS_W_BF16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_F16: moe_down_tiled_kernel<DS_W_F16><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_FP8: moe_down_tiled_kernel<DS_W_FP8><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-        case DS_W_FP4: moe_down_tiled_kernel<DS_W_FP4><<<gt, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
+        if (tiled) {
+            int rpb = DSC_MM_WARPS * DSC_MM_RW;
+            dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+            switch (w2->kind) {
+            case DS_W_F32: dsc_launch(moe_down_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_BF16:
+                dsc_launch(moe_down_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                break;
+            case DS_W_F16: dsc_launch(moe_down_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP8: dsc_launch(moe_down_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP4: dsc_launch(moe_down_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            }
         }
-    }
-    dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-    if (!tiled && !gemv) switch (w2->kind) {
-    case DS_W_F32: moe_down_kernel<DS_W_F32><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-    case DS_W_BF16: moe_down_kernel<DS_W_BF16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-    case DS_W_F16: moe_down_kernel<DS_W_F16><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-    case DS_W_FP8: moe_down_kernel<DS_W_FP8><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-    case DS_W_FP4: moe_down_kernel<DS_W_FP4><<<gd, DSC_MM_WARPS * 32, 0, I->stream>>>(da); break;
-    }
-    if (dsc_check_launch(err, op)) return -1;
+        dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+        if (!tiled && !gemv) switch (w2->kind) {
+            case DS_W_F32: dsc_launch(moe_down_kernel<DS_W_F32>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_BF16: dsc_launch(moe_down_kernel<DS_W_BF16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_F16: dsc_launch(moe_down_kernel<DS_W_F16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP8: dsc_launch(moe_down_kernel<DS_W_FP8>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            case DS_W_FP4: dsc_launch(moe_down_kernel<DS_W_FP4>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+            }
+        if (dsc_check_launch(err, op)) return -1;
     }
     if (p->sw1) {
         if (launch_shared(I, p, hs1, hs3, ys)) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
@@ -700,7 +714,8 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
     moe_out o;
     if (moe_compute(I, p, op, err, &o)) return -1;
     dim3 gc((unsigned)((p->D + 255) / 256), (unsigned)p->T);
-    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, o.slot_pos, o.y2, o.ys, p->k, p->D, p->E, p->out);
+    dsc_launch(moe_combine_kernel, gc, 256, 0, I->stream, p->idx, p->wts, o.slot_pos, o.y2, o.ys, p->k, p->D, p->E,
+               p->out);
     return dsc_check_launch(err, op);
 }
 
@@ -709,6 +724,7 @@ extern "C" int dsc_moe(const ds_backend *be, const ds_moe_params *p, ds_err *err
 /* idx_m[i] = sel[i] ? idx[i] : -1 (no expert: the sort skips it) */
 __global__ void moe_mask_kernel(const int32_t *__restrict__ idx, const unsigned char *__restrict__ sel, int P,
                                 int32_t *__restrict__ idx_m) {
+    DSC_PDL_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < P) idx_m[i] = sel[i] ? idx[i] : -1;
 }
@@ -716,6 +732,7 @@ __global__ void moe_mask_kernel(const int32_t *__restrict__ idx, const unsigned 
 /* slot_out[pair] = y2[slot_pos[pair]] for the pairs run here */
 __global__ void moe_scatter_kernel(const int32_t *__restrict__ idx_m, const int *__restrict__ slot_pos,
                                    const float *__restrict__ y2, int E, int D, float *__restrict__ slot_out) {
+    DSC_PDL_WAIT();
     int pr = blockIdx.y, e = idx_m[pr];
     if (e < 0 || e >= E) return;
     const float *src = y2 + (size_t)slot_pos[pr] * D;
@@ -739,27 +756,27 @@ extern "C" int dsc_moe_experts(const ds_backend *be, const ds_moe_experts_params
         unsigned char *sel = (unsigned char *)(idx_m + P);
         cudaError_t ce = cudaMemcpyAsync(sel, p->sel, P, cudaMemcpyHostToDevice, I->stream);
         if (ce != cudaSuccess) return dsc_fail(err, op, "the pair selection upload", ce);
-        moe_mask_kernel<<<(unsigned)((P + 255) / 256), 256, 0, I->stream>>>(p->idx, sel, (int)P, idx_m);
+        dsc_launch(moe_mask_kernel, (unsigned)((P + 255) / 256), 256, 0, I->stream, p->idx, sel, (int)P, idx_m);
         if (dsc_check_launch(err, op)) return -1;
         idx = idx_m;
     }
-    ds_moe_params mp = {p->x,  T,      D,      p->E,   k,      idx,    NULL,     p->w1,
-                        p->w2, p->w3, p->sw1, p->sw2, p->sw3, p->limit, NULL};
+    ds_moe_params mp = {p->x, T, D, p->E, k, idx, NULL, p->w1, p->w2, p->w3, p->sw1, p->sw2, p->sw3, p->limit, NULL};
     moe_out o;
     if (moe_compute(I, &mp, op, err, &o)) return -1;
     dim3 gs((unsigned)((D + 255) / 256 < 8 ? (D + 255) / 256 : 8), (unsigned)P);
-    moe_scatter_kernel<<<gs, 256, 0, I->stream>>>(idx, o.slot_pos, o.y2, p->E, D, p->slot_out);
+    dsc_launch(moe_scatter_kernel, gs, 256, 0, I->stream, idx, o.slot_pos, o.y2, p->E, D, p->slot_out);
     if (dsc_check_launch(err, op)) return -1;
     if (!p->shared_out) return 0; /* no shared expert asked for */
-    cudaError_t ce = o.ys ? cudaMemcpyAsync(p->shared_out, o.ys, (size_t)T * D * sizeof(float),
-                                            cudaMemcpyDeviceToDevice, I->stream)
-                          : cudaMemsetAsync(p->shared_out, 0, (size_t)T * D * sizeof(float), I->stream);
+    cudaError_t ce =
+        o.ys ? cudaMemcpyAsync(p->shared_out, o.ys, (size_t)T * D * sizeof(float), cudaMemcpyDeviceToDevice, I->stream)
+             : cudaMemsetAsync(p->shared_out, 0, (size_t)T * D * sizeof(float), I->stream);
     return ce == cudaSuccess ? 0 : dsc_fail(err, op, "the shared expert's rows", ce);
 }
 
 /* moe's combine over slot_out rows [T][k][D] (the same arithmetic, so EP
  * over any number of ranks gives moe's bits; a zero shared_out adds +0) */
 __global__ void moe_identity_kernel(int *pos, int P) {
+    DSC_PDL_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < P) pos[i] = i;
 }
@@ -774,9 +791,9 @@ extern "C" int dsc_moe_combine(const ds_backend *be, const ds_moe_combine_params
     size_t P = (size_t)p->T * p->k;
     int *pos = (int *)dsc_scratch(I, DSC_S_MOE7, P * sizeof(int), err, op);
     if (!pos) return -1;
-    moe_identity_kernel<<<(unsigned)((P + 255) / 256), 256, 0, I->stream>>>(pos, (int)P);
+    dsc_launch(moe_identity_kernel, (unsigned)((P + 255) / 256), 256, 0, I->stream, pos, (int)P);
     dim3 gc((unsigned)((p->D + 255) / 256), (unsigned)p->T);
-    moe_combine_kernel<<<gc, 256, 0, I->stream>>>(p->idx, p->wts, pos, p->slot_out, p->shared_out, p->k, p->D,
-                                                  INT_MAX, p->out);
+    dsc_launch(moe_combine_kernel, gc, 256, 0, I->stream, p->idx, p->wts, pos, p->slot_out, p->shared_out, p->k, p->D,
+               INT_MAX, p->out);
     return dsc_check_launch(err, op);
 }

@@ -9,6 +9,7 @@
 
 __global__ void __launch_bounds__(DSC_ROW_THREADS)
     rmsnorm_kernel(const float *x, const float *__restrict__ w, float *out, int n, float eps) {
+    DSC_PDL_WAIT();
     __shared__ float sh[32];
     size_t t = blockIdx.x;
     const float *xr = x + t * (size_t)n;
@@ -28,6 +29,7 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
 template <int R>
 __global__ void __launch_bounds__(DSC_ROW_THREADS)
     rmsnorm_reg_kernel(const float *x, const float *__restrict__ w, float *out, int n, float eps) {
+    DSC_PDL_WAIT();
     __shared__ float sh[32];
     size_t t = blockIdx.x;
     const float *xr = x + t * (size_t)n;
@@ -54,10 +56,14 @@ __global__ void __launch_bounds__(DSC_ROW_THREADS)
 
 int dsc_launch_rmsnorm(cudaStream_t st, const float *x, const float *w, float *out, int T, int n, float eps) {
     if (T <= 0) return 0;
-    if (n <= 4 * DSC_ROW_THREADS) rmsnorm_reg_kernel<4><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
-    else if (n <= 16 * DSC_ROW_THREADS) rmsnorm_reg_kernel<16><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
-    else if (n <= 64 * DSC_ROW_THREADS) rmsnorm_reg_kernel<64><<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
-    else rmsnorm_kernel<<<(unsigned)T, DSC_ROW_THREADS, 0, st>>>(x, w, out, n, eps);
+    if (n <= 4 * DSC_ROW_THREADS)
+        dsc_launch(rmsnorm_reg_kernel<4>, (unsigned)T, DSC_ROW_THREADS, 0, st, x, w, out, n, eps);
+    else if (n <= 16 * DSC_ROW_THREADS)
+        dsc_launch(rmsnorm_reg_kernel<16>, (unsigned)T, DSC_ROW_THREADS, 0, st, x, w, out, n, eps);
+    else if (n <= 64 * DSC_ROW_THREADS)
+        dsc_launch(rmsnorm_reg_kernel<64>, (unsigned)T, DSC_ROW_THREADS, 0, st, x, w, out, n, eps);
+    else
+        dsc_launch(rmsnorm_kernel, (unsigned)T, DSC_ROW_THREADS, 0, st, x, w, out, n, eps);
     return 0;
 }
 
@@ -71,6 +77,7 @@ extern "C" int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *p, ds_
 /* x: [T][H][d]; warp w of the grid handles (t, h) = (w / H, w % H). */
 __global__ void rope_kernel(float *x, int T, int H, int d, int half, const float *__restrict__ inv_freq, int norm,
                             int inverse, float eps, const int64_t *__restrict__ pos) {
+    DSC_PDL_WAIT();
     int lane = threadIdx.x & 31;
     size_t wid = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (wid >= (size_t)T * H) return;
@@ -105,7 +112,7 @@ extern "C" int dsc_rope(const ds_backend *be, const ds_rope_params *p, ds_err *e
     if (2 * p->half > p->d) return dsc_failmsg(err, op, "rope width %d > head dim %d", 2 * p->half, p->d);
     size_t warps = (size_t)p->T * p->H;
     unsigned blocks = (unsigned)((warps + 7) / 8);
-    rope_kernel<<<blocks, 256, 0, I->stream>>>(p->x, p->T, p->H, p->d, p->half, p->inv_freq, p->norm, p->inverse,
-                                               p->eps, I->step.tok_pos);
+    dsc_launch(rope_kernel, blocks, 256, 0, I->stream, p->x, p->T, p->H, p->d, p->half, p->inv_freq, p->norm,
+               p->inverse, p->eps, I->step.tok_pos);
     return dsc_check_launch(err, op);
 }
