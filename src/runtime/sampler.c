@@ -181,7 +181,7 @@ int ds_sampling_validate(const ds_sampling *p, ds_err *err) {
 #define RADIX_BUCKETS (1 << RADIX_BITS)
 #define RADIX_MAX_PASSES 3 /* token ids: up to 31 bits */
 
-/* A token's weight is an integer, q = floor(exp(x) * 2^DS_QBITS) <= 2^52, and
+/* A token's weight is an integer, q = floor(exp(x) * 2^52) <= 2^52, and
  * the sums of weights are exact 128-bit integers (2^31 tokens at most: below
  * 2^83), so no filter and no draw depends on the order of a summation. */
 #if !defined(__SIZEOF_INT128__)
