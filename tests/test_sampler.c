@@ -569,10 +569,11 @@ static void test_against_reference(void) {
     ds_err err;
     const int vocabs[] = {1, 2, 3, 7, 50, 100, 1000, 5000, 129280};
     const int nv = (int)(sizeof vocabs / sizeof vocabs[0]);
-    ds_sample_scratch *s = ds_sample_scratch_create(129280, &err);
+    ds_sample_scratch *s = ds_sample_scratch_create(129280, &err), *s3 = ds_sample_scratch_create(129280, &err);
+    ds_sample_scratch_set_threads(s3, 3); /* the vocabulary passes in slices on three threads */
     float *l = malloc(129280 * sizeof *l);
     int32_t hist[64];
-    int mismatches = 0, total = 0, errors = 0;
+    int mismatches = 0, total = 0, errors = 0, thread_diff = 0, threaded = 0;
     sm_state = 5;
     for (int trial = 0; trial < 400; trial++) {
         int vocab = vocabs[trial % nv];
@@ -610,6 +611,10 @@ static void test_against_reference(void) {
             int32_t tok = -7;
             int rc = ds_sample(&p, l, vocab, hist, nh, pos, s, &tok, &err);
             int32_t want = ref_sample(&p, l, vocab, hist, nh, pos, s);
+            int32_t tok3 = -7;
+            int rc3 = ds_sample(&p, l, vocab, hist, nh, pos, s3, &tok3, &err);
+            thread_diff += rc3 != rc || tok3 != tok;
+            threaded += vocab > 16384;
             total++;
             if (want == -1) {
                 errors += rc != -1;
@@ -626,8 +631,45 @@ static void test_against_reference(void) {
     CHECK(mismatches == 0 && errors == 0, "%d of %d samples differ from the reference (%d error mismatches)",
           mismatches, total, errors);
     CHECK(total > 3000, "only %d comparisons", total);
+    CHECK(thread_diff == 0, "%d of %d samples differ on three threads", thread_diff, total);
+    CHECK(threaded >= 30, "only %d samples over a vocabulary of several slices", threaded);
     free(l);
     ds_sample_scratch_free(s);
+    ds_sample_scratch_free(s3);
+}
+
+/* The whole distribution over a vocabulary of several slices (the path whose
+ * block sums come from the sliced pass), one and three threads, against the
+ * reference. */
+static void test_plain_large(void) {
+    ds_err err;
+    const int vocabs[] = {129280, 40000};
+    ds_sample_scratch *s1 = ds_sample_scratch_create(129280, &err), *s3 = ds_sample_scratch_create(129280, &err);
+    ds_sample_scratch_set_threads(s3, 3);
+    float *l = malloc(129280 * sizeof *l);
+    int bad = 0, bad3 = 0, n = 0;
+    sm_state = 11;
+    for (int v = 0; v < 2; v++) {
+        int vocab = vocabs[v];
+        for (int i = 0; i < vocab; i++) l[i] = (float)((unif() - 0.5) * 12);
+        for (int k = 0; k < 16; k++) {
+            ds_sampling p;
+            ds_sampling_init(&p);
+            p.temperature = k % 2 ? 1.3 : 0.8;
+            p.seed = splitmix();
+            int64_t pos = (int64_t)(splitmix() % 100000);
+            int32_t t1 = -1, t3 = -1;
+            ds_sample(&p, l, vocab, NULL, 0, pos, s1, &t1, &err);
+            ds_sample(&p, l, vocab, NULL, 0, pos, s3, &t3, &err);
+            bad += t1 != ref_sample(&p, l, vocab, NULL, 0, pos, s1);
+            bad3 += t3 != t1;
+            n++;
+        }
+    }
+    CHECK(bad == 0 && bad3 == 0, "%d of %d draws differ from the reference, %d on three threads", bad, n, bad3);
+    free(l);
+    ds_sample_scratch_free(s1);
+    ds_sample_scratch_free(s3);
 }
 
 /* ----------------------------------------------------------- validation --- */
@@ -713,6 +755,7 @@ int main(void) {
     test_stop();
     test_determinism();
     test_against_reference();
+    test_plain_large();
     ds_sample_scratch_free(s);
     return test_summary("sampler");
 }

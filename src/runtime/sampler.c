@@ -201,6 +201,7 @@ struct ds_sample_scratch {
     uint64_t *q;     /* candidates' integer weights */
     int32_t *sel, *sel2; /* selection lists */
     uint64_t *bsum;  /* block sums of the kept weights */
+    int threads;     /* for the passes over the whole vocabulary (ds_sample_scratch_set_threads) */
     uint32_t hist[RADIX_MAX_PASSES * RADIX_BUCKETS];
     u128 bw[4 * RADIX_BUCKETS]; /* selection: weight per digit, four copies */
 };
@@ -217,6 +218,7 @@ ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err) {
     }
     size_t n = (size_t)max_vocab;
     s->max_vocab = max_vocab;
+    s->threads = 1;
     s->w = malloc(n * sizeof *s->w);
     s->count = calloc(n, sizeof *s->count);
     s->ids = malloc(n * sizeof *s->ids);
@@ -250,6 +252,16 @@ void ds_sample_scratch_free(ds_sample_scratch *s) {
     free(s->bsum);
     free(s);
 }
+
+void ds_sample_scratch_set_threads(ds_sample_scratch *s, int threads) {
+    if (s) s->threads = threads < 1 ? 1 : threads;
+}
+
+/* The passes over the whole vocabulary go in slices of DS_SLICE tokens (a
+ * whole number of DS_QBLOCK blocks), one slice a thread at a time: each
+ * token's values and each block's sum are computed alone, and the maximum is
+ * exact in any order, so the slices' split changes no bit. */
+#define DS_SLICE (8 * DS_QBLOCK)
 
 /* --------------------------------------------------------- penalties --- */
 
@@ -649,7 +661,15 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
     if (position < 0) return ds_fail(err, "sampler: position must be >= 0 (got %lld)", (long long)position);
 
     float *w = scratch->w;
-    float wmax = clean_copy_max(logits, vocab, w);
+    const int n_slices = (vocab + DS_SLICE - 1) / DS_SLICE,
+              nt = scratch->threads < n_slices ? scratch->threads : n_slices;
+    float wmax = -INFINITY;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(max : wmax)
+    for (int sl = 0; sl < n_slices; sl++) {
+        const int i0 = sl * DS_SLICE, n = vocab - i0 < DS_SLICE ? vocab - i0 : DS_SLICE;
+        const float ms = clean_copy_max(logits + i0, n, w + i0);
+        wmax = ms > wmax ? ms : wmax;
+    }
     if (n_history > 0 && !(p->repetition_penalty == 1.0 && p->presence_penalty == 0.0 &&
                            p->frequency_penalty == 0.0)) {
         penalize(p, w, history, n_history, scratch->count);
@@ -696,7 +716,12 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
         weights_of(w, ids, m, wmax, T, e, q);
     } else {
         m = vocab;
-        weights_all(w, vocab, cut, wmax, T, e, q);
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+        for (int sl = 0; sl < n_slices; sl++) {
+            const int i0 = sl * DS_SLICE, n = vocab - i0 < DS_SLICE ? vocab - i0 : DS_SLICE;
+            weights_all(w + i0, n, cut, wmax, T, e + i0, q + i0);
+            keep_sums(q + i0, n, NULL, 0, NULL, 0, scratch->bsum + i0 / DS_QBLOCK); /* the unfiltered sums */
+        }
         int n_cand = 0;
         if (p->top_k > 0 || p->top_p < 1.0)
             for (int i = 0; i < vocab; i++) {
@@ -717,8 +742,13 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
         kb = select_key(keys, q, m, kb, 0, p->top_p, 32 + idbits, scratch->sel, scratch->sel2, scratch->bw);
         limited = 1;
     }
-    /* min-p: e(top) == 1, so the threshold min_p * e(top) is min_p. */
-    const u128 z = keep_sums(q, m, limited ? keys : NULL, kb, e, p->min_p, bs);
+    /* min-p: e(top) == 1, so the threshold min_p * e(top) is min_p. The
+     * whole vocabulary's unfiltered block sums are already there. */
+    u128 z = 0;
+    if (idv || limited || p->min_p > 0)
+        z = keep_sums(q, m, limited ? keys : NULL, kb, e, p->min_p, bs);
+    else
+        for (int b = 0; b < (m + DS_QBLOCK - 1) / DS_QBLOCK; b++) z += bs[b];
 
     /* The draw: u * z over the kept weights (z >= 2^52: the top token survives
      * every filter), walked in id order, a block at a time. */

@@ -50,6 +50,8 @@
  *     radix selection over exact integer weights (counts for top-k), without
  *     sorting;
  *   - the draw's walk goes a block of 2048 tokens at a time (64-bit block sums);
+ *   - the vocabulary passes (clean/max, weights, block sums) may run in slices on
+ *     several threads (ds_sample_scratch_set_threads);
  *   - with AVX2, clean/max, exp and the quantization use vector code with the
  *     scalar operations in the scalar order (the build's -ffp-contract=off
  *     keeps them unfused), so SIMD and portable builds give the same bits
@@ -89,6 +91,12 @@ typedef struct ds_sample_scratch ds_sample_scratch;
 
 ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err);
 void ds_sample_scratch_free(ds_sample_scratch *s);
+
+/* The OpenMP threads a draw with this scratch may spread its passes over the
+ * whole vocabulary on (default 1), in slices of 16384 tokens: the same token
+ * whatever the number (each token and each block of 2048 is computed alone;
+ * the sums are exact). For a caller with idle cores and few draws. */
+void ds_sample_scratch_set_threads(ds_sample_scratch *s, int threads);
 
 /* Samples one token from logits[0..vocab).
  * history: the tokens penalties look at (may be NULL when n_history == 0); each

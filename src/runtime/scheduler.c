@@ -95,6 +95,7 @@ struct ds_sched {
     ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
     _Atomic int *scr_busy;   /* [n_scr]: taken by a draw running now */
     int n_scr;
+    int draw_threads; /* this step's threads for one draw's vocabulary passes */
     int *samp;          /* [max_seqs]: the items with logits */
     ds_req_token *tok;  /* [max_seqs]: each item's draw */
     int *tok_rc;
@@ -463,14 +464,15 @@ static void draw(void *ctx, int j) {
     ds_req_token *t = &s->tok[i];
     int k = scratch_take(s);
     /* Over the first n_live logits, the masked suffix left out: the same
-     * token as over all V with the suffix at -inf (ds_sample never takes a
-     * -inf token, drops it before any sum, and orders its candidates by
-     * (logit, id) whatever the vocabulary's size), and the same logprobs (a
-     * -inf adds exp(-inf) = 0 to the log-sum-exp's sum). A request whose
-     * history holds an id past n_live (a raw-id prompt) draws over all V. */
+     * token as over all V with the suffix at -inf (ds_sample gives a -inf
+     * token weight 0, and nothing it computes depends on the vocabulary's
+     * size), and the same logprobs (a -inf adds exp(-inf) = 0 to the
+     * log-sum-exp's sum). A request whose history holds an id past n_live (a
+     * raw-id prompt) draws over all V. */
     const int Vs = r->wide ? V : s->n_live;
     ds_gen_mask_logits(lg, s->mask, r->wide ? s->n_mask : s->n_holes);
     memset(t, 0, sizeof *t);
+    ds_sample_scratch_set_threads(s->scr[k], s->draw_threads);
     s->tok_rc[i] = ds_sample(&r->p.sampling, lg, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
     atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
     if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, Vs, t, r->p.top_logprobs);
@@ -600,6 +602,10 @@ static void *sched_main(void *arg) {
         int n_samp = 0;
         for (int i = 0; i < n_items && !frc; i++)
             if (s->items[i].logits) s->samp[n_samp++] = i;
+        /* A lone draw on a backend that lends no threads (the GPU's; the
+         * CPU's pool would compete) spreads its passes over the vocabulary
+         * on the idle cores (the same token). */
+        s->draw_threads = n_samp == 1 && !s->be->host_for ? s->n_scr : 1;
         if (s->be->host_for && n_samp > 1) {
             s->be->host_for(s->be, n_samp, draw, s);
         } else {
