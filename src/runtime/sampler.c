@@ -728,12 +728,10 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
                 keys[i] = w[i] >= cut ? make_key(w[i], i, idbits) : UINT64_MAX;
                 n_cand += w[i] >= cut;
             }
-        if (p->top_k > 0) {
-            if (p->top_k < n_cand) {
-                kb = select_key(keys, NULL, m, kb, (u128)p->top_k, 0, 32 + idbits, scratch->sel, scratch->sel2,
-                                scratch->bw);
-                limited = 1;
-            }
+        if (p->top_k > 0 && p->top_k < n_cand) {
+            kb = select_key(keys, NULL, m, kb, (u128)p->top_k, 0, 32 + idbits, scratch->sel, scratch->sel2,
+                            scratch->bw);
+            limited = 1;
         }
     }
     uint64_t *bs = scratch->bsum;
