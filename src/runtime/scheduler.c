@@ -465,7 +465,7 @@ static void draw(void *ctx, int j) {
     int k = scratch_take(s);
     /* Over the first n_live logits, the masked suffix left out: the same
      * token as over all V with the suffix at -inf (ds_sample gives a -inf
-     * token weight 0, and nothing it computes depends on the vocabulary's
+     * token weight 0, and none of its results depends on the vocabulary's
      * size), and the same logprobs (a -inf adds exp(-inf) = 0 to the
      * log-sum-exp's sum). A request whose history holds an id past n_live (a
      * raw-id prompt) draws over all V. */
