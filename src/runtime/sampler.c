@@ -190,6 +190,12 @@ int ds_sampling_validate(const ds_sampling *p, ds_err *err) {
 typedef unsigned __int128 u128;
 #define DS_QBLOCK 2048 /* 2048 weights <= 2^52 sum below 2^63: one uint64 */
 
+/* The passes over the whole vocabulary go in slices of DS_SLICE tokens (a
+ * whole number of DS_QBLOCK blocks), one slice a thread at a time: each
+ * token's values and each block's sum are computed alone, and the maximum is
+ * exact in any order, so the slices' split changes no bit. */
+#define DS_SLICE (8 * DS_QBLOCK)
+
 struct ds_sample_scratch {
     int max_vocab;
     float *w;        /* working logits */
@@ -201,6 +207,7 @@ struct ds_sample_scratch {
     uint64_t *q;     /* candidates' integer weights */
     int32_t *sel, *sel2; /* selection lists */
     uint64_t *bsum;  /* block sums of the kept weights */
+    float *smax;     /* each slice's largest logit */
     int threads;     /* for the passes over the whole vocabulary (ds_sample_scratch_set_threads) */
     uint32_t hist[RADIX_MAX_PASSES * RADIX_BUCKETS];
     u128 bw[4 * RADIX_BUCKETS]; /* selection: weight per digit, four copies */
@@ -229,8 +236,9 @@ ds_sample_scratch *ds_sample_scratch_create(int max_vocab, ds_err *err) {
     s->sel = malloc(n * sizeof *s->sel);
     s->sel2 = malloc(n * sizeof *s->sel2);
     s->bsum = malloc((n / DS_QBLOCK + 1) * sizeof *s->bsum);
+    s->smax = malloc((n / DS_SLICE + 1) * sizeof *s->smax);
     if (!s->w || !s->count || !s->ids || !s->keys || !s->tmp || !s->e || !s->q || !s->sel || !s->sel2 ||
-        !s->bsum) {
+        !s->bsum || !s->smax) {
         ds_sample_scratch_free(s);
         ds_fail(err, "sampler: out of memory for scratch (vocab %d)", max_vocab);
         return NULL;
@@ -250,18 +258,13 @@ void ds_sample_scratch_free(ds_sample_scratch *s) {
     free(s->sel);
     free(s->sel2);
     free(s->bsum);
+    free(s->smax);
     free(s);
 }
 
 void ds_sample_scratch_set_threads(ds_sample_scratch *s, int threads) {
     if (s) s->threads = threads < 1 ? 1 : threads;
 }
-
-/* The passes over the whole vocabulary go in slices of DS_SLICE tokens (a
- * whole number of DS_QBLOCK blocks), one slice a thread at a time: each
- * token's values and each block's sum are computed alone, and the maximum is
- * exact in any order, so the slices' split changes no bit. */
-#define DS_SLICE (8 * DS_QBLOCK)
 
 /* --------------------------------------------------------- penalties --- */
 
@@ -663,13 +666,15 @@ int ds_sample(const ds_sampling *p, const float *logits, int vocab, const int32_
     float *w = scratch->w;
     const int n_slices = (vocab + DS_SLICE - 1) / DS_SLICE,
               nt = scratch->threads < n_slices ? scratch->threads : n_slices;
-    float wmax = -INFINITY;
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(max : wmax)
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int sl = 0; sl < n_slices; sl++) {
         const int i0 = sl * DS_SLICE, n = vocab - i0 < DS_SLICE ? vocab - i0 : DS_SLICE;
-        const float ms = clean_copy_max(logits + i0, n, w + i0);
-        wmax = ms > wmax ? ms : wmax;
+        scratch->smax[sl] = clean_copy_max(logits + i0, n, w + i0);
     }
+    /* not an OpenMP max reduction: its start value is the type's least finite
+     * value with some compilers, which would hide an all -inf vocabulary */
+    float wmax = -INFINITY;
+    for (int sl = 0; sl < n_slices; sl++) wmax = scratch->smax[sl] > wmax ? scratch->smax[sl] : wmax;
     if (n_history > 0 && !(p->repetition_penalty == 1.0 && p->presence_penalty == 0.0 &&
                            p->frequency_penalty == 0.0)) {
         penalize(p, w, history, n_history, scratch->count);
