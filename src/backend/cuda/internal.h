@@ -492,16 +492,17 @@ __device__ __forceinline__ float dsc_warp_sum(float v) {
 }
 
 /* Thread i's part of rmsnorm's sum of squares over x[0..n): fmaf over x[i],
- * x[i + DSC_ROW_THREADS], ... ascending (ORDER), up to 16 loads in flight.
- * rmsnorm_kernel and the mixes' fused 1 / rms both take it: the same chain. */
-__device__ __forceinline__ float dsc_sumsq_part(const float *xr, int n, int i) {
+ * x[i + DSC_ROW_THREADS], ... ascending (ORDER), up to U loads in flight
+ * (not ORDER). rmsnorm_kernel and the mixes' fused 1 / rms both take it: the
+ * same chain. */
+template <int U = 16> __device__ __forceinline__ float dsc_sumsq_part(const float *xr, int n, int i) {
     float s = 0.0f;
-    for (; i < n; i += 16 * DSC_ROW_THREADS) {
-        float v[16];
+    for (; i < n; i += U * DSC_ROW_THREADS) {
+        float v[U];
 #pragma unroll
-        for (int u = 0; u < 16; u++) v[u] = i + u * DSC_ROW_THREADS < n ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
+        for (int u = 0; u < U; u++) v[u] = i + u * DSC_ROW_THREADS < n ? xr[i + u * DSC_ROW_THREADS] : 0.0f;
 #pragma unroll
-        for (int u = 0; u < 16; u++)
+        for (int u = 0; u < U; u++)
             if (i + u * DSC_ROW_THREADS < n) s = fmaf(v[u], v[u], s);
     }
     return s;
