@@ -712,9 +712,14 @@ __device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng, i
  * the tensor cores run, no load waited for between a group's MMAs); each
  * group's p_g to shared memory, then
  * thread o of the first 128 adds output o's partials in group order: the bits
- * of mma_blk_kernel / mma_dec_kernel. */
+ * of mma_blk_kernel / mma_dec_kernel. Two blocks per SM whatever the warps
+ * (the 16-warp blocks of products under DSC_MMA_STR_FEW blocks at 64
+ * registers, FP8 with 16 bytes of spills): at 1 block per SM (90 registers)
+ * the 256-tile products ran in two waves. ncu, flash 4 layers, one token, us
+ * a call: wo_b 25.9 -> 21.1, the shared w2 11.5 -> 9.3, w1 / w3 (128 blocks,
+ * one wave either way) 9.0 -> 9.4. */
 template <int KIND, int MODE, int UG>
-__global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32, UG == 2 ? 2 : 1)
+__global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32, 2)
     mma_str_kernel(mma_args a) {
     DSC_PDL_WAIT();
     const int CPT = mk<KIND>::CPT, DW = blockDim.x >> 5, NTH = blockDim.x;
