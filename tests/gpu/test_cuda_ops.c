@@ -356,6 +356,51 @@ static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
     free_weight(C, &t);
 }
 
+/* FP8 NaN codes through the products: the decode kernels check a warp's
+ * chunks for NaN codes (0x7f / 0xff) once and decode them word by word only
+ * then. A copy of a NaN-free matrix with a NaN byte in every 37th row: y is
+ * NaN in exactly those rows, and every other row has the bits of the
+ * NaN-free matrix (checked and unchecked decodings give the same values), at
+ * T = 1, 8 (the decode / streaming kernels by shape), 20 and 70 (the tile
+ * kernel). */
+static void test_fp8_nan(ctx *C, int rows, int cols) {
+    tw a = make_weight(C, DS_W_FP8, rows, cols, 0);
+    size_t db, ns;
+    tw b = new_weight(DS_W_FP8, rows, cols, 0, &db, &ns);
+    memcpy(b.hd, a.hd, db);
+    memcpy(b.hs, a.hs, ns);
+    for (int r = 3; r < rows; r += 37) b.hd[(size_t)r * cols + (size_t)(r * 13) % (size_t)cols] = r & 1 ? 0xff : 0x7f;
+    map_weight(C, &b, db, ns);
+    int Ts[4] = {1, 8, 20, 70}, ok = 1;
+    for (int ti = 0; ti < 4; ti++) {
+        int T = Ts[ti];
+        float *x = frandv(C, (size_t)T * cols, 1.0f);
+        float *dx = dput(C, x, sizeof(float) * T * cols), *dya = dput(C, NULL, sizeof(float) * T * rows),
+              *dyb = dput(C, NULL, sizeof(float) * T * rows);
+        die_if(C, ds_matmul(&C->be, &a.d, dx, T, dya, &C->err), "matmul");
+        die_if(C, ds_matmul(&C->be, &b.d, dx, T, dyb, &C->err), "matmul");
+        float *ya = fget(C, dya, (size_t)T * rows), *yb = fget(C, dyb, (size_t)T * rows);
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < rows; r++) {
+                size_t i = (size_t)t * rows + r;
+                int good = r % 37 == 3 ? isnan(yb[i]) : !isnan(ya[i]) && !memcmp(&ya[i], &yb[i], sizeof(float));
+                if (!good && ok) printf("  FP8 NaN [%d x %d] T %d token %d row %d: %g (NaN-free copy %g)\n", rows, cols, T, t,
+                                        r, yb[i], ya[i]);
+                ok &= good;
+            }
+        free(x);
+        free(ya);
+        free(yb);
+        C->be.free(&C->be, dx);
+        C->be.free(&C->be, dya);
+        C->be.free(&C->be, dyb);
+    }
+    check(C, ok, "matmul FP8 [%d x %d] with NaN codes in every 37th row: those rows NaN, the others the bits of the "
+                 "NaN-free matrix (T = 1, 8, 20, 70)", rows, cols);
+    free_weight(C, &a);
+    free_weight(C, &b);
+}
+
 /* ---- a step ------------------------------------------------------------- */
 
 typedef struct {
@@ -1592,6 +1637,11 @@ int main(int argc, char **argv) {
      * 8 one-group items per tile; FP4 at 3 groups (warps 3..7 without items) */
     test_matmul(C, DS_W_FP8, 16400, 1024, 0);
     test_matmul(C, DS_W_FP4, 16388, 384, 0);
+    /* NaN codes in the decode kernel (300 x 1000), the block-per-tile streaming
+     * kernel (2052 x 2608) and the one looping over tiles (16400 x 1024) */
+    test_fp8_nan(C, 300, 1000);
+    test_fp8_nan(C, 2052, 2608);
+    test_fp8_nan(C, 16400, 1024);
     test_norm_rope(C);
     {
         int ns[7] = {700, 1024, 4096, 5000, 16384, 16400, 40000};

@@ -162,15 +162,18 @@ __device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
 
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
  * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
- * m2: FP4's scale as bf16x2 (fp4_m2, or fp4_m2_fast with FAST). */
-template <int KIND, bool F32 = false, bool FAST = false>
+ * m2: FP4's scale as bf16x2 (fp4_m2, or fp4_m2_fast with FAST). CHK: FP8
+ * words are checked for NaN codes (which e4m3x2 does not decode) one by one;
+ * without it the caller has found none in the warp's chunks (fp8_warp_nan):
+ * the same values, without a branch per word. */
+template <int KIND, bool F32 = false, bool FAST = false, bool CHK = true>
 __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
         p23 = u4w(q, 2 * s + 1);
     } else if (KIND == DS_W_FP8) {
         uint32_t w = u4w(q, s);
-        if (dsc_fp8_nan4(w)) {
+        if (CHK && dsc_fp8_nan4(w)) {
             float f[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) f[i] = dsc_fp8((uint8_t)(w >> (8 * i)));
@@ -194,6 +197,16 @@ __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32
     } else {
         e2m1x4(u4w(q, s >> 1), s & 1, m2, p01, p23);
     }
+}
+
+/* Bit 7 of a byte set where the chunk holds an e4m3 NaN code (0x7f / 0xff):
+ * a byte's 7 magnitude bits plus one carry into bit 7 only from 0x7f. The
+ * callers or it over a warp's chunks and vote (__any_sync): the published
+ * checkpoints have no NaN codes, so a warp's MMAs take afrag without the
+ * word-by-word check (CHK) unless one of its lanes found one. */
+__device__ __forceinline__ uint32_t fp8_nan_bytes(const uint4 &q) {
+    const uint32_t m = 0x7f7f7f7fu, c = 0x01010101u;
+    return (((q.x & m) + c) | ((q.y & m) + c) | ((q.z & m) + c) | ((q.w & m) + c)) & 0x80808080u;
 }
 
 struct mma_args {
@@ -313,6 +326,15 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
     uint32_t sc[2 * MI];
 #pragma unroll
     for (int i = 0; i < 2 * MI; i++) sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
+    bool chk = false; /* FP8: a NaN code in the warp's chunks (fp8_nan_bytes) */
+    if (KIND == DS_W_FP8) {
+        uint32_t nb = 0;
+#pragma unroll
+        for (int i = 0; i < 2 * MI; i++)
+#pragma unroll
+            for (int c = 0; c < mk<KIND>::CPT; c++) nb |= fp8_nan_bytes(q[i][c]);
+        chk = __any_sync(0xffffffffu, nb != 0u);
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -333,14 +355,17 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
             }
         }
     }
+    auto steps = [&](auto chk_t) {
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         uint32_t a[MI][4];
         /* NB > 1: the fp32 decoding (fewer registers; the same values) */
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            afrag<KIND, (NB > 1)>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0], a[mi][2]);
-            afrag<KIND, (NB > 1)>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1], a[mi][1], a[mi][3]);
+            afrag<KIND, (NB > 1), false, decltype(chk_t)::value>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0],
+                                                                 a[mi][2]);
+            afrag<KIND, (NB > 1), false, decltype(chk_t)::value>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1],
+                                                                 a[mi][1], a[mi][3]);
         }
         int col = g * DSC_MMA_G + tig * 32 + kk * 4;
 #pragma unroll
@@ -361,6 +386,9 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
             }
         }
     }
+    };
+    if (KIND == DS_W_FP8 && chk) steps(bconst<true>());
+    else steps(bconst<false>());
     if (KIND == DS_W_FP8) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
@@ -614,26 +642,33 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     /* FP4: sca / scb are E8M0 bytes; the short decoding unless the warp has
      * a scale past its range (the same values either way) */
-    bool fast = false;
+    bool fast = false, chk = false;
     if (KIND == DS_W_FP4) {
         uint32_t sc[2] = {sca, scb};
         fast = fp4_warp_m2<2>(sc);
         sca = sc[0];
         scb = sc[1];
     }
-    auto steps = [&](auto fast_t) {
+    if (KIND == DS_W_FP8) { /* a NaN code in the warp's chunks (fp8_nan_bytes) */
+        uint32_t nb = 0;
+#pragma unroll
+        for (int c = 0; c < mk<KIND>::CPT; c++) nb |= fp8_nan_bytes(qa[c]) | fp8_nan_bytes(qb[c]);
+        chk = __any_sync(0xffffffffu, nb != 0u);
+    }
+    auto steps = [&](auto fast_t, auto chk_t) {
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             uint32_t a0, a1, a2, a3;
-            afrag<KIND, false, decltype(fast_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-            afrag<KIND, false, decltype(fast_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+            afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+            afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
             uint4 b = xs[(g * 8 + kk) * 4 + tig];
             mma16816(acc, a0, a1, a2, a3, b.x, b.y);
             mma16816(acc, a0, a1, a2, a3, b.z, b.w);
         }
     };
-    if (KIND == DS_W_FP4 && fast) steps(bconst<true>());
-    else steps(bconst<false>());
+    if (KIND == DS_W_FP4 && fast) steps(bconst<true>(), bconst<false>());
+    else if (KIND == DS_W_FP8 && chk) steps(bconst<false>(), bconst<true>());
+    else steps(bconst<false>(), bconst<false>());
     if (KIND == DS_W_FP8) {
         float s0 = __uint_as_float(sca), s1 = __uint_as_float(scb);
         acc[0] = __fmul_rn(acc[0], s0);
@@ -1453,7 +1488,9 @@ __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, 
     if (kind == DS_W_FP8) {
         if (i >= nw) return;
         uint4 q = make_uint4(words[i], 0, 0, 0);
-        afrag<DS_W_FP8, F32>(q, 0, 0, out[2 * i], out[2 * i + 1]);
+        /* the decode kernels' choice, per thread here (fp8_nan_bytes) */
+        if (fp8_nan_bytes(q)) afrag<DS_W_FP8, F32>(q, 0, 0, out[2 * i], out[2 * i + 1]);
+        else afrag<DS_W_FP8, F32, false, false>(q, 0, 0, out[2 * i], out[2 * i + 1]);
         return;
     }
     if (i >= nw * ns) return;
