@@ -1118,14 +1118,24 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                     for (int h = 0; h < 2; h++)
                         q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR +
                                                     ((c * 4 + tig) ^ ax) * 16);
+                bool chk = false; /* FP8: a NaN code in the warp's chunks (fp8_nan_bytes) */
+                if (KIND == DS_W_FP8) {
+                    uint32_t nb = 0;
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++) nb |= fp8_nan_bytes(q[mi][0]) | fp8_nan_bytes(q[mi][1]);
+                    chk = __any_sync(0xffffffffu, nb != 0u);
+                }
+                auto steps = [&](auto chk_t) {
 #pragma unroll
                 for (int s1 = 0; s1 < SPC; s1++) {
                     int kk = c * SPC + s1;
                     uint32_t af[MI][4];
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
-                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
+                        afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(q[mi][0], s1, sc[mi][0],
+                                                                                             af[mi][0], af[mi][2]);
+                        afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(q[mi][1], s1, sc[mi][1],
+                                                                                             af[mi][1], af[mi][3]);
                     }
 #pragma unroll
                     for (int ni = 0; ni < NI; ni++) {
@@ -1138,6 +1148,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                         }
                     }
                 }
+                };
+                if (KIND == DS_W_FP8 && chk) steps(bconst<true>());
+                else steps(bconst<false>());
             }
         };
         if (KIND == DS_W_FP4 && fast) mmas(bconst<true>());
