@@ -64,4 +64,11 @@ int ds_cpu_l1d(void);
  * parallel regions, not three per expert. */
 #define DS_CPU_MOE_BATCH_ROWS 256
 
+/* Copies and elementwise work between the products (a batch's x copies and
+ * quantization, the MoE gathers, SwiGLUs and scatters) run as parallel
+ * regions from this many floats on, below on the calling thread (a region's
+ * wake-up costs more than a decode step's few vectors). Serial, they had one
+ * core idle for ~15% of a 512-token prefill (perf, 2 threads). */
+#define DS_CPU_PAR_FLOATS 65536
+
 #endif

@@ -1306,25 +1306,48 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, con
     return (size_t)T * xstride;
 }
 
-static void mm_fill(mm_prep *p) {
+/* Token t's x copy of product p (see mm_prepare). */
+static void mm_fill_token(const mm_prep *p, int t) {
     int K = p->w->cols;
-    for (int t = 0; t < p->T; t++) {
-        const float *xt = p->x + (size_t)t * (size_t)K;
-        if (p->tile) { /* panel-major: panel pn of token t at (pn * T + t) * KP */
-            float mul = p->fmt == X_TRAW ? 0x1p112f : 1.0f;
-            for (int c = 0; c < K; c++)
-                p->xp[((size_t)(c / DS_CPU_FP8_PANEL) * (size_t)p->T + (size_t)t) * DS_CPU_FP8_PANEL +
-                      (size_t)(c % DS_CPU_FP8_PANEL)] = xt[c] * mul;
-            continue;
+    const float *xt = p->x + (size_t)t * (size_t)K;
+    if (p->tile) { /* panel-major: panel pn of token t at (pn * T + t) * KP */
+        float mul = p->fmt == X_TRAW ? 0x1p112f : 1.0f;
+        for (int c0 = 0, pn = 0; c0 < K; c0 += DS_CPU_FP8_PANEL, pn++) {
+            float *dst = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t) * DS_CPU_FP8_PANEL;
+            int n = K - c0 < DS_CPU_FP8_PANEL ? K - c0 : DS_CPU_FP8_PANEL;
+            for (int c = 0; c < n; c++) dst[c] = xt[c0 + c] * mul;
         }
-        float *dst = p->xp + (size_t)t * p->xstride;
-        if (p->fmt == X_Q4)
-            fp4_quantize_x(xt, K, (uint8_t *)(void *)dst);
-        else if (p->fmt == X_RAW)
-            for (int c = 0; c < K; c++) dst[c] = xt[c] * 0x1p112f;
-        else
-            memcpy(dst, xt, sizeof(float) * (size_t)K);
+        return;
     }
+    float *dst = p->xp + (size_t)t * p->xstride;
+    if (p->fmt == X_Q4)
+        fp4_quantize_x(xt, K, (uint8_t *)(void *)dst);
+    else if (p->fmt == X_RAW)
+        for (int c = 0; c < K; c++) dst[c] = xt[c] * 0x1p112f;
+    else
+        memcpy(dst, xt, sizeof(float) * (size_t)K);
+}
+
+/* The batch's x copies as one parallel region over (product, token): fill
+ * i is token i - first[j] of product list[j] (one of the products that
+ * own a copy). */
+typedef struct {
+    const mm_prep *p;
+    const int *list, *first; /* first[n]: the total */
+    int n;
+} mm_fills;
+
+static void mm_fill_one(void *ctx, int i) {
+    const mm_fills *f = ctx;
+    int lo = 0, hi = f->n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (f->first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    mm_fill_token(&f->p[f->list[lo]], i - f->first[lo]);
 }
 
 /* Adds a batch's time and bytes under the kind holding most of its bytes. */
@@ -1345,10 +1368,11 @@ static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double 
 static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int path, ds_err *err) {
     double t_start = be->profile ? ds_now() : 0;
     if (n <= 0) return 0;
-    mm_prep *p = ds_cpu_scratch(be, DS_SCR_MM_JOBS, (sizeof *p * 2 + sizeof(int)) * (size_t)n);
+    mm_prep *p = ds_cpu_scratch(be, DS_SCR_MM_JOBS, (sizeof *p * 2 + 3 * sizeof(int)) * (size_t)n + sizeof(int));
     if (!p) return ds_fail(err, "cpu matmul: out of memory for a batch of %d products", n);
     mm_prep *q = p + n;          /* the products of one token block */
     int *share = (int *)(q + n); /* the earlier product whose x copy a product shares, or -1 */
+    int *list = share + n, *first = list + n; /* the products that own a copy, their first fill */
     size_t total = 0, off = 0;
     int T = 0;
     for (int i = 0; i < n; i++) {
@@ -1357,6 +1381,8 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
     }
     float *xp = ds_cpu_scratch(be, DS_SCR_MM, sizeof(float) * (total ? total : 1));
     if (!xp) return ds_fail(err, "cpu matmul: out of memory for %zu floats of inputs", total);
+    int nl = 0;
+    first[0] = 0;
     for (int i = 0; i < n; i++) {
         if (share[i] >= 0) {
             p[i].xp = p[share[i]].xp;
@@ -1364,8 +1390,15 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
         }
         p[i].xp = xp + off;
         off += (size_t)p[i].T * p[i].xstride;
-        mm_fill(&p[i]);
+        list[nl] = i;
+        first[nl + 1] = first[nl] + p[i].T;
+        nl++;
     }
+    mm_fills f = {p, list, first, nl};
+    if (off >= DS_CPU_PAR_FLOATS)
+        ds_cpu_parallel_for(be, first[nl], mm_fill_one, &f);
+    else
+        for (int i = 0; i < first[nl]; i++) mm_fill_one(&f, i);
     for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         /* the products with tokens in this block, renumbered */
         int m = 0, g = 0;
@@ -1393,6 +1426,26 @@ int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, d
 
 /* Group g's columns are copied to rows of their own, then the G products run
  * as one batch: each output has the bits of a product on those rows. */
+typedef struct {
+    const ds_matmul_grouped *p;
+    float *gin, *gout;
+} mm_grouped;
+
+static void grouped_in(void *ctx, int g) {
+    const mm_grouped *c = ctx;
+    int G = c->p->G, T = c->p->T, K = c->p->w->cols;
+    for (int t = 0; t < T; t++)
+        memcpy(c->gin + ((size_t)g * T + t) * K, c->p->x + (size_t)t * G * K + (size_t)g * K, (size_t)K * sizeof(float));
+}
+
+static void grouped_out(void *ctx, int g) {
+    const mm_grouped *c = ctx;
+    int G = c->p->G, T = c->p->T, Rg = c->p->w->rows / G;
+    for (int t = 0; t < T; t++)
+        memcpy(c->p->y + (size_t)t * G * Rg + (size_t)g * Rg, c->gout + ((size_t)g * T + t) * Rg,
+               (size_t)Rg * sizeof(float));
+}
+
 int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err) {
     int G = p->G, T = p->T, K = p->w->cols, Rg = p->w->rows / G;
     size_t in = (size_t)G * T * K, out = (size_t)G * T * Rg;
@@ -1401,15 +1454,18 @@ int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_e
     ds_weight *wg = (ds_weight *)buf;
     ds_matmul_job *jg = (ds_matmul_job *)(wg + G);
     float *gin = (float *)(buf + 2 * sizeof(ds_weight) * (size_t)G), *gout = gin + in;
+    mm_grouped c = {p, gin, gout};
+    int par = in >= DS_CPU_PAR_FLOATS;
     for (int g = 0; g < G; g++) {
-        for (int t = 0; t < T; t++)
-            memcpy(gin + ((size_t)g * T + t) * K, p->x + (size_t)t * G * K + (size_t)g * K, (size_t)K * sizeof(float));
+        if (!par) grouped_in(&c, g);
         wg[g] = ds_weight_rows(p->w, g * Rg, Rg);
         jg[g] = (ds_matmul_job){&wg[g], gin + (size_t)g * T * K, T, gout + (size_t)g * T * Rg};
     }
+    if (par) ds_cpu_parallel_for(be, G, grouped_in, &c);
     if (ds_cpu_matmul_many(be, jg, G, err)) return -1;
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < T; t++)
-            memcpy(p->y + (size_t)t * G * Rg + (size_t)g * Rg, gout + ((size_t)g * T + t) * Rg, (size_t)Rg * sizeof(float));
+    if (par)
+        ds_cpu_parallel_for(be, G, grouped_out, &c);
+    else
+        for (int g = 0; g < G; g++) grouped_out(&c, g);
     return 0;
 }

@@ -76,66 +76,93 @@ typedef struct {
     size_t cap, imax;           /* rows per batch, widest intermediate */
     float *xg, *h1, *h3, *yg;
     ds_matmul_job *j13, *j2;
+    int *ej, *rj;               /* a batch's job i: expert ej[i] (E: the shared one), first row rj[i] */
 } moe_run;
 
 static int expert_rows(const moe_run *M, int e) {
     return e < M->p->E ? M->count[e + 1] - M->count[e] : M->shared ? M->p->T : 0;
 }
 
+/* A batch's per-job copies and activations, one job (expert) per
+ * parallel item: its tokens' x rows gathered, the clamped SwiGLU of its
+ * up products, its outputs back to their (token, slot) rows. Elementwise
+ * and copies: the same bits however the jobs are spread. */
+static void gather_job(void *ctx, int i) {
+    const moe_run *M = ctx;
+    const ds_moe_experts_params *P = M->p;
+    int e = M->ej[i], D = P->D;
+    if (e == P->E) return;
+    for (int j = 0, n = expert_rows(M, e); j < n; j++)
+        memcpy(M->xg + ((size_t)M->rj[i] + (size_t)j) * D, P->x + (size_t)(M->members[M->count[e] + j] / P->k) * D,
+               (size_t)D * sizeof(float));
+}
+
+static void swiglu_job(void *ctx, int i) {
+    const moe_run *M = ctx;
+    swiglu(M->j13[2 * i].y, M->j13[2 * i + 1].y, (size_t)M->j2[i].T * (size_t)M->j2[i].w->cols, M->p->limit);
+}
+
+static void scatter_job(void *ctx, int i) {
+    const moe_run *M = ctx;
+    const ds_moe_experts_params *P = M->p;
+    int e = M->ej[i], D = P->D;
+    if (e == P->E) return;
+    for (int j = 0, n = expert_rows(M, e); j < n; j++)
+        memcpy(P->slot_out + (size_t)M->members[M->count[e] + j] * D, M->yg + ((size_t)M->rj[i] + (size_t)j) * D,
+               (size_t)D * sizeof(float));
+}
+
+static void each_job(const ds_backend *be, int par, int nj, void (*fn)(void *, int), const moe_run *M) {
+    if (par)
+        ds_cpu_parallel_for(be, nj, fn, (void *)M);
+    else
+        for (int i = 0; i < nj; i++) fn((void *)M, i);
+}
+
 /* Experts [e, ...) that fit one batch; returns the next expert, or -1. */
 static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err) {
     const ds_moe_experts_params *P = M->p;
-    int D = P->D, k = P->k, E = P->E, nj = 0, e0 = e;
+    int D = P->D, E = P->E, nj = 0;
     size_t rows = 0, imax = M->imax;
     for (; e <= E; e++) {
         int n = expert_rows(M, e);
         if (!n) continue;
         if (rows > 0 && rows + (size_t)n > M->cap) break;
-        const float *x = P->x;
-        if (e < E) {
-            for (int j = 0; j < n; j++)
-                memcpy(M->xg + (rows + (size_t)j) * D, P->x + (size_t)(M->members[M->count[e] + j] / k) * D,
-                       (size_t)D * sizeof(float));
-            x = M->xg + rows * D;
-        }
+        const float *x = e < E ? M->xg + rows * D : P->x;
         const ds_weight *w1 = e < E ? &P->w1[e] : P->sw1, *w3 = e < E ? &P->w3[e] : P->sw3;
         const ds_weight *w2 = e < E ? &P->w2[e] : P->sw2;
+        M->ej[nj] = e;
+        M->rj[nj] = (int)rows;
         M->j13[2 * nj] = (ds_matmul_job){w1, x, n, M->h1 + rows * imax};
         M->j13[2 * nj + 1] = (ds_matmul_job){w3, x, n, M->h3 + rows * imax};
         M->j2[nj++] = (ds_matmul_job){w2, M->h1 + rows * imax, n, e < E ? M->yg + rows * D : P->shared_out};
         rows += (size_t)n;
     }
+    int par = rows * (size_t)D >= DS_CPU_PAR_FLOATS;
+    each_job(be, par, nj, gather_job, M);
     if (ds_cpu_matmul_many(be, M->j13, 2 * nj, err)) return -1;
-    for (int i = 0; i < nj; i++)
-        swiglu(M->j13[2 * i].y, M->j13[2 * i + 1].y, (size_t)M->j2[i].T * (size_t)M->j2[i].w->cols, P->limit);
+    each_job(be, par, nj, swiglu_job, M);
     if (ds_cpu_matmul_many(be, M->j2, nj, err)) return -1;
-    /* routed outputs back to their (token, slot) rows */
-    rows = 0;
-    for (int i = e0; i < e; i++) {
-        int n = expert_rows(M, i);
-        if (i == E || !n) continue;
-        for (int j = 0; j < n; j++)
-            memcpy(P->slot_out + (size_t)M->members[M->count[i] + j] * D, M->yg + (rows + (size_t)j) * D,
-                   (size_t)D * sizeof(float));
-        rows += (size_t)n;
-    }
+    each_job(be, par, nj, scatter_job, M);
     return e;
 }
 
 int ds_cpu_moe_experts(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err) {
     int T = p->T, E = p->E, k = p->k, D = p->D;
     if (k > 64) return ds_fail(err, "cpu MoE: %d experts per token (at most 64)", k);
-    moe_run M = {p, NULL, NULL, p->sw1 != NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    moe_run M = {p, NULL, NULL, p->sw1 != NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     M.cap = (size_t)T > DS_CPU_MOE_BATCH_ROWS ? (size_t)T : DS_CPU_MOE_BATCH_ROWS;
     M.imax = (size_t)p->w1[0].rows;
     if (M.shared && (size_t)p->sw1->rows > M.imax) M.imax = (size_t)p->sw1->rows;
     /* one scratch block: ints, then jobs, then floats */
-    size_t n_int = (size_t)E + 1 + (size_t)E + (size_t)T * k, n_job = 3 * ((size_t)E + 1);
+    size_t n_int = (size_t)E + 1 + (size_t)E + (size_t)T * k + 2 * ((size_t)E + 1), n_job = 3 * ((size_t)E + 1);
     size_t n_flt = 2 * M.cap * D + 2 * M.cap * M.imax;
     size_t o_job = (n_int * sizeof(int) + 63) / 64 * 64, o_flt = o_job + (n_job * sizeof(ds_matmul_job) + 63) / 64 * 64;
     char *buf = ds_cpu_scratch(be, DS_SCR_MOE, o_flt + n_flt * sizeof(float));
     if (!buf) return ds_fail(err, "cpu MoE: out of memory for %d tokens", T);
     int *count = (int *)buf, *fill = count + E + 1, *members = fill + E;
+    M.ej = members + (size_t)T * k;
+    M.rj = M.ej + E + 1;
     M.j13 = (ds_matmul_job *)(buf + o_job);
     M.j2 = M.j13 + 2 * ((size_t)E + 1);
     float *f = (float *)(buf + o_flt);
