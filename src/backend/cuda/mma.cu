@@ -164,7 +164,7 @@ __device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
  * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
  * m2: FP4's scale as bf16x2 (fp4_m2, or fp4_m2_fast with FAST). CHK: FP8
  * words are checked for NaN codes (which e4m3x2 does not decode) one by one;
- * without it the caller has found none in the warp's chunks (fp8_warp_nan):
+ * without it the caller has found none in the warp's chunks (fp8_nan_bytes, a vote):
  * the same values, without a branch per word. */
 template <int KIND, bool F32 = false, bool FAST = false, bool CHK = true>
 __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
