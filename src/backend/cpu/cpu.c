@@ -204,6 +204,14 @@ void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int 
     c->in_region = 0;
 }
 
+void ds_cpu_parallel_for_sized(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx, size_t floats) {
+    if (floats >= DS_CPU_PAR_FLOATS) {
+        ds_cpu_parallel_for(be, n, fn, ctx);
+        return;
+    }
+    for (int i = 0; i < n; i++) fn(ctx, i);
+}
+
 static void cpu_close(ds_backend *be) {
     ds_cpu *c = ds_cpu_of(be);
     if (!c) return;

@@ -64,6 +64,10 @@ void *ds_cpu_scratch(const ds_backend *be, int which, size_t bytes);
  * whichever thread is free); each i must write only its own outputs (so
  * results cannot depend on which thread ran it). */
 void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
+/* The same for copies and elementwise work of `floats` floats in all: a
+ * parallel region from DS_CPU_PAR_FLOATS on, else i in order on the calling
+ * thread. */
+void ds_cpu_parallel_for_sized(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx, size_t floats);
 
 /* The fixed-order dot product (8 lanes over chunks of 8 ... : matmul.c's
  * dense order) used by every small reduction of the CPU ops. */

@@ -65,9 +65,10 @@ int ds_cpu_l1d(void);
 #define DS_CPU_MOE_BATCH_ROWS 256
 
 /* Copies and elementwise work between the products (a batch's x copies and
- * quantization, the MoE gathers, SwiGLUs and scatters) run as parallel
- * regions from this many floats on, below on the calling thread (a region's
- * wake-up costs more than a decode step's few vectors). Serial, they left the
+ * quantization, the MoE gathers, SwiGLUs and scatters, the grouped product's
+ * copies: ds_cpu_parallel_for_sized) run as parallel regions from this many
+ * floats on, below on the calling thread (a region's wake-up costs more
+ * than a decode step's few vectors). Serial, they left the
  * calling thread with ~25% more perf samples than the pool's over a 512-token
  * prefill (2 threads); now level. */
 #define DS_CPU_PAR_FLOATS 65536

@@ -1395,10 +1395,7 @@ static int mm_run(const ds_backend *be, const ds_matmul_job *jobs, int n, int pa
         nl++;
     }
     mm_fills f = {p, list, first, nl};
-    if (off >= DS_CPU_PAR_FLOATS)
-        ds_cpu_parallel_for(be, first[nl], mm_fill_one, &f);
-    else
-        for (int i = 0; i < first[nl]; i++) mm_fill_one(&f, i);
+    ds_cpu_parallel_for_sized(be, first[nl], mm_fill_one, &f, off);
     for (int t0 = 0; t0 < T; t0 += TOKEN_BLOCK) {
         /* the products with tokens in this block, renumbered */
         int m = 0, g = 0;
@@ -1455,17 +1452,12 @@ int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_e
     ds_matmul_job *jg = (ds_matmul_job *)(wg + G);
     float *gin = (float *)(buf + 2 * sizeof(ds_weight) * (size_t)G), *gout = gin + in;
     mm_grouped c = {p, gin, gout};
-    int par = in >= DS_CPU_PAR_FLOATS;
     for (int g = 0; g < G; g++) {
-        if (!par) grouped_in(&c, g);
         wg[g] = ds_weight_rows(p->w, g * Rg, Rg);
         jg[g] = (ds_matmul_job){&wg[g], gin + (size_t)g * T * K, T, gout + (size_t)g * T * Rg};
     }
-    if (par) ds_cpu_parallel_for(be, G, grouped_in, &c);
+    ds_cpu_parallel_for_sized(be, G, grouped_in, &c, in);
     if (ds_cpu_matmul_many(be, jg, G, err)) return -1;
-    if (par)
-        ds_cpu_parallel_for(be, G, grouped_out, &c);
-    else
-        for (int g = 0; g < G; g++) grouped_out(&c, g);
+    ds_cpu_parallel_for_sized(be, G, grouped_out, &c, out);
     return 0;
 }

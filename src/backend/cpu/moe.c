@@ -112,13 +112,6 @@ static void scatter_job(void *ctx, int i) {
                (size_t)D * sizeof(float));
 }
 
-static void each_job(const ds_backend *be, int par, int nj, void (*fn)(void *, int), const moe_run *M) {
-    if (par)
-        ds_cpu_parallel_for(be, nj, fn, (void *)M);
-    else
-        for (int i = 0; i < nj; i++) fn((void *)M, i);
-}
-
 /* Experts [e, ...) that fit one batch; returns the next expert, or -1. */
 static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err) {
     const ds_moe_experts_params *P = M->p;
@@ -138,12 +131,12 @@ static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err)
         M->j2[nj++] = (ds_matmul_job){w2, M->h1 + rows * imax, n, e < E ? M->yg + rows * D : P->shared_out};
         rows += (size_t)n;
     }
-    int par = rows * (size_t)D >= DS_CPU_PAR_FLOATS;
-    each_job(be, par, nj, gather_job, M);
+    size_t floats = rows * (size_t)D;
+    ds_cpu_parallel_for_sized(be, nj, gather_job, (void *)M, floats);
     if (ds_cpu_matmul_many(be, M->j13, 2 * nj, err)) return -1;
-    each_job(be, par, nj, swiglu_job, M);
+    ds_cpu_parallel_for_sized(be, nj, swiglu_job, (void *)M, floats);
     if (ds_cpu_matmul_many(be, M->j2, nj, err)) return -1;
-    each_job(be, par, nj, scatter_job, M);
+    ds_cpu_parallel_for_sized(be, nj, scatter_job, (void *)M, floats);
     return e;
 }
 
