@@ -241,11 +241,24 @@ static uint16_t bf16_bits(float f) {
 }
 static int bf16_isnan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
-/* The bf16 values the MMAs get for every e4m3 byte at every position of a
- * word (NaN words included), and for every e2m1 code at every nibble times
- * every E8M0 scale, bitwise against the host's values (exact products: the
- * e4m3 / e2m1 value times 2^(e-127) in fp32 (e2m1: 2 significant bits, so
- * exact in bf16 when finite), its top 16 bits; NaN for a NaN byte or scale). */
+/* The f16 bits of a float that f16 holds exactly as a normal or zero (every
+ * e4m3 value: 2^-9 .. 448). */
+static uint16_t f16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    if ((u & 0x7fffffffu) == 0) return s;
+    int e = (int)((u >> 23) & 0xff) - 127 + 15;
+    return (uint16_t)(s | (e << 10) | ((u >> 13) & 0x3ff));
+}
+static int f16_isnan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
+
+/* The values the MMAs get for every e4m3 byte at every position of a word
+ * (f16: NaN words included) and for every e2m1 code at every nibble times
+ * every E8M0 scale (bf16), bitwise against the host's values (exact: e4m3
+ * values are f16 normals; the e2m1 value times 2^(e-127) in fp32 has 2
+ * significant bits, so exact in bf16 when finite, its top 16 bits; NaN for a
+ * NaN byte or scale). FP8 has one decoding (the cvt); way 1 / 2 repeat it. */
 static void test_weight_decode(ctx *C, int way) {
     const char *path = way == 2 ? "short FP4" : way ? "fp32" : "bf16x2";
     /* FP8: word i = bytes i, i+1, i+2, i+3 (each byte at each position), then i x4 */
@@ -263,10 +276,10 @@ static void test_weight_decode(ctx *C, int way) {
             uint8_t b = (uint8_t)(w[i] >> (8 * p));
             uint16_t got = (uint16_t)(o[2 * i + p / 2] >> (16 * (p & 1)));
             float want = h_fp8(b);
-            int ok = (b & 0x7f) == 0x7f ? bf16_isnan(got) : got == bf16_bits(want);
-            if (!ok && bad++ < 4) printf("  e4m3 byte 0x%02x at %d of 0x%08x: bf16 0x%04x, want %g\n", b, p, w[i], got, want);
+            int ok = (b & 0x7f) == 0x7f ? f16_isnan(got) : got == f16_bits(want);
+            if (!ok && bad++ < 4) printf("  e4m3 byte 0x%02x at %d of 0x%08x: f16 0x%04x, want %g\n", b, p, w[i], got, want);
         }
-    check(C, !bad, "tensor cores (%s decoding): every e4m3 byte at every position of a word = its exact value in bf16 (%d bad)",
+    check(C, !bad, "tensor cores (%s run): every e4m3 byte at every position of a word = its exact value in f16 (%d bad)",
           path, bad);
     free(w);
     free(o);
@@ -356,13 +369,11 @@ static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
     free_weight(C, &t);
 }
 
-/* FP8 NaN codes through the products: the decode kernels check a warp's
- * chunks for NaN codes (0x7f / 0xff) once and decode them word by word only
- * then. A copy of a NaN-free matrix with a NaN byte in every 37th row: y is
- * NaN in exactly those rows, and every other row has the bits of the
- * NaN-free matrix (checked and unchecked decodings give the same values), at
- * T = 1, 8 (the decode / streaming kernels by shape), 20 and 70 (the tile
- * kernel). */
+/* FP8 NaN codes through the products (0x7f / 0xff: the tensor cores' cvt
+ * decodes them to NaN, no check of its own). A copy of a NaN-free matrix with
+ * a NaN byte in every 37th row: y is NaN in exactly those rows, and every
+ * other row has the bits of the NaN-free matrix, at T = 1, 8 (the decode /
+ * streaming kernels by shape), 20 and 70 (the tile kernel). */
 static void test_fp8_nan(ctx *C, int rows, int cols) {
     tw a = make_weight(C, DS_W_FP8, rows, cols, 0);
     size_t db, ns;
@@ -508,6 +519,96 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
             C->be.free(&C->be, dys);
         }
         check(C, ok, "matmul_grouped %s [%d x %d]: each group has the bits of its own matmul", kname[kind], rows, cols);
+        free(xg);
+        free(yg);
+        C->be.free(&C->be, dxg);
+        C->be.free(&C->be, dyg);
+    }
+    free(x);
+    free(y);
+    C->be.free(&C->be, dx);
+    C->be.free(&C->be, dy);
+    free_weight(C, &w);
+}
+
+/* FP8 products take each token's 128-column group scaled by a power of two
+ * (its largest |x| to [2^14, 2^15)) and split in f16 (docs/cuda.md): groups
+ * from 1e-25 to 1e25 (f16 alone ends at 65504 and loses what is below
+ * 2^-24), tiny elements inside a group, an all-zero group, K not a multiple
+ * of 128. Each output within 2e-6 sqrt(K) sum |w x| of the double product
+ * (relative only: a token of tiny groups has a tiny bound); every token's
+ * bits the same at T = 1, 8, 20 (the decode and streaming kernels) as at T
+ * = 70 (the tile kernel); grouped at 40 tokens: each group's bits those of
+ * its own matmul (the tile kernel's split segments). */
+static void test_fp8_range(ctx *C, int rows, int cols) {
+    tw w = make_weight(C, DS_W_FP8, rows, cols, 0);
+    int T = 70, ng = (cols + 127) / 128;
+    float *x = malloc(sizeof(float) * T * cols);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < cols; k++) {
+            int g = k / 128, e = (t * 5 + g * 3) % 51 - 25;
+            float v = frand(C) * (float)pow(10.0, e);
+            if (k % 16 == 5) v *= 0x1p-30f;
+            if (g == (t % ng)) v = 0.0f;
+            x[(size_t)t * cols + k] = v;
+        }
+    float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
+    die_if(C, ds_matmul(&C->be, &w.d, dx, T, dy, &C->err), "matmul");
+    float *y = fget(C, dy, (size_t)T * rows);
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < rows; r++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)w.deq[(size_t)r * cols + k] * x[(size_t)t * cols + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            double got = y[(size_t)t * rows + r];
+            if (!(fabs(got - ref) <= 2e-6 * sqrt(cols) * mag) && bad++ < 3)
+                printf("  FP8 range [%d,%d] t %d r %d: %g vs %g (sum |w x| %g)\n", rows, cols, t, r, got, ref, mag);
+        }
+    check(C, !bad, "matmul FP8 [%d x %d], groups of 1e-25 .. 1e25: every output within 2e-6 sqrt(K) sum |w x| of "
+                   "the double product (%d bad)", rows, cols, bad);
+    int Ts[3] = {1, 8, 20}, same = 1;
+    for (int ti = 0; ti < 3; ti++) {
+        int n = Ts[ti];
+        float *dyb = dput(C, NULL, sizeof(float) * n * rows);
+        die_if(C, ds_matmul(&C->be, &w.d, dx, n, dyb, &C->err), "matmul");
+        float *yb = fget(C, dyb, (size_t)n * rows);
+        if (memcmp(yb, y, sizeof(float) * n * rows)) same = 0;
+        free(yb);
+        C->be.free(&C->be, dyb);
+    }
+    check(C, same, "matmul FP8 [%d x %d], groups of 1e-25 .. 1e25: the first 1, 8, 20 tokens alone = in the batch of 70",
+          rows, cols);
+    if (rows % 4 == 0) {
+        int G = 4, Rg = rows / G, Tg = 40, ok = 1; /* 40 tokens of [G][cols]: x's rows again and again */
+        float *xg = malloc(sizeof(float) * Tg * G * cols);
+        for (int i = 0; i < Tg * G; i++) memcpy(xg + (size_t)i * cols, x + (size_t)(i % T) * cols, sizeof(float) * cols);
+        float *dxg = dput(C, xg, sizeof(float) * Tg * G * cols), *dyg = dput(C, NULL, sizeof(float) * Tg * rows);
+        ds_matmul_grouped gp = {&w.d, G, Tg, dxg, dyg};
+        die_if(C, C->be.matmul_grouped(&C->be, &gp, &C->err), "matmul_grouped");
+        float *yg = fget(C, dyg, (size_t)Tg * rows);
+        for (int g = 0; g < G && ok; g++) {
+            ds_weight v = w.d;
+            v.data = w.d.data + (size_t)g * Rg * cols;
+            v.rows = Rg;
+            v.srow0 = g * Rg;
+            float *xs = malloc(sizeof(float) * Tg * cols);
+            for (int t = 0; t < Tg; t++) memcpy(xs + (size_t)t * cols, xg + ((size_t)t * G + g) * cols, sizeof(float) * cols);
+            float *dxs = dput(C, xs, sizeof(float) * Tg * cols), *dys = dput(C, NULL, sizeof(float) * Tg * Rg);
+            die_if(C, ds_matmul(&C->be, &v, dxs, Tg, dys, &C->err), "matmul");
+            float *ys = fget(C, dys, (size_t)Tg * Rg);
+            for (int t = 0; t < Tg; t++)
+                if (memcmp(ys + (size_t)t * Rg, yg + (size_t)t * rows + (size_t)g * Rg, sizeof(float) * Rg)) ok = 0;
+            free(xs);
+            free(ys);
+            C->be.free(&C->be, dxs);
+            C->be.free(&C->be, dys);
+        }
+        check(C, ok, "matmul_grouped FP8 [%d x %d], groups of 1e-25 .. 1e25: each group has the bits of its own matmul",
+              rows, cols);
         free(xg);
         free(yg);
         C->be.free(&C->be, dxg);
@@ -1354,12 +1455,12 @@ static float *moe_ep_run(ctx *C, moe_w *M, int MD, int T, const float *x, const 
     return out;
 }
 
-static void test_moe(ctx *C, int MD, int MI) {
+static void test_moe(ctx *C, int MD, int MI, ds_wkind kind) {
     moe_w *M = calloc(1, sizeof *M);
     for (int e = 0; e < ME; e++) {
-        M->w1[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
-        M->w3[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
-        M->w2[e] = make_weight(C, DS_W_FP4, MD, MI, 0);
+        M->w1[e] = make_weight(C, kind, MI, MD, 0);
+        M->w3[e] = make_weight(C, kind, MI, MD, 0);
+        M->w2[e] = make_weight(C, kind, MD, MI, 0);
         M->d1[e] = M->w1[e].d;
         M->d2[e] = M->w2[e].d;
         M->d3[e] = M->w3[e].d;
@@ -1436,8 +1537,8 @@ static void test_moe(ctx *C, int MD, int MI) {
         }
     }
     printf("  moe D=%d: worst |out - ref| / tolerance = %.3g\n", MD, worst);
-    check(C, !bad, "moe FP4 experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4 + the split's bound; %d bad)", MD, MI,
-          bad);
+    check(C, !bad, "moe %s experts (D=%d, I=%d) + BF16 shared vs reference (rel 1e-4 + the split's bound; %d bad)",
+          kname[kind], MD, MI, bad);
     /* 1, 2, 7, 8: the decode kernels; 12 and 20 tokens (3 and 5 pairs per expert):
      * the tile kernel's x8 and x16 shapes (heuristics.h); T = 160 (40): the 64 x 64 shape */
     int sizes[6] = {1, 2, 7, 8, 12, 20};
@@ -1456,7 +1557,7 @@ static void test_moe(ctx *C, int MD, int MI) {
             free(xb);
             free(ob);
         }
-        check(C, ok, "moe D=%d: a token's output in a batch of %d = in a batch of %d (bits)", MD, T, n);
+        check(C, ok, "moe %s D=%d: a token's output in a batch of %d = in a batch of %d (bits)", kname[kind], MD, T, n);
     }
     {
         /* 8 tokens all routed to experts 3 and 5: at D = 2304 the streaming
@@ -1475,7 +1576,7 @@ static void test_moe(ctx *C, int MD, int MI) {
             if (memcmp(o1, ob + (size_t)t * MD, sizeof(float) * MD)) ok = 0;
             free(o1);
         }
-        check(C, ok, "moe D=%d: 8 tokens on the same 2 experts, each = alone (bits)", MD);
+        check(C, ok, "moe %s D=%d: 8 tokens on the same 2 experts, each = alone (bits)", kname[kind], MD);
         free(xb);
         free(ob);
     }
@@ -1486,8 +1587,8 @@ static void test_moe(ctx *C, int MD, int MI) {
                 float *oe = moe_ep_run(C, M, MD, tn[q], x, idx, wts, R, by_expert);
                 float *of = tn[q] == T ? NULL : moe_run(C, M, MD, tn[q], x, idx, wts);
                 check(C, !memcmp(oe, of ? of : out, sizeof(float) * (size_t)tn[q] * MD),
-                      "moe D=%d over %d simulated EP ranks (pairs owned %s), %d token(s) = the fused moe (bits)", MD,
-                      R, by_expert ? "by expert, others' weights host pointers" : "at random", tn[q]);
+                      "moe %s D=%d over %d simulated EP ranks (pairs owned %s), %d token(s) = the fused moe (bits)",
+                      kname[kind], MD, R, by_expert ? "by expert, others' weights host pointers" : "at random", tn[q]);
                 free(oe);
                 free(of);
             }
@@ -1601,6 +1702,9 @@ int main(int argc, char **argv) {
     test_onehot(C, DS_W_FP4, 64, 256);   /* 512 (row, 32-column) scales: every scale twice */
     test_onehot(C, DS_W_FP8, 256, 512);  /* every byte in every row block */
     test_onehot(C, DS_W_FP4, 4096, 256); /* 256 tiles: the block decode kernel */
+    test_fp8_range(C, 300, 1000);  /* the decode kernel, a ragged last group */
+    test_fp8_range(C, 2048, 1024); /* 128 tiles: the streaming kernels */
+    test_fp8_range(C, 4096, 512);  /* 256 tiles: the block kernel at T = 20 */
     int shapes[3][2] = {{300, 1000}, {256, 1024}, {17, 4096}};
     for (int k = 0; k < 5; k++)
         for (int s = 0; s < 3; s++) test_matmul(C, (ds_wkind)k, shapes[s][0], shapes[s][1], 0);
@@ -1661,9 +1765,10 @@ int main(int argc, char **argv) {
     test_compressor(C, 4, 32, 1, 1);
     test_indexer(C);
     test_route(C);
-    test_moe(C, 200, 96);  /* D not a multiple of 32: the general path */
-    test_moe(C, 256, 128); /* regular: the gemv (1, 2 tokens) and tiled (7, 64) paths */
-    test_moe(C, 2304, 256); /* experts' up through the streaming kernel: 18 groups */
+    test_moe(C, 200, 96, DS_W_FP4);  /* D not a multiple of 32: the general path */
+    test_moe(C, 256, 128, DS_W_FP4); /* regular: the gemv (1, 2 tokens) and tiled (7, 64) paths */
+    test_moe(C, 2304, 256, DS_W_FP4); /* experts' up through the streaming kernel: 18 groups */
+    test_moe(C, 256, 128, DS_W_FP8);  /* FP8 experts: the f16 split through the decode and tile kernels */
     if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
 
     C->be.close(&C->be);

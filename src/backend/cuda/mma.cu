@@ -1,16 +1,23 @@
-/* mma.cu — the tensor-core products (mma.sync m16n8k16, bf16 x bf16 -> fp32):
- * matmul / grouped matmul of BF16, FP8 (E8M0 or F32 scales) and FP4 (E8M0
- * scales) weights, and the routed experts' up / down projections.
+/* mma.cu — the tensor-core products (mma.sync m16n8k16 -> fp32: bf16 x bf16
+ * for BF16 and FP4 weights, f16 x f16 for FP8): matmul / grouped matmul of
+ * BF16, FP8 (E8M0 or F32 scales) and FP4 (E8M0 scales) weights, and the
+ * routed experts' up / down projections.
  *
  * Weight ROWS are the MMA's M side, TOKENS its N side; a column of an MMA
  * depends only on its own B column, so a token's bits do not depend on the
  * other tokens of the step, its column in the tile, or the kernel (design.md
  * §1). Numerics (docs/cuda.md):
- *   weights: e4m3 / e2m1 / bf16 values are exact in bf16; FP4's E8M0 scale is
- *     a power of two and is applied to the bf16 value (exact); FP8's scale
- *     (E8M0 or F32) multiplies the group's fp32 partial (promotion).
- *   activations: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x - hi) (x - hi is
- *     exact in fp32): ~16 significant bits of x; two MMAs per fragment.
+ *   weights: e2m1 / bf16 values are exact in bf16, e4m3 values in f16 (one
+ *     cvt a pair); FP4's E8M0 scale is a power of two and is applied to the
+ *     bf16 value (exact); FP8's scale (E8M0 or F32) multiplies the group's
+ *     fp32 partial (promotion).
+ *   activations, BF16 / FP4: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x -
+ *     hi) (x - hi is exact in fp32): ~16 significant bits of x.
+ *   activations, FP8: per token and 128-column group a power of two sc
+ *     (hx_scale: the group's largest |x| sc in [2^14, 2^15)), x sc = hi + lo
+ *     in f16: ~22 significant bits of x down to ~2^-40 of the group's
+ *     largest; the group's partial times 1 / sc (exact) before its scale.
+ *   Two MMAs per fragment.
  * ORDER of y[t][r] (a function of the matrix shape only):
  *   K in groups of DSC_MMA_G = 128 columns; group g's partial b_g is a fresh
  *   fp32 accumulator through the group's 8 MMA steps kk = 0..7 ascending, each
@@ -18,8 +25,9 @@
  *   (gid, tig)'s fragment slots (k = 2tig, 2tig+1, 2tig+8, 2tig+9) with the
  *   columns g*128 + tig*32 + kk*4 + 0..3 (a fixed permutation of K inside the
  *   step, the same for A and B). Columns past K are zeros (exact).
- *   y = (((0 + p_0) + p_1) + ...) over groups ascending, p_g = b_g * s_g for
- *   FP8 (s_g the row's scale of columns g*128..), p_g = b_g otherwise.
+ *   y = (((0 + p_0) + p_1) + ...) over groups ascending, p_g = (b_g * 1/sc_g)
+ *   * s_g for FP8 (s_g the row's scale of columns g*128..), p_g = b_g
+ *   otherwise.
  * Two kernels give those bits: mma_dec_kernel (few tokens: the warps of a
  * block take different groups of one 16-row tile, partials meet in shared
  * memory and one thread per output adds them in group order) and
@@ -28,6 +36,8 @@
  * walks the groups in order). Which one runs never changes a bit. */
 #include <stdio.h>
 #include <string.h>
+
+#include <cuda_fp16.h>
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/internal.h"
@@ -68,6 +78,77 @@ __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
 }
 
+/* ---- FP8 in f16 (docs/cuda.md "FP8 products in f16") ----------------------- */
+
+/* m16n8k16 f16 x f16 -> fp32: the FP8 products (e4m3 values are f16 values). */
+__device__ __forceinline__ void mma16816h(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The MMA of a kind: FP8 in f16, the others in bf16. */
+template <int KIND>
+__device__ __forceinline__ void mmak(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                     uint32_t b1) {
+    if (KIND == DS_W_FP8) mma16816h(c, a0, a1, a2, a3, b0, b1);
+    else mma16816(c, a0, a1, a2, a3, b0, b1);
+}
+
+/* f16x2 of two floats (round to nearest even, subnormals kept): lo in bits 0..15. */
+__device__ __forceinline__ uint32_t h2(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+/* Bytes 2h, 2h + 1 of w (e4m3 codes) as an f16x2, exact (one cvt: every e4m3
+ * value, subnormals included, is an f16 normal; the NaN codes give NaN). */
+__device__ __forceinline__ uint32_t e4m3h2(uint32_t w, int h) {
+    uint32_t d;
+    if (h) asm("{.reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, u;}" : "=r"(d) : "r"(w));
+    else asm("{.reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(d) : "r"(w));
+    return d;
+}
+
+/* The largest |x| of four activations as bits (|x| of floats orders as
+ * unsigned integers; NaN above inf). */
+__device__ __forceinline__ uint32_t amax4(float4 v) {
+    const uint32_t m = 0x7fffffffu;
+    return max(max(__float_as_uint(v.x) & m, __float_as_uint(v.y) & m),
+               max(__float_as_uint(v.z) & m, __float_as_uint(v.w) & m));
+}
+
+/* An FP8 product's activation scale for one token's 128-column group from
+ * the group's largest |x| bits m: sc = 2^k, k = 141 - m's exponent field (at
+ * most 126), so the largest scaled |x| lies in [2^14, 2^15) (f16 ends at
+ * 65504); inv = 2^-k. Both normal floats for every m (inf / NaN: k = -114). */
+__device__ __forceinline__ void hx_scale(uint32_t m, float &sc, float &inv) {
+    int k = 141 - (int)(m >> 23);
+    k = k < 126 ? k : 126;
+    sc = __uint_as_float((uint32_t)(127 + k) << 23);
+    inv = __uint_as_float((uint32_t)(127 - k) << 23);
+}
+
+/* x sc = hi + lo for 4 activations in f16 (x sc exact: a power of two; x sc -
+ * hi exact in fp32): b[0] = hi01, b[1] = hi23, b[2] = lo01, b[3] = lo23. */
+__device__ __forceinline__ void split4h(float4 v, float sc, uint32_t *b) {
+    v = make_float4(__fmul_rn(v.x, sc), __fmul_rn(v.y, sc), __fmul_rn(v.z, sc), __fmul_rn(v.w, sc));
+    b[0] = h2(v.x, v.y);
+    b[1] = h2(v.z, v.w);
+    float2 f0 = __half22float2(*(const __half2 *)&b[0]), f1 = __half22float2(*(const __half2 *)&b[1]);
+    b[2] = h2(__fsub_rn(v.x, f0.x), __fsub_rn(v.y, f0.y));
+    b[3] = h2(__fsub_rn(v.z, f1.x), __fsub_rn(v.w, f1.y));
+}
+
+/* The split a kind's MMAs take: FP8 f16 of x sc, the others bf16 of x. */
+template <int KIND> __device__ __forceinline__ void split4k(float4 v, float sc, uint32_t *b) {
+    if (KIND == DS_W_FP8) split4h(v, sc, b);
+    else split4(v, b);
+}
+
 /* A compile-time bool for a generic lambda's argument (one body, two decodings). */
 template <bool B> struct bconst { static constexpr bool value = B; };
 
@@ -78,16 +159,6 @@ __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
     return d;
-}
-
-/* Bytes 2h, 2h + 1 of w (e4m3 codes, no NaN) as a bf16x2, exact: the sign to
- * bit 15 and the 7 magnitude bits to bits 4..10 of each half is the bf16 of
- * the value times 2^-120 (normals: exponent E - 7 + 127 - 120 = E; the e4m3
- * subnormals m 2^-9 land on the bf16 subnormals m 2^-129), times 2^120 in one
- * bf16x2 multiply (exact: e4m3 values are bf16 values). */
-__device__ __forceinline__ uint32_t e4m3x2(uint32_t w, int h) {
-    uint32_t y = __byte_perm(w, 0u, h ? 0x3424 : 0x1404); /* [0, b_2h, 0, b_2h+1] */
-    return bmul2((y & 0x80008000u) | ((y >> 4) & 0x07f007f0u), 0x7b807b80u); /* 2^120 */
 }
 
 /* Columns 0..3 (h = 0) or 4..7 (h = 1) of a word of FP4 codes (reordered:
@@ -136,20 +207,13 @@ __device__ __forceinline__ uint32_t fp4_m2_fast(uint32_t e) {
     return (e == 255 ? 0x7fc0u : e <= 128 ? (e + 126) << 7 : 0u) * 0x10001u;
 }
 
-/* The same values through fp32 (the code placed in a float's exponent /
+/* The same FP4 values through fp32 (the code placed in a float's exponent /
  * mantissa, scaled by a power of two, then its top half): more instructions
  * per weight, fewer registers where several token tiles share the fragment
  * (the decode kernels at NB > 1: FP4 experts' up at NB = 4 needs 98
  * registers with e2m1x4, 80 with these: 3 blocks per SM instead of 2).
  * Which one a kernel takes is not ORDER (the same values). ncu, the tile
- * kernel at prefill (40 launches): 15.3 ms with e4m3x2 / e2m1x4, 16.4 with
- * these. */
-__device__ __forceinline__ float e4m3_f32(uint32_t w, int p) {
-    uint32_t mag = p <= 2 ? w << (20 - 8 * p) : w >> (8 * p - 20);
-    uint32_t sgn = w << (24 - 8 * p);
-    return __fmul_rn(__uint_as_float((mag & 0x07f00000u) | (sgn & 0x80000000u)),
-                     1.329227995784915872903807060280344576e36f); /* 2^120 */
-}
+ * kernel at prefill (40 launches): 15.3 ms with e2m1x4, 16.4 with these. */
 __device__ __forceinline__ float e2m1_f32(uint32_t w, int p, float s) { /* p: the nibble (dsc_fp4_nib) */
     uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
     uint32_t sgn = w << (28 - 4 * p);
@@ -161,31 +225,18 @@ __device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
 }
 
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
- * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns;
- * m2: FP4's scale as bf16x2 (fp4_m2, or fp4_m2_fast with FAST). CHK: FP8
- * words are checked for NaN codes (which e4m3x2 does not decode) one by one;
- * without it the caller has found none in the warp's chunks (fp8_nan_bytes, a vote):
- * the same values, without a branch per word. */
-template <int KIND, bool F32 = false, bool FAST = false, bool CHK = true>
+ * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns
+ * (FP8: f16x2, the others bf16x2); m2: FP4's scale as bf16x2 (fp4_m2, or
+ * fp4_m2_fast with FAST); F32: FP4 through fp32 (e2m1_f32). */
+template <int KIND, bool F32 = false, bool FAST = false>
 __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
         p23 = u4w(q, 2 * s + 1);
     } else if (KIND == DS_W_FP8) {
         uint32_t w = u4w(q, s);
-        if (CHK && dsc_fp8_nan4(w)) {
-            float f[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) f[i] = dsc_fp8((uint8_t)(w >> (8 * i)));
-            p01 = bf2(f[0], f[1]);
-            p23 = bf2(f[2], f[3]);
-        } else if (F32) {
-            p01 = bf2_top(e4m3_f32(w, 0), e4m3_f32(w, 1));
-            p23 = bf2_top(e4m3_f32(w, 2), e4m3_f32(w, 3));
-        } else {
-            p01 = e4m3x2(w, 0);
-            p23 = e4m3x2(w, 1);
-        }
+        p01 = e4m3h2(w, 0);
+        p23 = e4m3h2(w, 1);
     } else if (F32) {
         uint32_t w = u4w(q, s >> 1);
         int b = (s & 1) * 4;
@@ -199,20 +250,11 @@ __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32
     }
 }
 
-/* Bit 7 of a byte set where the chunk holds an e4m3 NaN code (0x7f / 0xff):
- * a byte's 7 magnitude bits plus one carry into bit 7 only from 0x7f. The
- * callers or it over a warp's chunks and vote (__any_sync): the published
- * checkpoints have no NaN codes, so a warp's MMAs take afrag without the
- * word-by-word check (CHK) unless one of its lanes found one. */
-__device__ __forceinline__ uint32_t fp8_nan_bytes(const uint4 &q) {
-    const uint32_t m = 0x7f7f7f7fu, c = 0x01010101u;
-    return (((q.x & m) + c) | ((q.y & m) + c) | ((q.z & m) + c) | ((q.w & m) + c)) & 0x80808080u;
-}
-
 struct mma_args {
     dsc_w w;                         /* kind-wide fields; rows = rows of one matrix */
     const float *x;                  /* fp32 activations (decode kernel) */
     const uint4 *xhl;                /* the same activations split (tile kernel): 16 bytes per 4 */
+    const float *xiv;                /* FP8 tile kernel: the inverse scale of each (segment, group) */
     int xs, xg, rpg, T;              /* plain: token j, row r reads x + j*xs + (r/rpg)*xg */
     float *y;
     int ys;                          /* plain: y[j*ys + r]; experts: y[m*ys + r] */
@@ -277,6 +319,15 @@ template <int MODE> __device__ __forceinline__ size_t mma_xoff(const mma_args &a
     return (size_t)(m0 + j) * (size_t)a.xs;
 }
 
+/* The FP8 tile kernel's split segment of token j (mma_split_h_kernel):
+ * plain: token j's row group blockIdx.z of gridDim.z; up: the token's row;
+ * down: the pair's row. */
+template <int MODE> __device__ __forceinline__ size_t mma_xseg(const mma_args &a, int m0, int j) {
+    if (MODE == MMA_PLAIN) return (size_t)j * gridDim.z + blockIdx.z;
+    if (MODE == MMA_UP) return (size_t)(a.members[m0 + j] / a.k);
+    return (size_t)(m0 + j);
+}
+
 template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a, int m0, int j, int r) {
     return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
 }
@@ -314,10 +365,13 @@ template <int N> __device__ __forceinline__ bool fp4_warp_m2(uint32_t *s) {
  * + 8 of its 16, their scales sp[2 mi], sp[2 mi + 1] and the group's 16-byte
  * chunks q[2 mi], q[2 mi + 1]) for its NB x 8 tokens: per tile a fresh fp32
  * accumulator through the 8 m16n8k16 steps kk ascending, mma(A, x_hi) then
- * mma(A, x_lo), then FP8's group scale (the order of docs/cuda.md). The MI
- * tiles share each activation fragment (loaded and split once); a tile's own
- * sequence does not depend on MI. Both decode kernels call it, so they give
- * the same bits as each other. */
+ * mma(A, x_lo), then FP8's activation and group scales (the order of
+ * docs/cuda.md). FP8: each token's scale from the largest |x| of its 128
+ * columns (the 4 lanes of the token: a max, order-free), the activations
+ * loaded twice where they are not held (NB > 1). The MI tiles share each
+ * activation fragment (loaded and split once); a tile's own sequence does
+ * not depend on MI. Both decode kernels call it, so they give the same bits
+ * as each other. */
 template <int KIND, int NB, bool HX, int MI = 1>
 __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *sp, const uint4 *const *q, int g,
                                           int tig, int K, const float *const *xr, const bool *xv, int xal,
@@ -326,79 +380,77 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
     uint32_t sc[2 * MI];
 #pragma unroll
     for (int i = 0; i < 2 * MI; i++) sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
-    bool chk = false; /* FP8: a NaN code in the warp's chunks (fp8_nan_bytes) */
-    if (KIND == DS_W_FP8) {
-        uint32_t nb = 0;
-#pragma unroll
-        for (int i = 0; i < 2 * MI; i++)
-#pragma unroll
-            for (int c = 0; c < mk<KIND>::CPT; c++) nb |= fp8_nan_bytes(q[i][c]);
-        chk = __any_sync(0xffffffffu, nb != 0u);
-    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
+    auto xload = [&](int ni, int kk) {
+        int col = g * DSC_MMA_G + tig * 32 + kk * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (xv[ni] && col < K) {
+            const float *p = xr[ni] + col;
+            v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        }
+        return v;
+    };
     /* HX (one token tile): the group's 8 activation loads issued before its
      * MMAs (not ORDER: the same values; 32 more registers) */
     const int XH = HX ? 8 : 1;
     float4 xh[XH];
     if (HX) {
 #pragma unroll
-        for (int kk = 0; kk < XH; kk++) {
-            int col = g * DSC_MMA_G + tig * 32 + kk * 4;
-            xh[kk] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (xv[0] && col < K) {
-                const float *p = xr[0] + col;
-                if (xal) xh[kk] = *(const float4 *)p;
-                else xh[kk] = make_float4(p[0], p[1], p[2], p[3]);
-            }
+        for (int kk = 0; kk < XH; kk++) xh[kk] = xload(0, kk);
+    }
+    /* FP8: this lane's token's scale (xsc) and the inverses of the
+     * accumulator columns 2 tig, 2 tig + 1 (xiv), per token tile */
+    float xsc[NB], xiv[NB][2];
+#pragma unroll
+    for (int ni = 0; ni < NB; ni++) {
+        xsc[ni] = 1.0f;
+        xiv[ni][0] = xiv[ni][1] = 1.0f;
+        if (KIND == DS_W_FP8) {
+            uint32_t m = 0;
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) m = max(m, amax4(HX ? xh[kk % XH] : xload(ni, kk)));
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            float inv;
+            hx_scale(m, xsc[ni], inv);
+            xiv[ni][0] = __shfl_sync(0xffffffffu, inv, tig * 8);
+            xiv[ni][1] = __shfl_sync(0xffffffffu, inv, tig * 8 + 4);
         }
     }
-    auto steps = [&](auto chk_t) {
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         uint32_t a[MI][4];
-        /* NB > 1: the fp32 decoding (fewer registers; the same values) */
+        /* NB > 1: FP4 through fp32 (fewer registers; the same values) */
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            afrag<KIND, (NB > 1), false, decltype(chk_t)::value>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0],
-                                                                 a[mi][2]);
-            afrag<KIND, (NB > 1), false, decltype(chk_t)::value>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1],
-                                                                 a[mi][1], a[mi][3]);
+            afrag<KIND, (NB > 1)>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0], a[mi][2]);
+            afrag<KIND, (NB > 1)>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1], a[mi][1], a[mi][3]);
         }
-        int col = g * DSC_MMA_G + tig * 32 + kk * 4;
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
-            float4 xv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (HX) xv4 = xh[kk % XH];
-            else if (xv[ni] && col < K) {
-                const float *p = xr[ni] + col;
-                if (xal) xv4 = *(const float4 *)p;
-                else xv4 = make_float4(p[0], p[1], p[2], p[3]);
-            }
+            float4 xv4 = HX ? xh[kk % XH] : xload(ni, kk);
             uint32_t b[4];
-            split4(xv4, b);
+            split4k<KIND>(xv4, xsc[ni], b);
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) {
-                mma16816(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[0], b[1]);
-                mma16816(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[2], b[3]);
+                mmak<KIND>(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[0], b[1]);
+                mmak<KIND>(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[2], b[3]);
             }
         }
     }
-    };
-    if (KIND == DS_W_FP8 && chk) steps(bconst<true>());
-    else steps(bconst<false>());
     if (KIND == DS_W_FP8) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
             float s0 = mma_scale<KIND>(w, sp[2 * mi], g), s1 = mma_scale<KIND>(w, sp[2 * mi + 1], g);
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
-                acc[mi][ni][0] = __fmul_rn(acc[mi][ni][0], s0);
-                acc[mi][ni][1] = __fmul_rn(acc[mi][ni][1], s0);
-                acc[mi][ni][2] = __fmul_rn(acc[mi][ni][2], s1);
-                acc[mi][ni][3] = __fmul_rn(acc[mi][ni][3], s1);
+                acc[mi][ni][0] = __fmul_rn(__fmul_rn(acc[mi][ni][0], xiv[ni][0]), s0);
+                acc[mi][ni][1] = __fmul_rn(__fmul_rn(acc[mi][ni][1], xiv[ni][1]), s0);
+                acc[mi][ni][2] = __fmul_rn(__fmul_rn(acc[mi][ni][2], xiv[ni][0]), s1);
+                acc[mi][ni][3] = __fmul_rn(__fmul_rn(acc[mi][ni][3], xiv[ni][1]), s1);
             }
         }
     }
@@ -630,51 +682,45 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32) mma_blk_kernel(mma_args a) {
 
 /* Group g's partial of a warp's two rows for one token tile of 8, the
  * activations taken already split from shared memory (xs: this lane's
- * token's split chunks, position (g*8 + kk)*4 + tig): the same B values
- * split4 gives mma_group, the same MMAs in the same order, so the same bits.
- * Lanes past the tile's tokens pass a real token's chunks (no zeroing, no
- * predicate): an MMA's output column depends on its own B column only, and
- * the callers never store those columns' sums. */
+ * token's split chunks, position (g*8 + kk)*4 + tig; FP8: scaled, xi0 / xi1
+ * the inverse scales of tokens 2 tig, 2 tig + 1 in group g): the same B
+ * values split4k gives mma_group, the same MMAs in the same order, so the
+ * same bits. Lanes past the tile's tokens pass a real token's chunks (no
+ * zeroing, no predicate): an MMA's output column depends on its own B column
+ * only, and the callers never store those columns' sums. */
 template <int KIND>
 __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, uint32_t sca, uint32_t scb, int g,
-                                            int tig, const uint4 *xs, float acc[4]) {
+                                            int tig, const uint4 *xs, float xi0, float xi1, float acc[4]) {
     const int SPC = 8 / mk<KIND>::CPT;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     /* FP4: sca / scb are E8M0 bytes; the short decoding unless the warp has
      * a scale past its range (the same values either way) */
-    bool fast = false, chk = false;
+    bool fast = false;
     if (KIND == DS_W_FP4) {
         uint32_t sc[2] = {sca, scb};
         fast = fp4_warp_m2<2>(sc);
         sca = sc[0];
         scb = sc[1];
     }
-    if (KIND == DS_W_FP8) { /* a NaN code in the warp's chunks (fp8_nan_bytes) */
-        uint32_t nb = 0;
-#pragma unroll
-        for (int c = 0; c < mk<KIND>::CPT; c++) nb |= fp8_nan_bytes(qa[c]) | fp8_nan_bytes(qb[c]);
-        chk = __any_sync(0xffffffffu, nb != 0u);
-    }
-    auto steps = [&](auto fast_t, auto chk_t) {
+    auto steps = [&](auto fast_t) {
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             uint32_t a0, a1, a2, a3;
-            afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-            afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
+            afrag<KIND, false, decltype(fast_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
+            afrag<KIND, false, decltype(fast_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
             uint4 b = xs[(g * 8 + kk) * 4 + tig];
-            mma16816(acc, a0, a1, a2, a3, b.x, b.y);
-            mma16816(acc, a0, a1, a2, a3, b.z, b.w);
+            mmak<KIND>(acc, a0, a1, a2, a3, b.x, b.y);
+            mmak<KIND>(acc, a0, a1, a2, a3, b.z, b.w);
         }
     };
-    if (KIND == DS_W_FP4 && fast) steps(bconst<true>(), bconst<false>());
-    else if (KIND == DS_W_FP8 && chk) steps(bconst<false>(), bconst<true>());
-    else steps(bconst<false>(), bconst<false>());
+    if (KIND == DS_W_FP4 && fast) steps(bconst<true>());
+    else steps(bconst<false>());
     if (KIND == DS_W_FP8) {
         float s0 = __uint_as_float(sca), s1 = __uint_as_float(scb);
-        acc[0] = __fmul_rn(acc[0], s0);
-        acc[1] = __fmul_rn(acc[1], s0);
-        acc[2] = __fmul_rn(acc[2], s1);
-        acc[3] = __fmul_rn(acc[3], s1);
+        acc[0] = __fmul_rn(__fmul_rn(acc[0], xi0), s0);
+        acc[1] = __fmul_rn(__fmul_rn(acc[1], xi1), s0);
+        acc[2] = __fmul_rn(__fmul_rn(acc[2], xi0), s1);
+        acc[3] = __fmul_rn(__fmul_rn(acc[3], xi1), s1);
     }
 }
 
@@ -692,12 +738,17 @@ __device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp
     return 0;
 }
 
+/* The FP8 inverse activation scales a streaming kernel keeps in shared
+ * memory after its split chunks: [tokens][ng] floats, rounded up to 16 bytes. */
+static inline __host__ __device__ size_t mma_xiv_n(int ntok, size_t ng) { return ((size_t)ntok * ng + 3) & ~(size_t)3; }
+
 /* Shared memory of the streaming kernel: the tile's tokens' activations split
  * ([tokens][ng*32 + 4] 16-byte chunks; the 64-byte pad keeps a quarter warp's
- * two tokens on different banks), then the partials [ng][16 rows][8 tokens]. */
+ * two tokens on different banks), their FP8 inverse scales (mma_xiv_n), then
+ * the partials [ng][16 rows][8 tokens]. */
 static inline size_t mma_str_smem(int K, int ntok) {
     size_t ng = (size_t)(K + DSC_MMA_G - 1) / DSC_MMA_G;
-    return (size_t)ntok * (ng * 32 + 4) * 16 + ng * 16 * 8 * sizeof(float);
+    return (size_t)ntok * (ng * 32 + 4) * 16 + mma_xiv_n(ntok, ng) * sizeof(float) + ng * 16 * 8 * sizeof(float);
 }
 
 /* Chunk c4 (columns 4 c4 .. 4 c4 + 3) of a token's split activations at the
@@ -705,10 +756,13 @@ static inline size_t mma_str_smem(int K, int ntok) {
 __device__ __forceinline__ int mma_str_pos(int c4) { return (c4 & ~31) | ((c4 & 7) << 2) | ((c4 >> 3) & 3); }
 
 /* The streaming kernels' activation split: tokens j0 .. j0 + nt - 1 into
- * xs ([token][XS] chunks at mma_str_pos), by nth threads. */
-template <int MODE>
+ * xs ([token][XS] chunks at mma_str_pos), by nth threads (a multiple of 32).
+ * FP8: a warp's 32 chunks are one token's group (ng * 32 chunks a token), so
+ * the group's scale is one max over the warp (hx_scale), its inverse to
+ * xiv[token * ng + g]. */
+template <int KIND, int MODE>
 __device__ __forceinline__ void mma_str_split(const mma_args &a, int m0, int j0, size_t xq, int nt, int ng, int K,
-                                              uint4 *xs, int XS, int nth) {
+                                              uint4 *xs, int XS, float *xiv, int nth) {
     int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
 #pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
     for (int i = threadIdx.x; i < nt * ng * 32; i += nth) {
@@ -718,8 +772,14 @@ __device__ __forceinline__ void mma_str_split(const mma_args &a, int m0, int j0,
             const float *p = a.x + mma_xoff<MODE>(a, m0, j0 + tj, xq) + col;
             v = xal ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
         }
+        float sc = 1.0f;
+        if (KIND == DS_W_FP8) {
+            float inv;
+            hx_scale(__reduce_max_sync(0xffffffffu, amax4(v)), sc, inv);
+            if ((i & 31) == 0) xiv[tj * ng + c4 / 32] = inv;
+        }
         uint32_t b[4];
-        split4(v, b);
+        split4k<KIND>(v, sc, b);
         xs[(size_t)tj * XS + mma_str_pos(c4)] = make_uint4(b[0], b[1], b[2], b[3]);
     }
 }
@@ -769,7 +829,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
     const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, nu = (ng + UG - 1) / UG, XS = ng * 32 + 4;
     const int ntk = a.T < 8 ? a.T : 8;
     uint4 *xs = (uint4 *)smx;
-    float *part = (float *)(xs + (size_t)ntk * XS);
+    float *xiv = (float *)(xs + (size_t)ntk * XS), *part = xiv + mma_xiv_n(ntk, ng);
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16);
     int ra = min(rl0 + gid, w.rows - 1), rb = min(rl0 + gid + 8, w.rows - 1);
@@ -798,12 +858,14 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT], const uint32_t(&ca)[UG],
                         const uint32_t(&cb)[UG]) {
             const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
+            const float *xi0 = xiv + (2 * tig < nt ? 2 * tig : 0) * ng, *xi1 = xiv + (2 * tig + 1 < nt ? 2 * tig + 1 : 0) * ng;
 #pragma unroll
             for (int v = 0; v < UG; v++) {
                 int g = un * UG + v;
                 if (g >= ng) break;
                 float acc[4];
-                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, acc);
+                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, KIND == DS_W_FP8 ? xi0[g] : 1.0f,
+                                  KIND == DS_W_FP8 ? xi1[g] : 1.0f, acc);
                 float *ps = part + (size_t)g * 128;
                 *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
                 *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
@@ -811,7 +873,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
         };
         int u = warp;
         ld(u, qa0, qb0, ca0, cb0); /* the first unit's weights in flight while x is split */
-        mma_str_split<MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, NTH);
+        mma_str_split<KIND, MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, xiv, NTH);
         __syncthreads();
         for (; u < nu; u += 2 * DW) {
             ld(u + DW, qa1, qb1, ca1, cb1);
@@ -869,7 +931,7 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
     const int tiles = (R + 15) / 16, mytiles = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
     const int np = (cnt + NTK - 1) / NTK; /* passes over the expert's tokens (plain: one) */
     uint4 *xs = (uint4 *)smx;
-    float *part = (float *)(xs + (size_t)NTK * XS); /* [2][ng][16 rows][NTK] */
+    float *xiv = (float *)(xs + (size_t)NTK * XS), *part = xiv + mma_xiv_n(NTK, ng); /* [2][ng][16 rows][NTK] */
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16);
     const int per = warp < ng ? (ng - 1 - warp) / DW + 1 : 0, nk = per * mytiles * np;
@@ -919,9 +981,10 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
     for (int p = 0; p < np; p++) {
         const int j0 = p * NTK, nt = cnt - j0 < NTK ? cnt - j0 : NTK;
         /* the previous pass's MMAs are done (its last tile's barrier) */
-        mma_str_split<MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, DW * 32);
+        mma_str_split<KIND, MODE>(a, m0, j0, xq, nt, ng, K, xs, XS, xiv, DW * 32);
         __syncthreads();
         const uint4 *xr = xs + (size_t)(gid < nt ? gid : 0) * XS;
+        const float *xi0 = xiv + (2 * tig < nt ? 2 * tig : 0) * ng, *xi1 = xiv + (2 * tig + 1 < nt ? 2 * tig + 1 : 0) * ng;
         for (int ti = 0; ti < mytiles; ti++, tc++) {
             float *pt = part + (size_t)(tc & 1) * ng * PS;
             for (int i = 0; i < per; i++, k++) {
@@ -931,7 +994,8 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
                     if (k % D == d) {       /* a register copy would wait for its load) */
                         ld((d + D - 1) % D);
                         float acc[4];
-                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, acc);
+                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, KIND == DS_W_FP8 ? xi0[g] : 1.0f,
+                                          KIND == DS_W_FP8 ? xi1[g] : 1.0f, acc);
                         float *ps = pt + (size_t)g * PS;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
@@ -955,10 +1019,14 @@ __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
 }
+__device__ __forceinline__ void cp4(void *smem, const void *g, bool ok) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 4 : 0));
+}
 
 /* The tile kernel's shared memory: NST stages of A (BM rows of a group's
- * RB bytes) and B (BN tokens of 512 bytes: 128 split activations), then the
- * tokens' x offsets. No padding: a 16-byte chunk's position p in an odd row
+ * RB bytes), B (BN tokens of 512 bytes: 128 split activations) and FP8's BN
+ * inverse scales, then the tokens' x offsets (FP8: their split segments). No padding: a 16-byte chunk's position p in an odd row
  * (token) is stored at p ^ 4 (AX / BX), so the 8 lanes of a quarter warp
  * (rows gid, gid + 1 x tig 0..3) read both halves of a 128-byte bank line.
  * FP4's 64-byte rows need no swizzle (rows gid, gid + 1 are the two halves). */
@@ -970,7 +1038,8 @@ template <int KIND, int BM, int BN, int NST> struct mt {
         BX = 4,
         ABYTES = BM * ASTR,
         BBYTES = BN * BSTR,
-        STAGE = ABYTES + BBYTES,
+        SBYTES = KIND == DS_W_FP8 ? BN * 4 : 0, /* FP8: the tokens' inverse scales of the group */
+        STAGE = ABYTES + BBYTES + SBYTES,
         SMEM = NST * STAGE + BN * 8
     };
 };
@@ -1009,7 +1078,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
     const int K = w.cols, ng = (K + DSC_MMA_G - 1) / DSC_MMA_G;
     const size_t rowbytes = (size_t)K * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN;
     const int nchr = (int)(rowbytes / 16), nchx = K / 4;
-    for (int i = tid; i < BN; i += NTH) xoff[i] = j0 + i < cnt ? mma_xoff<MODE>(a, m0, j0 + i, xq) / 4 : 0;
+    for (int i = tid; i < BN; i += NTH)
+        xoff[i] = j0 + i >= cnt ? 0 : KIND == DS_W_FP8 ? mma_xseg<MODE>(a, m0, j0 + i) : mma_xoff<MODE>(a, m0, j0 + i, xq) / 4;
     __syncthreads();
     /* this thread's weight chunks: row byte offsets (32-bit: dsc_mma_fits) and
      * which rows exist, once per block instead of once per group */
@@ -1037,9 +1107,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
 #pragma unroll
         for (int u = 0; u < BN * 32 / NTH; u++) {
             int i = tid + NTH * u, tok = i / 32, c = i % 32, ch = g * 32 + c;
-            bool ok = j0 + tok < cnt && ch < nchx;
+            bool ok = j0 + tok < cnt && (KIND == DS_W_FP8 || ch < nchx);
+            /* FP8: the segment's group in mma_split_h_kernel's layout, and its inverse scale */
+            const uint4 *src = KIND == DS_W_FP8 ? a.xhl + ((size_t)xoff[tok] * ng + g) * 32 + c : a.xhl + xoff[tok] + ch;
             cp16(Bs + tok * T_::BSTR + (((c % 8) * 4 + c / 8) ^ ((tok & 1) * T_::BX)) * 16,
-                 ok ? (const void *)(a.xhl + xoff[tok] + ch) : (const void *)a.xhl, ok);
+                 ok ? (const void *)src : (const void *)a.xhl, ok);
+            if (KIND == DS_W_FP8 && c == 0)
+                cp4(Bs + T_::BBYTES + tok * 4, ok ? (const void *)(a.xiv + (size_t)xoff[tok] * ng + g) : (const void *)a.xiv, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -1118,24 +1192,14 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                     for (int h = 0; h < 2; h++)
                         q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR +
                                                     ((c * 4 + tig) ^ ax) * 16);
-                bool chk = false; /* FP8: a NaN code in the warp's chunks (fp8_nan_bytes) */
-                if (KIND == DS_W_FP8) {
-                    uint32_t nb = 0;
-#pragma unroll
-                    for (int mi = 0; mi < MI; mi++) nb |= fp8_nan_bytes(q[mi][0]) | fp8_nan_bytes(q[mi][1]);
-                    chk = __any_sync(0xffffffffu, nb != 0u);
-                }
-                auto steps = [&](auto chk_t) {
 #pragma unroll
                 for (int s1 = 0; s1 < SPC; s1++) {
                     int kk = c * SPC + s1;
                     uint32_t af[MI][4];
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(q[mi][0], s1, sc[mi][0],
-                                                                                             af[mi][0], af[mi][2]);
-                        afrag<KIND, false, decltype(fast_t)::value, decltype(chk_t)::value>(q[mi][1], s1, sc[mi][1],
-                                                                                             af[mi][1], af[mi][3]);
+                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
+                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
                     }
 #pragma unroll
                     for (int ni = 0; ni < NI; ni++) {
@@ -1143,25 +1207,32 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                                                    ((kk * 4 + tig) ^ bx) * 16);
 #pragma unroll
                         for (int mi = 0; mi < MI; mi++) {
-                            mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
-                            mma16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
+                            mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+                            mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
                         }
                     }
                 }
-                };
-                if (KIND == DS_W_FP8 && chk) steps(bconst<true>());
-                else steps(bconst<false>());
             }
         };
         if (KIND == DS_W_FP4 && fast) mmas(bconst<true>());
         else mmas(bconst<false>());
+        /* FP8: the tokens' inverse activation scales of the group (the stage's) */
+        float xi[NI][2];
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++) {
+            float2 v = make_float2(1.0f, 1.0f);
+            if (KIND == DS_W_FP8) v = *(const float2 *)(Bs + T_::BBYTES + (wn * NI * 8 + ni * 8 + tig * 2) * 4);
+            xi[ni][0] = v.x;
+            xi[ni][1] = v.y;
+        }
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    float p = KIND == DS_W_FP8 ? __fmul_rn(acc[mi][ni][q], s[mi][q >> 1]) : acc[mi][ni][q];
+                    float p = acc[mi][ni][q];
+                    if (KIND == DS_W_FP8) p = __fmul_rn(__fmul_rn(p, xi[ni][q & 1]), s[mi][q >> 1]);
                     tot[mi][ni][q] = __fadd_rn(tot[mi][ni][q], p);
                 }
         __syncthreads();
@@ -1197,6 +1268,34 @@ __global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict_
     }
 }
 
+/* FP8's split for the tile kernel: segment sg of nseg (row r = sg / nz, part
+ * q = sg % nz: K columns at x + r xs + q xg), one warp per (segment, group g):
+ * lane c's chunk (columns g*128 + 4c ..; zeros past K) scaled by the group's
+ * hx_scale (one max over the warp: the streaming kernels' values) and split
+ * in f16 to o[(sg * ng + g) * 32 + c], the inverse to xiv[sg * ng + g]. */
+__global__ void mma_split_h_kernel(const float *__restrict__ x, uint4 *__restrict__ o, float *__restrict__ xiv,
+                                   size_t nseg, int nz, size_t xs, size_t xg, int K) {
+    DSC_PDL_WAIT();
+    const int ng = (K + DSC_MMA_G - 1) / DSC_MMA_G, lane = threadIdx.x & 31;
+    const int al = ((uintptr_t)x & 15) == 0 && xs % 4 == 0 && xg % 4 == 0;
+    size_t nw = (size_t)gridDim.x * (blockDim.x >> 5);
+    for (size_t wi = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < nseg * ng; wi += nw) {
+        size_t sg = wi / ng;
+        int g = (int)(wi % ng), col = g * DSC_MMA_G + lane * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (col < K) {
+            const float *p = x + (sg / nz) * xs + (sg % nz) * xg + col;
+            v = al ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+        }
+        float sc, inv;
+        hx_scale(__reduce_max_sync(0xffffffffu, amax4(v)), sc, inv);
+        uint32_t b[4];
+        split4h(v, sc, b);
+        o[wi * 32 + lane] = make_uint4(b[0], b[1], b[2], b[3]);
+        if (lane == 0) xiv[wi] = inv;
+    }
+}
+
 /* ---- launchers ---------------------------------------------------------------- */
 
 static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) { return dsc_buf_grow(b, bytes, 1 << 20, st); }
@@ -1205,6 +1304,20 @@ static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n) {
     if (grow(buf, n * 4, st)) return -1;
     size_t n4 = n / 4, blocks = (n4 + 255) / 256;
     dsc_launch(mma_split_kernel, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st, x, (uint4 *)buf->p, n4);
+    return 0;
+}
+
+/* FP8's split (mma_split_h_kernel) of nseg segments of K columns into buf:
+ * the chunks, then the inverse scales (a->xhl, a->xiv). */
+static int split_h(cudaStream_t st, dsc_buf *buf, const float *x, size_t nseg, int nz, size_t xs, size_t xg, int K,
+                   mma_args *a) {
+    size_t ng = (size_t)(K + DSC_MMA_G - 1) / DSC_MMA_G, nch = nseg * ng * 32;
+    if (grow(buf, nch * 16 + nseg * ng * sizeof(float), st)) return -1;
+    size_t warps = nseg * ng, blocks = (warps + 7) / 8;
+    a->xhl = (const uint4 *)buf->p;
+    a->xiv = (const float *)((const uint4 *)buf->p + nch);
+    dsc_launch(mma_split_h_kernel, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st, x, (uint4 *)buf->p,
+               (float *)a->xiv, nseg, nz, xs, xg, K);
     return 0;
 }
 
@@ -1227,11 +1340,12 @@ static void launch_str(cudaStream_t st, const mma_args &a, dim3 grid, size_t sm,
     dsc_launch(mma_str_kernel<KIND, MODE, UG>, grid, (unsigned)nw * 32, sm, st, a);
 }
 
-/* mma_strm_kernel's shared memory: ntk tokens' split activations, two
- * buffers of partials [ng][16 rows][ntk]. */
+/* mma_strm_kernel's shared memory: ntk tokens' split activations, their FP8
+ * inverse scales (mma_xiv_n), two buffers of partials [ng][16 rows][ntk]. */
 static inline size_t mma_strm_smem(int K, int ntk) {
     size_t ng = (size_t)(K + DSC_MMA_G - 1) / DSC_MMA_G;
-    return (size_t)ntk * (ng * 32 + 4) * 16 + 2 * ng * 16 * (size_t)ntk * sizeof(float);
+    return (size_t)ntk * (ng * 32 + 4) * 16 + mma_xiv_n(ntk, ng) * sizeof(float) +
+           2 * ng * 16 * (size_t)ntk * sizeof(float);
 }
 
 /* Tokens per pass of mma_strm_kernel: plain products all of theirs (T <= 8)
@@ -1435,12 +1549,14 @@ int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float 
     a.y = y;
     a.ys = ys;
     int dec = T <= DSC_MMA_DEC_MAX_T;
-    if (!dec) {
+    /* grouped: blockIdx.z = group, its rows as a matrix of their own */
+    int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
+    if (!dec && kind == DS_W_FP8) {
+        if (split_h(st, &mb[0], x, (size_t)T * G, G, (size_t)xs, G > 1 ? (size_t)xg : 0, w.cols, &a)) return -1;
+    } else if (!dec) {
         if (split(st, &mb[0], x, (size_t)T * (size_t)xs)) return -1;
         a.xhl = (const uint4 *)mb[0].p;
     }
-    /* grouped: blockIdx.z = group, its rows as a matrix of their own */
-    int G = rpg >= w.rows ? 1 : (w.rows + rpg - 1) / rpg;
     int rows = G > 1 ? rpg : w.rows;
     int ts = dec ? DSC_MMA_TS_64 : dsc_mma_plain_tile(rows, T, (unsigned)G, sm_count());
     return launch_kind<MMA_PLAIN>(st, mb, kind, dec, ts, a, rows, T, (unsigned)G);
@@ -1474,9 +1590,13 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
     if (!dec) {
         /* w1 / w3 halves in whole blocks, else the 64 shape */
         if (shape.rows % DSC_MMA_XBM == 0) ts = dsc_mma_expert_tile(P, ny);
-        size_t n = up ? (size_t)T * (size_t)xs : P * (size_t)xs;
-        if (split(st, &mb[0], x, n)) return -1;
-        a.xhl = (const uint4 *)mb[0].p;
+        size_t rows = up ? (size_t)T : P;
+        if (kind == DS_W_FP8) {
+            if (split_h(st, &mb[0], x, rows, 1, (size_t)xs, 0, shape.cols, &a)) return -1;
+        } else {
+            if (split(st, &mb[0], x, rows * (size_t)xs)) return -1;
+            a.xhl = (const uint4 *)mb[0].p;
+        }
         /* the x16 / x8 tiles: at most DSC_MMA_XTOK tokens of an expert per block's pass */
         if (ts != DSC_MMA_TS_64 && maxcnt > DSC_MMA_XTOK) maxcnt = DSC_MMA_XTOK;
     }
@@ -1488,11 +1608,11 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
 
 /* ---- test hook ------------------------------------------------------------------ */
 
-/* The bf16 pairs afrag feeds the MMA (tests/gpu/test_cuda_ops.c checks them
- * bitwise against host-computed values): words in the checkpoint's order,
+/* The pairs afrag feeds the MMA (FP8: f16x2, FP4: bf16x2; tests/gpu/test_cuda_ops.c
+ * checks them bitwise against host-computed values): words in the checkpoint's order,
  * reordered here as map_weights does; FAST: the tile and streaming kernels'
  * short decoding, e2m1x4 where fp4_m2_fast has no value (per thread here,
- * per warp there: fp4_warp_m2). */
+ * per warp there: fp4_warp_m2); F32: FP4 through fp32 (FP8 has one decoding). */
 template <bool F32, bool FAST>
 __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
                                   const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
@@ -1500,10 +1620,7 @@ __global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, 
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (kind == DS_W_FP8) {
         if (i >= nw) return;
-        uint4 q = make_uint4(words[i], 0, 0, 0);
-        /* the decode kernels' choice, per thread here (fp8_nan_bytes) */
-        if (fp8_nan_bytes(q)) afrag<DS_W_FP8, F32>(q, 0, 0, out[2 * i], out[2 * i + 1]);
-        else afrag<DS_W_FP8, F32, false, false>(q, 0, 0, out[2 * i], out[2 * i + 1]);
+        afrag<DS_W_FP8>(make_uint4(words[i], 0, 0, 0), 0, 0, out[2 * i], out[2 * i + 1]);
         return;
     }
     if (i >= nw * ns) return;
