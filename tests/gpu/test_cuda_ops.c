@@ -444,6 +444,40 @@ static void begin(ctx *C, step *s) {
 
 /* ---- matmul --------------------------------------------------------------- */
 
+/* xg [Tg][G][cols] through matmul_grouped of w (G row groups): 1 where every
+ * group's outputs have the bits of its own matmul through a row view of w
+ * with the same x columns. */
+static int grouped_own_bits(ctx *C, const tw *w, int G, int Tg, const float *xg) {
+    int rows = w->d.rows, cols = w->d.cols, Rg = rows / G, ok = 1, kind = w->d.kind;
+    float *dxg = dput(C, xg, sizeof(float) * Tg * G * cols), *dyg = dput(C, NULL, sizeof(float) * Tg * rows);
+    ds_matmul_grouped gp = {&w->d, G, Tg, dxg, dyg};
+    die_if(C, C->be.matmul_grouped(&C->be, &gp, &C->err), "matmul_grouped");
+    float *yg = fget(C, dyg, (size_t)Tg * rows);
+    for (int g = 0; g < G && ok; g++) {
+        ds_weight v = w->d;
+        size_t rb = kind == DS_W_F32 ? 4 * (size_t)cols : kind == DS_W_FP8 ? (size_t)cols : kind == DS_W_FP4 ? (size_t)cols / 2 : 2 * (size_t)cols;
+        v.data = w->d.data + (size_t)g * Rg * rb;
+        v.rows = Rg;
+        if (kind == DS_W_FP8) v.srow0 = g * Rg;
+        if (kind == DS_W_FP4) v.scale = w->d.scale + (size_t)g * Rg * w->d.scale_cols * (w->d.scale_f32 ? 4 : 1);
+        float *xs = malloc(sizeof(float) * Tg * cols);
+        for (int t = 0; t < Tg; t++) memcpy(xs + (size_t)t * cols, xg + ((size_t)t * G + g) * cols, sizeof(float) * cols);
+        float *dxs = dput(C, xs, sizeof(float) * Tg * cols), *dys = dput(C, NULL, sizeof(float) * Tg * Rg);
+        die_if(C, ds_matmul(&C->be, &v, dxs, Tg, dys, &C->err), "matmul");
+        float *ys = fget(C, dys, (size_t)Tg * Rg);
+        for (int t = 0; t < Tg; t++)
+            if (memcmp(ys + (size_t)t * Rg, yg + (size_t)t * rows + (size_t)g * Rg, sizeof(float) * Rg)) ok = 0;
+        free(xs);
+        free(ys);
+        C->be.free(&C->be, dxs);
+        C->be.free(&C->be, dys);
+    }
+    free(yg);
+    C->be.free(&C->be, dxg);
+    C->be.free(&C->be, dyg);
+    return ok;
+}
+
 static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
     tw w = make_weight(C, kind, rows, cols, sf32);
     int T = 70; /* BF16 / FP8 / FP4-E8M0: the tensor-core tile kernel (2 token tiles, one partial) */
@@ -491,38 +525,11 @@ static void test_matmul(ctx *C, ds_wkind kind, int rows, int cols, int sf32) {
     }
     /* grouped: G groups of rows; each output equals the matmul of its row block */
     if (rows % 4 == 0) {
-        int G = 4, Rg = rows / G, Tg = 7;
+        int G = 4, Tg = 7;
         float *xg = frandv(C, (size_t)Tg * G * cols, 1.0f);
-        float *dxg = dput(C, xg, sizeof(float) * Tg * G * cols), *dyg = dput(C, NULL, sizeof(float) * Tg * rows);
-        ds_matmul_grouped gp = {&w.d, G, Tg, dxg, dyg};
-        die_if(C, C->be.matmul_grouped(&C->be, &gp, &C->err), "matmul_grouped");
-        float *yg = fget(C, dyg, (size_t)Tg * rows);
-        int ok = 1;
-        for (int g = 0; g < G && ok; g++) {
-            /* the group's matmul through a row view with the same x columns */
-            ds_weight v = w.d;
-            size_t rb = kind == DS_W_F32 ? 4 * (size_t)cols : kind == DS_W_FP8 ? (size_t)cols : kind == DS_W_FP4 ? (size_t)cols / 2 : 2 * (size_t)cols;
-            v.data = w.d.data + (size_t)g * Rg * rb;
-            v.rows = Rg;
-            if (kind == DS_W_FP8) v.srow0 = g * Rg;
-            if (kind == DS_W_FP4) v.scale = w.d.scale + (size_t)g * Rg * w.d.scale_cols * (sf32 ? 4 : 1);
-            float *xs = malloc(sizeof(float) * Tg * cols);
-            for (int t = 0; t < Tg; t++) memcpy(xs + (size_t)t * cols, xg + ((size_t)t * G + g) * cols, sizeof(float) * cols);
-            float *dxs = dput(C, xs, sizeof(float) * Tg * cols), *dys = dput(C, NULL, sizeof(float) * Tg * Rg);
-            die_if(C, ds_matmul(&C->be, &v, dxs, Tg, dys, &C->err), "matmul");
-            float *ys = fget(C, dys, (size_t)Tg * Rg);
-            for (int t = 0; t < Tg; t++)
-                if (memcmp(ys + (size_t)t * Rg, yg + (size_t)t * rows + (size_t)g * Rg, sizeof(float) * Rg)) ok = 0;
-            free(xs);
-            free(ys);
-            C->be.free(&C->be, dxs);
-            C->be.free(&C->be, dys);
-        }
+        int ok = grouped_own_bits(C, &w, G, Tg, xg);
         check(C, ok, "matmul_grouped %s [%d x %d]: each group has the bits of its own matmul", kname[kind], rows, cols);
         free(xg);
-        free(yg);
-        C->be.free(&C->be, dxg);
-        C->be.free(&C->be, dyg);
     }
     free(x);
     free(y);
@@ -583,36 +590,13 @@ static void test_fp8_range(ctx *C, int rows, int cols) {
     check(C, same, "matmul FP8 [%d x %d], groups of 1e-25 .. 1e25: the first 1, 8, 20 tokens alone = in the batch of 70",
           rows, cols);
     if (rows % 4 == 0) {
-        int G = 4, Rg = rows / G, Tg = 40, ok = 1; /* 40 tokens of [G][cols]: x's rows again and again */
+        int G = 4, Tg = 40; /* 40 tokens of [G][cols]: x's rows again and again */
         float *xg = malloc(sizeof(float) * Tg * G * cols);
         for (int i = 0; i < Tg * G; i++) memcpy(xg + (size_t)i * cols, x + (size_t)(i % T) * cols, sizeof(float) * cols);
-        float *dxg = dput(C, xg, sizeof(float) * Tg * G * cols), *dyg = dput(C, NULL, sizeof(float) * Tg * rows);
-        ds_matmul_grouped gp = {&w.d, G, Tg, dxg, dyg};
-        die_if(C, C->be.matmul_grouped(&C->be, &gp, &C->err), "matmul_grouped");
-        float *yg = fget(C, dyg, (size_t)Tg * rows);
-        for (int g = 0; g < G && ok; g++) {
-            ds_weight v = w.d;
-            v.data = w.d.data + (size_t)g * Rg * cols;
-            v.rows = Rg;
-            v.srow0 = g * Rg;
-            float *xs = malloc(sizeof(float) * Tg * cols);
-            for (int t = 0; t < Tg; t++) memcpy(xs + (size_t)t * cols, xg + ((size_t)t * G + g) * cols, sizeof(float) * cols);
-            float *dxs = dput(C, xs, sizeof(float) * Tg * cols), *dys = dput(C, NULL, sizeof(float) * Tg * Rg);
-            die_if(C, ds_matmul(&C->be, &v, dxs, Tg, dys, &C->err), "matmul");
-            float *ys = fget(C, dys, (size_t)Tg * Rg);
-            for (int t = 0; t < Tg; t++)
-                if (memcmp(ys + (size_t)t * Rg, yg + (size_t)t * rows + (size_t)g * Rg, sizeof(float) * Rg)) ok = 0;
-            free(xs);
-            free(ys);
-            C->be.free(&C->be, dxs);
-            C->be.free(&C->be, dys);
-        }
+        int ok = grouped_own_bits(C, &w, G, Tg, xg);
         check(C, ok, "matmul_grouped FP8 [%d x %d], groups of 1e-25 .. 1e25: each group has the bits of its own matmul",
               rows, cols);
         free(xg);
-        free(yg);
-        C->be.free(&C->be, dxg);
-        C->be.free(&C->be, dyg);
     }
     free(x);
     free(y);

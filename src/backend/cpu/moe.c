@@ -87,30 +87,26 @@ static int expert_rows(const moe_run *M, int e) {
  * parallel item: its tokens' x rows gathered, the clamped SwiGLU of its
  * up products, its outputs back to their (token, slot) rows. Elementwise
  * and copies: the same bits however the jobs are spread. */
-static void gather_job(void *ctx, int i) {
-    const moe_run *M = ctx;
+static void copy_job(const moe_run *M, int i, int gather) {
     const ds_moe_experts_params *P = M->p;
     int e = M->ej[i], D = P->D;
     if (e == P->E) return;
-    for (int j = 0, n = expert_rows(M, e); j < n; j++)
-        memcpy(M->xg + ((size_t)M->rj[i] + (size_t)j) * D, P->x + (size_t)(M->members[M->count[e] + j] / P->k) * D,
-               (size_t)D * sizeof(float));
+    for (int j = 0, n = expert_rows(M, e); j < n; j++) {
+        int m = M->members[M->count[e] + j];
+        size_t r = (size_t)M->rj[i] + (size_t)j;
+        if (gather) memcpy(M->xg + r * D, P->x + (size_t)(m / P->k) * D, (size_t)D * sizeof(float));
+        else memcpy(P->slot_out + (size_t)m * D, M->yg + r * D, (size_t)D * sizeof(float));
+    }
 }
+
+static void gather_job(void *ctx, int i) { copy_job(ctx, i, 1); }
 
 static void swiglu_job(void *ctx, int i) {
     const moe_run *M = ctx;
     swiglu(M->j13[2 * i].y, M->j13[2 * i + 1].y, (size_t)M->j2[i].T * (size_t)M->j2[i].w->cols, M->p->limit);
 }
 
-static void scatter_job(void *ctx, int i) {
-    const moe_run *M = ctx;
-    const ds_moe_experts_params *P = M->p;
-    int e = M->ej[i], D = P->D;
-    if (e == P->E) return;
-    for (int j = 0, n = expert_rows(M, e); j < n; j++)
-        memcpy(P->slot_out + (size_t)M->members[M->count[e] + j] * D, M->yg + ((size_t)M->rj[i] + (size_t)j) * D,
-               (size_t)D * sizeof(float));
-}
+static void scatter_job(void *ctx, int i) { copy_job(ctx, i, 0); }
 
 /* Experts [e, ...) that fit one batch; returns the next expert, or -1. */
 static int run_batch(const ds_backend *be, const moe_run *M, int e, ds_err *err) {
