@@ -8,7 +8,7 @@ files=(
   src/common/io.c src/common/io.h
   src/cli/main.c
   src/dist/ep.c src/dist/ep.h src/dist/placement.c src/runtime/ep_follow.c src/runtime/ep_follow.h src/model/synth_load.c
-  src/runtime/generate.c
+  src/runtime/generate.c src/backend/cpu/bf16x.c
   src/text/pyjson.h
   src/cli/opts.c src/cli/opts.h tests/test_opts.c
   fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c fuzz/fuzz_oai.c

@@ -79,6 +79,51 @@ static int fp4_paths_agree(ds_backend *be, const ds_weight *w, const float *x, i
     return same;
 }
 
+
+/* Row r of a packed BF16 copy decoded by the layout bf16x.c describes (the
+ * bf16 bits of each column, escapes from the row's list): an independent
+ * reading of that layout. */
+static void bf16x_row_bits(const ds_weight *w, int r, uint16_t *out) {
+    const ds_cpu_bf16x *x = w->packed;
+    int U = w->cols / 64, P = x->top[r];
+    const uint8_t *row = x->units + (size_t)r * (size_t)U * 96;
+    for (int u = 0; u < U; u++)
+        for (int b = 0; b < 64; b++) {
+            int a = row[96 * u + b], code = (row[96 * u + 64 + b / 2] >> (4 * (b & 1))) & 15;
+            int e = 2 * (P - 7 + (code & 7)) + (a >> 7); /* E */
+            out[64 * u + ds_cpu_bf16x_column(b)] = (uint16_t)((code >> 3) << 15 | (e & 255) << 7 | (a & 127));
+        }
+    for (uint64_t i = x->eoff[r]; i < x->eoff[r + 1]; i++) {
+        CHECK(x->esc[(size_t)r * x->nw + x->ents[i].col / 64 / 64] >> (x->ents[i].col / 64 % 64) & 1,
+              "row %d: escape at column %u outside a flagged unit", r, x->ents[i].col);
+        out[x->ents[i].col] = x->ents[i].bits;
+    }
+}
+
+/* BF16 rows of bf16 bits, exponents within 16 of the row's largest and, row
+ * by row: nothing else; a few over 40 binades below (escapes); a few +-0; a
+ * few subnormals, an infinity or NaN (among values near the largest
+ * finite exponent); tiny values only (E <= 3: zeros and
+ * subnormals in the window); zeros only. Escapes stay under bf16x.c's
+ * limit of one in 64 weights. */
+static void bf16x_fill(uint16_t *d, int R, int K) {
+    for (int r = 0; r < R; r++) {
+        int kind = r % 6, emax = kind == 4 ? 3 : kind == 3 ? 254 : 100 + (int)(next() % 60);
+        for (int c = 0; c < K; c++) {
+            uint16_t s = (uint16_t)(next() & 1) << 15, m = (uint16_t)(next() & 127);
+            int spread = kind == 1 && next() % 256 == 0 ? 40 : 15; /* 40: likely an escape, a pair below P - 7 */
+            int e = emax - (int)(next() % (unsigned)spread);
+            e = e < 0 ? 0 : e;
+            uint16_t h = (uint16_t)(s | e << 7 | m);
+            if (kind == 2 && next() % 256 == 0) h = s; /* +-0 */
+            if (kind == 3 && next() % 256 == 0) h = (uint16_t)(s | (next() % 127)); /* a subnormal */
+            if (kind == 3 && c == K / 2) h = next() & 1 ? 0x7F80 : 0x7FC1; /* inf, NaN */
+            if (kind == 5) h = 0;
+            d[(size_t)r * K + c] = h;
+        }
+    }
+}
+
 int main(void) {
     /* dequantization against the format definitions */
     CHECK(ds_fp8_e4m3_to_f32(0x38) == 1.0f, "e4m3 0x38 = %g", (double)ds_fp8_e4m3_to_f32(0x38));
@@ -316,6 +361,57 @@ int main(void) {
         CHECK(worst < 1e-6, "MXFP4 on-grid x: relative error %g (fp32 rounding of 37 exact group sums)", worst);
         free(x), free(y), free(row), free(data), free(scale);
     }
+    /* BF16's packed copy (bf16x.c): its layout gives back every weight's
+     * bits, and the AVX-512 kernel reading it gives the BF16 kernels' bits
+     * (NaN: a NaN) at every token count, including units with escapes,
+     * rows of zeros, of tiny values, with infinities and NaN, and more than
+     * 64 units a row. A matrix with too many escapes stays unpacked. */
+    {
+        const int bshapes[][2] = {{7, 64}, {12, 128}, {6, 4096}, {5, 4160}, {3, 8192}};
+        for (size_t s = 0; s < sizeof bshapes / sizeof bshapes[0]; s++) {
+            int R = bshapes[s][0], K = bshapes[s][1], T = 9;
+            ds_weight w = {.kind = DS_W_BF16, .rows = R, .cols = K, .name = "bf16x test"};
+            uint16_t *d = malloc(sizeof *d * (size_t)R * K), *back = malloc(sizeof *back * (size_t)K);
+            bf16x_fill(d, R, K);
+            w.data = (const uint8_t *)d;
+            ds_weight plain = w;
+            CHECK(ds_cpu_bf16x_pack(&be3, &w, NULL) == 0 && w.packed, "bf16x %dx%d: not packed", R, K);
+            if (!w.packed) continue;
+            int same_bits = 1, nesc = 0;
+            for (int r = 0; r < R; r++) {
+                bf16x_row_bits(&w, r, back);
+                same_bits &= memcmp(back, d + (size_t)r * K, sizeof *back * (size_t)K) == 0;
+            }
+            nesc = (int)((const ds_cpu_bf16x *)w.packed)->eoff[R];
+            CHECK(same_bits, "bf16x %dx%d: the packed layout does not give back the weights' bits", R, K);
+            CHECK(nesc > 0, "bf16x %dx%d: the test has no escapes", R, K);
+            /* 12 bits a weight, per row its P, escape bits and list offset, 8 bytes an escape */
+            uint64_t want = ds_weight_bytes(&plain) * 3 / 4 + (uint64_t)R * (1 + 8 * (uint64_t)((K / 64 + 63) / 64)) +
+                            8 * (uint64_t)(R + 1) + 8 * (uint64_t)nesc;
+            CHECK(w.packed_bytes == want, "bf16x %dx%d: packed %llu bytes, not %llu", R, K,
+                  (unsigned long long)w.packed_bytes, (unsigned long long)want);
+            float *x = malloc(sizeof(float) * (size_t)T * K), *y0 = malloc(sizeof(float) * (size_t)T * R);
+            float *y1 = malloc(sizeof(float) * (size_t)T * R);
+            for (int i = 0; i < T * K; i++) x[i] = frand();
+            int ok = ds_cpu_matmul_path(&be1, &plain, x, T, y0, DS_CPU_GENERIC) == 0, same = 1;
+            for (int t = 1; t <= T; t++)
+                for (int pf = 0; pf < 2; pf++) {
+                    ds_backend_cpu_set_l1d(&be3, pf ? 8192 : 1 << 20);
+                    ok &= ds_cpu_matmul_path(&be3, &w, x, t, y1, ds_cpu_best_path()) == 0;
+                    for (int i = 0; i < t * R; i++) same &= !memcmp(&y0[i], &y1[i], 4) || (isnan(y0[i]) && isnan(y1[i]));
+                }
+            CHECK(ok && same, "bf16x %dx%d: packed products (path %d, T = 1..%d) differ from BF16's", R, K,
+                  ds_cpu_best_path(), T);
+            ds_cpu_bf16x_release(&be3, &w);
+            CHECK(!w.packed && !w.packed_bytes, "bf16x: release");
+            /* every row wide: more escapes than packing saves */
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < K; c++) d[(size_t)r * K + c] = (uint16_t)(c % 2 ? 0 : 0x4000 | (c % 64));
+            CHECK(ds_cpu_bf16x_pack(&be3, &w, NULL) == 0 && !w.packed, "bf16x %dx%d: half zeros, packed anyway", R, K);
+            free(x), free(y0), free(y1), free(d), free(back);
+        }
+    }
+
     /* the small fixed-order dot used by norms and attention = the portable path */
     for (int n = 1; n < 300; n += 7) {
         float a[300], b[300];

@@ -317,6 +317,13 @@ struct ds_backend {
     int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, ds_map_what what, const void **out,
                        ds_err *err);
     void (*unmap_weights)(const ds_backend *be, const void *p);
+    /* Optional. Called once for every mapped weight the model multiplies
+     * (every weight but the embedding): the backend may keep a second copy
+     * of it in a faster layout of its own (w->packed: the same values, so
+     * the same bits; data stays valid and other ops may read it). 0, or -1
+     * with err naming the weight. release_weight frees that copy. */
+    int (*pack_weight)(const ds_backend *be, ds_weight *w, ds_err *err);
+    void (*release_weight)(const ds_backend *be, ds_weight *w);
 
     /* the step */
     int (*begin_step)(const ds_backend *be, const ds_step_desc *s, ds_err *err);

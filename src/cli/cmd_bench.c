@@ -290,11 +290,13 @@ int cmd_bench(int argc, char **argv) {
         free(batches);
         return 1;
     }
+    double t_bind = ds_now();
     if (cli_bind("bench", m, &bo, &be)) {
         ds_model_free(m);
         free(batches);
         return 1;
     }
+    t_bind = ds_now() - t_bind;
     int n_threads = !strcmp(be.name, "cpu") ? ds_backend_cpu_threads(&be) : 0;
     const ds_config *c = &m->cfg;
     int V = c->vocab_size, rc = 1;
@@ -319,6 +321,10 @@ int cmd_bench(int argc, char **argv) {
                ds_checkpoint_bytes(m->ck) / 1e9, anon_huge_bytes() / 1e9);
     else
         printf("weights    mapped in place (--load mmap)\n");
+    if (ds_model_packed_bytes(m))
+        printf("packed     BF16 products read exact 12-bit copies (bf16x.c): %.2f GB more memory, bound in %.1f s "
+               "(DSV4_CPU_PACK=0: without)\n",
+               ds_model_packed_bytes(m) / 1e9, t_bind);
     fflush(stdout);
     int pin_err;
     double t_pf = ds_now(), mapped = prefault(m->ck, &pin_err);

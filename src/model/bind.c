@@ -6,8 +6,9 @@
 #include "model/model.h"
 
 /* Every pointer the forward pass reads, with its size in bytes and what it
- * holds (an MXFP4 matrix's codes, which a backend may reorder, or bytes). */
-typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes, ds_map_what what);
+ * holds (an MXFP4 matrix's codes, which a backend may reorder, or bytes);
+ * w: the weight whose data ptr is, else NULL. */
+typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w);
 
 static size_t scale_bytes(const ds_weight *w) {
     size_t ss = w->scale_f32 ? 4 : 1;
@@ -20,12 +21,12 @@ static void weight(const ds_weight *cw, visit_fn fn, void *ctx) {
     ds_weight *w = (ds_weight *)cw;
     size_t sb = scale_bytes(w);
     fn(ctx, (const void **)&w->data, (size_t)ds_weight_bytes(w) - sb,
-       w->kind == DS_W_FP4 ? DS_MAP_FP4_CODES : DS_MAP_BYTES);
-    if (sb) fn(ctx, (const void **)&w->scale, sb, DS_MAP_BYTES);
+       w->kind == DS_W_FP4 ? DS_MAP_FP4_CODES : DS_MAP_BYTES, w);
+    if (sb) fn(ctx, (const void **)&w->scale, sb, DS_MAP_BYTES, NULL);
 }
 
 static void floats(float **p, size_t n, visit_fn fn, void *ctx) {
-    fn(ctx, (const void **)p, n * sizeof(float), DS_MAP_BYTES);
+    fn(ctx, (const void **)p, n * sizeof(float), DS_MAP_BYTES, NULL);
 }
 
 static void hc(ds_hc_w *h, size_t rows, size_t nscale, visit_fn fn, void *ctx) {
@@ -73,7 +74,7 @@ static void walk(ds_model *m, visit_fn fn, void *ctx) {
         weight(&ly->gate, fn, ctx);
         if (ly->is_hash)
             fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t),
-               DS_MAP_BYTES);
+               DS_MAP_BYTES, NULL);
         else
             floats(&ly->gate_bias, E, fn, ctx);
         for (size_t e = 0; e < E; e++) {
@@ -96,27 +97,32 @@ typedef struct {
     ds_err *err;
 } bind_ctx;
 
-static void count(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
-    (void)ptr, (void)bytes, (void)what;
+static void count(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w) {
+    (void)ptr, (void)bytes, (void)what, (void)w;
     ((bind_ctx *)ctx)->n++;
 }
 
-static void map(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
+/* Maps ptr; a weight the model multiplies (all but the embedding, whose
+ * rows are read as they are) then goes to the backend's pack_weight. */
+static void map(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w) {
     bind_ctx *B = ctx;
     if (B->rc) return;
+    const ds_backend *be = B->m->be;
     const void *dev = NULL;
-    if (B->m->be->map_weights(B->m->be, *ptr, bytes, what, &dev, B->err)) {
+    if (be->map_weights(be, *ptr, bytes, what, &dev, B->err)) {
         B->rc = -1;
         return;
     }
     B->m->host_ptrs[B->n++] = *ptr;
     *ptr = dev;
+    if (w && w != &B->m->embed && be->pack_weight && be->pack_weight(be, w, B->err)) B->rc = -1;
 }
 
-static void unmap(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
+static void unmap(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w) {
     bind_ctx *B = ctx;
     (void)bytes, (void)what;
     if (B->n >= B->m->n_host_ptrs) return; /* not mapped (a bind that failed part way) */
+    if (w && w->packed && B->m->be->release_weight) B->m->be->release_weight(B->m->be, w);
     B->m->be->unmap_weights(B->m->be, *ptr);
     *ptr = B->m->host_ptrs[B->n++];
 }
@@ -142,9 +148,20 @@ typedef struct {
     uint64_t bytes;
 } sum_ctx;
 
-static void sum_bytes(void *ctx, const void **ptr, size_t bytes, ds_map_what what) {
-    (void)ptr, (void)what;
+static void sum_bytes(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w) {
+    (void)ptr, (void)what, (void)w;
     ((sum_ctx *)ctx)->bytes += bytes;
+}
+
+static void sum_packed(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w) {
+    (void)ptr, (void)bytes, (void)what;
+    if (w && w->packed) ((sum_ctx *)ctx)->bytes += w->packed_bytes;
+}
+
+uint64_t ds_model_packed_bytes(const ds_model *m) {
+    sum_ctx all = {0};
+    walk((ds_model *)m, sum_packed, &all);
+    return all.bytes;
 }
 
 static uint64_t experts_of(const ds_model *m, int rank) {

@@ -328,22 +328,22 @@ void ds_model_free(ds_model *m) {
 
 uint64_t ds_model_decode_bytes(const ds_model *m) {
     const ds_config *c = &m->cfg;
-    uint64_t b = ds_weight_bytes(&m->head) + ds_weight_bytes(&m->embed) / (uint64_t)c->vocab_size +
-                 ds_weight_bytes(&m->hc_head.fn);
+    uint64_t b = ds_weight_read_bytes(&m->head) + ds_weight_bytes(&m->embed) / (uint64_t)c->vocab_size +
+                 ds_weight_read_bytes(&m->hc_head.fn);
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *ly = &m->layers[li];
-        b += ds_weight_bytes(&ly->hc_attn.fn) + ds_weight_bytes(&ly->hc_ffn.fn);
-        b += ds_weight_bytes(&ly->wq_a) + ds_weight_bytes(&ly->wq_b) + ds_weight_bytes(&ly->wkv) +
-             ds_weight_bytes(&ly->wo_a) + ds_weight_bytes(&ly->wo_b);
-        if (ly->ratio) b += ds_weight_bytes(&ly->comp.wkv) + ds_weight_bytes(&ly->comp.wgate);
+        b += ds_weight_read_bytes(&ly->hc_attn.fn) + ds_weight_read_bytes(&ly->hc_ffn.fn);
+        b += ds_weight_read_bytes(&ly->wq_a) + ds_weight_read_bytes(&ly->wq_b) + ds_weight_read_bytes(&ly->wkv) +
+             ds_weight_read_bytes(&ly->wo_a) + ds_weight_read_bytes(&ly->wo_b);
+        if (ly->ratio) b += ds_weight_read_bytes(&ly->comp.wkv) + ds_weight_read_bytes(&ly->comp.wgate);
         if (ly->is_csa)
-            b += ds_weight_bytes(&ly->idx.wq_b) + ds_weight_bytes(&ly->idx.weights_proj) +
-                 ds_weight_bytes(&ly->idx.comp.wkv) + ds_weight_bytes(&ly->idx.comp.wgate);
-        b += ds_weight_bytes(&ly->gate);
+            b += ds_weight_read_bytes(&ly->idx.wq_b) + ds_weight_read_bytes(&ly->idx.weights_proj) +
+                 ds_weight_read_bytes(&ly->idx.comp.wkv) + ds_weight_read_bytes(&ly->idx.comp.wgate);
+        b += ds_weight_read_bytes(&ly->gate);
         if (c->n_shared_experts > 0)
-            b += ds_weight_bytes(&ly->sw1) + ds_weight_bytes(&ly->sw2) + ds_weight_bytes(&ly->sw3);
+            b += ds_weight_read_bytes(&ly->sw1) + ds_weight_read_bytes(&ly->sw2) + ds_weight_read_bytes(&ly->sw3);
         b += (uint64_t)c->n_active_experts *
-             (ds_weight_bytes(&ly->w1[0]) + ds_weight_bytes(&ly->w2[0]) + ds_weight_bytes(&ly->w3[0]));
+             (ds_weight_read_bytes(&ly->w1[0]) + ds_weight_read_bytes(&ly->w2[0]) + ds_weight_read_bytes(&ly->w3[0]));
     }
     return b;
 }

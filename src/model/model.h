@@ -113,6 +113,8 @@ void ds_model_set_ep(ds_model *m, struct ds_ep *ep);
 /* Bytes of the routed experts `rank` serves (all of them without EP), and
  * of everything else (replicated on every rank). */
 void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest);
+/* Bytes of the backend's packed copies of the bound weights (ds_weight.packed). */
+uint64_t ds_model_packed_bytes(const ds_model *m);
 
 /* Bytes of weights read to decode one token (attention, shared expert, k
  * routed experts per layer, head, one embedding row) — the decode floor. */

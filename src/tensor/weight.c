@@ -56,6 +56,8 @@ ds_weight ds_weight_rows(const ds_weight *w, int r0, int n) {
                                       : 2 * (size_t)w->cols;
     v.data = w->data + (size_t)r0 * rb;
     v.rows = n;
+    v.packed = NULL;
+    v.packed_bytes = 0;
     if (w->kind == DS_W_FP8)
         v.srow0 = w->srow0 + r0;
     else if (w->kind == DS_W_FP4)
@@ -76,6 +78,8 @@ uint64_t ds_weight_bytes(const ds_weight *w) {
     }
     return 0;
 }
+
+uint64_t ds_weight_read_bytes(const ds_weight *w) { return w->packed ? w->packed_bytes : ds_weight_bytes(w); }
 
 static float scale_at(const ds_weight *w, int r, int c) {
     size_t i = (size_t)r * (size_t)w->scale_cols + (size_t)c;

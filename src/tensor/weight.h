@@ -25,6 +25,13 @@ typedef struct ds_weight {
     int scale_cols;        /* row stride of the scale grid, in elements */
     int srow0;             /* FP8 views: global row of row 0 (scale lookups) */
     const char *name;      /* checkpoint tensor name (for messages) */
+    /* A backend's second, exact copy of data in a layout of its own that its
+     * kernels read instead (the CPU's 12-bit BF16: backend/cpu/bf16x.c), or
+     * NULL; set by be->pack_weight, owned and freed by the backend. The same
+     * values, so the same bits. packed_bytes: what that copy occupies (all
+     * that a product of the weight then reads). */
+    const void *packed;
+    uint64_t packed_bytes;
 } ds_weight;
 
 /* Element decoders shared by the kernels and the loaders. */
@@ -34,7 +41,8 @@ float ds_e8m0_to_f32(uint8_t e);
 float ds_fp8_e4m3_to_f32(uint8_t b);
 extern const float ds_e2m1_values[16];
 
-/* Rows [r0, r0 + n) of w as a weight of its own (FP8 keeps its scales). */
+/* Rows [r0, r0 + n) of w as a weight of its own (FP8 keeps its scales; the
+ * view has no packed copy: its products read data). */
 ds_weight ds_weight_rows(const ds_weight *w, int r0, int n);
 
 /* Dequantizes row r of w into out[cols] (exact values). For tests/tools. */
@@ -42,5 +50,8 @@ void ds_weight_row_f32(const ds_weight *w, int r, float *out);
 
 /* Bytes the weight occupies in memory (data + scales). */
 uint64_t ds_weight_bytes(const ds_weight *w);
+/* Bytes a product reads: the packed copy's where there is one, else
+ * ds_weight_bytes (the decode floor and the profile count these). */
+uint64_t ds_weight_read_bytes(const ds_weight *w);
 
 #endif

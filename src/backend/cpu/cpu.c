@@ -53,6 +53,13 @@ static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes,
 
 static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
 
+/* Only the AVX-512 path's kernel reads the packed copy (bf16x.c). */
+static int cpu_pack_weight(const ds_backend *be, ds_weight *w, ds_err *err) {
+    const ds_cpu *c = ds_cpu_of(be);
+    if (!c->pack || c->path != DS_CPU_AVX512) return 0;
+    return ds_cpu_bf16x_pack(be, w, err);
+}
+
 static int cpu_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err) {
     (void)err;
     ds_cpu_of(be)->step = *s;
@@ -238,6 +245,8 @@ void ds_backend_cpu_set_threads(ds_backend *be, int n) {
 
 void ds_backend_cpu_fail_alloc(ds_backend *be, long n) { ds_cpu_of(be)->fail_alloc = n; }
 
+void ds_backend_cpu_set_pack(ds_backend *be, int on) { ds_cpu_of(be)->pack = on != 0; }
+
 int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     memset(be, 0, sizeof *be);
     ds_cpu *c = calloc(1, sizeof *c);
@@ -246,6 +255,8 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     c->pool = pool_new(c->n_threads);
     c->path = ds_cpu_best_path();
     c->l1d = ds_cpu_l1d();
+    const char *pk = getenv("DSV4_CPU_PACK");
+    c->pack = !(pk && !strcmp(pk, "0"));
     be->name = "cpu";
     be->impl = c;
     be->alloc = cpu_alloc;
@@ -256,6 +267,8 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->copy = cpu_copy;
     be->map_weights = cpu_map_weights;
     be->unmap_weights = cpu_unmap_weights;
+    be->pack_weight = cpu_pack_weight;
+    be->release_weight = ds_cpu_bf16x_release;
     be->begin_step = cpu_begin_step;
     be->embed = ds_cpu_embed;
     be->matmul_many = ds_cpu_matmul_many;

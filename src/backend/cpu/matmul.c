@@ -34,8 +34,9 @@
  * the path the CPU supports. The AVX-512 kernels may compute several tokens
  * and two rows per call (sharing weight decodes and x loads), and FP8
  * products of many tokens run as 2-row x 3-token register tiles over
- * pre-decoded panels (fp8_group_tiled); each (row, token) still goes through
- * exactly the operations above. */
+ * pre-decoded panels (fp8_group_tiled); BF16 weights with a packed copy
+ * (bf16x.c) are read from it, decoded to the same values; each (row, token)
+ * still goes through exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -620,6 +621,53 @@ AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_we
     }
 }
 
+/* Packed BF16 rows (bf16x.c): the dense order above, each 64-column unit
+ * decoded back to the BF16 kernel's very values. The codes (two a byte)
+ * become top bytes S << 7 | E >> 1 through the row's table (vpshufb); byte
+ * unpacks put [0, 0, A, top] in every dword, i.e. the bf16 bits << 16, with
+ * chunk j of the unit in F[j] in column order (the packer placed the bytes
+ * so); a unit holding escapes is then patched from the row's list. */
+AVX512 __attribute__((always_inline)) static inline void bf16x_t_512(const ds_weight *w, int r, const float *x,
+                                                                      size_t xs, float *out, const int nt,
+                                                                      const int l2) {
+    const ds_cpu_bf16x *pk = w->packed;
+    int U = w->cols / 64;
+    const uint8_t *row = pk->units + (size_t)r * (size_t)U * 96;
+    const uint64_t *esc = pk->esc + (size_t)r * (size_t)pk->nw;
+    const ds_cpu_bf16x_esc *e = pk->ents + pk->eoff[r], *e_end = pk->ents + pk->eoff[r + 1];
+    const __m512i tbl = _mm512_add_epi8(
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121)),
+        _mm512_set1_epi8((char)(pk->top[r] - 7)));
+    const __m512i zero = _mm512_setzero_si512(), nib = _mm512_set1_epi16(0x0F0F);
+    __m512 p[NT][4];
+    UNROLL for (int t = 0; t < nt; t++)
+        UNROLL for (int j = 0; j < 4; j++) p[t][j] = _mm512_setzero_ps();
+    for (int u = 0; u < U; u++) {
+        const uint8_t *q = row + (size_t)u * 96;
+        PF_DENSE(q);
+        PF_DENSE(q + 64);
+        __m512i a = _mm512_loadu_si512((const void *)q);
+        __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(q + 64)));
+        __m512i top = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(z, _mm512_slli_epi16(z, 4), nib, 0xA8));
+        __m512i at0 = _mm512_unpacklo_epi8(a, top), at1 = _mm512_unpackhi_epi8(a, top);
+        __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at0)),
+                       _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at0)),
+                       _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at1)),
+                       _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at1))};
+        if (__builtin_expect((esc[u / 64] >> (u % 64)) & 1, 0)) {
+            _Alignas(64) uint32_t v[64];
+            UNROLL for (int j = 0; j < 4; j++) _mm512_store_ps((float *)(void *)(v + 16 * j), f[j]);
+            for (; e < e_end && (int)(e->col / 64) == u; e++) v[e->col % 64] = (uint32_t)e->bits << 16;
+            UNROLL for (int j = 0; j < 4; j++) f[j] = _mm512_load_ps((const float *)(const void *)(v + 16 * j));
+        }
+        UNROLL for (int j = 0; j < 4; j++)
+            UNROLL for (int t = 0; t < nt; t++)
+                p[t][j] = _mm512_fmadd_ps(f[j], _mm512_loadu_ps(x + (size_t)t * xs + 64 * (size_t)u + 16 * j), p[t][j]);
+    }
+    UNROLL for (int t = 0; t < nt; t++)
+        out[t] = hsum16_512(_mm512_add_ps(_mm512_add_ps(p[t][0], p[t][1]), _mm512_add_ps(p[t][2], p[t][3])));
+}
+
 /* FP8 block [c0, c0+len): chunk j -> b[j % 2], returns b0 + b1. dec is
  * DS_W_FP8 (codes as fp16: value / 256) or FP8_RAW (value * 2^-120 with x
  * scaled by 2^112): the products, and so every rounding, are the same. */
@@ -1020,6 +1068,7 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
 #define FP8_N(n) fp8_t_512(w, r, x, xs, out, n, DS_W_FP8, L2)
 #define FP8RAW_N(n) fp8_t_512(w, r, x, xs, out, n, FP8_RAW, L2)
 #define BF16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_BF16, L2)
+#define BF16X_N(n) bf16x_t_512(w, r, x, xs, out, n, L2)
 #define F16_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F16, L2)
 #define F32_N(n) dense_t_512(w, r, x, xs, out, n, DS_W_F32, L2)
 #define FP4Q_N(n) fp4q_t_512(w, r, x, xs, out, n, L2)
@@ -1030,6 +1079,7 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
     ROWT(rowt_fp8_512##S, FP8_N)                      \
     ROWT(rowt_fp8raw_512##S, FP8RAW_N)                \
     ROWT(rowt_bf16_512##S, BF16_N)                    \
+    ROWT(rowt_bf16x_512##S, BF16X_N)                  \
     ROWT(rowt_f16_512##S, F16_N)                      \
     ROWT(rowt_f32_512##S, F32_N)                      \
     ROWT_A(AVX512VNNI, rowt_fp4q_512##S, FP4Q_N)      \
@@ -1061,9 +1111,10 @@ static row_fn row_for(int path, int fp4) {
 
 /* The multi-token row kernel of the AVX-512 path (NULL on the others);
  * l2: the instance that prefetches into L2. */
-static rowt_fn rowt_for(int path, ds_wkind kind, int raw, int l2) {
+static rowt_fn rowt_for(int path, const ds_weight *w, int raw, int l2) {
 #ifdef DS_X86
-    if (path == DS_CPU_AVX512) switch (kind) {
+    if (path == DS_CPU_AVX512 && w->packed && w->kind == DS_W_BF16) return l2 ? rowt_bf16x_512_l2 : rowt_bf16x_512;
+    if (path == DS_CPU_AVX512) switch (w->kind) {
         case DS_W_FP8: return raw ? (l2 ? rowt_fp8raw_512_l2 : rowt_fp8raw_512) : l2 ? rowt_fp8_512_l2 : rowt_fp8_512;
         case DS_W_FP4: return !ds_cpu_has_vnni() ? NULL : l2 ? rowt_fp4q_512_l2 : rowt_fp4q_512;
         case DS_W_BF16: return l2 ? rowt_bf16_512_l2 : rowt_bf16_512;
@@ -1071,7 +1122,7 @@ static rowt_fn rowt_for(int path, ds_wkind kind, int raw, int l2) {
         case DS_W_F32: return l2 ? rowt_f32_512_l2 : rowt_f32_512;
         }
 #endif
-    (void)path, (void)kind, (void)raw, (void)l2;
+    (void)path, (void)w, (void)raw, (void)l2;
     return NULL;
 }
 
@@ -1295,7 +1346,7 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, con
     int raw = fmt == X_RAW || fmt == X_TRAW;
     int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
     *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_Q4),
-                   rowt_for(path, w->kind, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg, 0};
+                   rowt_for(path, w, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg, 0};
     p->pair1 = p->rowt2 && c->l1d > 0 && sizeof(float) * xstride * DS_CPU_PAIR_X_DEN > (size_t)c->l1d * DS_CPU_PAIR_X_NUM;
     *share = -1;
     for (int i = 0; i < n; i++)
@@ -1353,7 +1404,7 @@ static void mm_fill_one(void *ctx, int i) {
 /* Adds a batch's time and bytes under the kind holding most of its bytes. */
 static void mm_account(ds_profile *pr, const ds_matmul_job *jobs, int n, double seconds) {
     double by[5] = {0}, total = 0;
-    for (int i = 0; i < n; i++) by[jobs[i].w->kind] += (double)ds_weight_bytes(jobs[i].w);
+    for (int i = 0; i < n; i++) by[jobs[i].w->kind] += (double)ds_weight_read_bytes(jobs[i].w);
     int k = 0;
     for (int i = 1; i < 5; i++)
         if (by[i] > by[k]) k = i;
