@@ -53,10 +53,14 @@ int ds_cpu_l1d(void);
  * its rows in pairs (the two-row kernel, where the kind has one) even for one
  * token: each x load then serves two rows. On the Zen 4 VM (32 KiB L1) FP8
  * K = 8192 (x 32 KiB, re-read from L2 for every row) went from 0.56-0.58 to
- * 0.89-0.94 of the plain read (`bench --kernels`); the other shapes keep one
- * row per call (two weight streams per thread were slower on slow memory). */
-#define DS_CPU_PAIR_X_NUM 3
-#define DS_CPU_PAIR_X_DEN 4
+ * 0.89-0.94 of the plain read (`bench --kernels`); on the Zen 5 dev machine
+ * (48 KiB L1, x 32 KiB beside 16 KiB of prefetched lines) the same product
+ * in the model (V4's wo_b) went from 1.00 to 0.86-0.89 ms a call at 2
+ * threads (two runs, 3-4 interleaved rounds each), so the line is half of
+ * L1. The other shapes keep one row per call (two weight streams per thread
+ * were slower on slow memory). */
+#define DS_CPU_PAIR_X_NUM 1
+#define DS_CPU_PAIR_X_DEN 2
 
 /* MoE: experts run in batches of up to this many gathered rows (or one
  * expert's rows when more): a batch's w1 and w3 products run together, then
