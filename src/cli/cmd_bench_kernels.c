@@ -105,8 +105,9 @@ int cmd_bench_kernels(int argc, char **argv) {
             w.rows = (int)(n / row);
             w.scale_cols = kc->kind == DS_W_FP8 ? (kc->cols + 127) / 128 : kc->cols / 32;
             if (!strcmp(kc->name, "packed")) { /* the same BF16 weights through their packed copy (bf16x.c) */
-                if (!be.pack_weight || be.pack_weight(&be, &w, &err)) break;
-                if (!w.packed) continue; /* this CPU's path reads no packed copy */
+                if (!be.pack_weight || (!(rc = be.pack_weight(&be, &w, &err)) && !w.packed))
+                    continue; /* this CPU's path reads no packed copy */
+                if (rc) break;
             }
             double t_best = 1e30;
             for (int k = 0; k < 3 && !rc; k++) {

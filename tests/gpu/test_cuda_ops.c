@@ -1640,7 +1640,7 @@ static void bench(ctx *C) {
         {DS_W_BF16, 16384, 8192}, {DS_W_FP8, 32768, 8192}, {DS_W_FP8, 4096, 4096}, {DS_W_FP4, 32768, 16384}, {DS_W_FP4, 2048, 4096}};
     int Ts[4] = {1, 8, 64, 256};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        ds_weight w = {cases[i].kind, cases[i].rows, cases[i].cols, NULL, NULL, 0, 0, 0, kname[cases[i].kind]};
+        ds_weight w = {.kind = cases[i].kind, .rows = cases[i].rows, .cols = cases[i].cols, .name = kname[cases[i].kind]};
         size_t n = (size_t)w.rows * w.cols, db = w.kind == DS_W_BF16 ? 2 * n : w.kind == DS_W_FP8 ? n : n / 2, ns = 0;
         if (w.kind == DS_W_FP8) ns = (size_t)(w.scale_cols = (w.cols + 127) / 128) * ((w.rows + 127) / 128);
         if (w.kind == DS_W_FP4) ns = (size_t)(w.scale_cols = (w.cols + 31) / 32) * w.rows;
