@@ -33,7 +33,7 @@
 #define UNIT 64
 #define UNIT_BYTES 96
 #define ESC_MAX_DIV 64
-#define HUGE ((size_t)2 << 20) /* at most cols / 64 escapes a row, or no packing */
+#define HUGE_PAGE ((size_t)2 << 20) /* at most cols / 64 escapes a row, or no packing */
 
 int ds_cpu_bf16x_column(int b) { return 16 * ((b >> 2) & 3) + 4 * (b >> 4) + (b & 3); }
 
@@ -89,7 +89,7 @@ static void pack_fill(void *ctx, int r) {
     }
 }
 
-void ds_cpu_bf16x_free(ds_cpu_bf16x *x) {
+static void bf16x_free(ds_cpu_bf16x *x) {
     if (!x) return;
     free(x->units);
     free(x->top);
@@ -106,17 +106,17 @@ int ds_cpu_bf16x_pack(const ds_backend *be, ds_weight *w, ds_err *err) {
     uint64_t *count = malloc(sizeof *count * R);
     if (x) {
         x->nw = (int)((U + 63) / 64);
-        size_t ub = (R * U * UNIT_BYTES + HUGE - 1) / HUGE * HUGE;
+        size_t ub = (R * U * UNIT_BYTES + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         /* on huge pages where the kernel has them (advisory): 4 KiB pages
          * cost this stream a quarter of its speed in TLB misses */
-        if ((x->units = aligned_alloc(HUGE, ub))) madvise(x->units, ub, MADV_HUGEPAGE);
+        if ((x->units = aligned_alloc(HUGE_PAGE, ub))) madvise(x->units, ub, MADV_HUGEPAGE);
         x->top = malloc(R);
         x->esc = malloc(sizeof *x->esc * R * (size_t)x->nw);
         x->eoff = malloc(sizeof *x->eoff * (R + 1));
     }
     if (!x || !count || !x->units || !x->top || !x->esc || !x->eoff) {
         free(count);
-        ds_cpu_bf16x_free(x);
+        bf16x_free(x);
         return ds_fail(err, "%s: out of memory for its packed copy (%.2f GB; DSV4_CPU_PACK=0 runs without it)",
                        w->name ? w->name : "a BF16 weight", (double)(R * U * UNIT_BYTES) / 1e9);
     }
@@ -126,25 +126,24 @@ int ds_cpu_bf16x_pack(const ds_backend *be, ds_weight *w, ds_err *err) {
     for (size_t r = 0; r < R; r++) x->eoff[r + 1] = x->eoff[r] + count[r];
     free(count);
     if (x->eoff[R] > R * (size_t)w->cols / ESC_MAX_DIV) { /* escapes would cost more than they save */
-        ds_cpu_bf16x_free(x);
+        bf16x_free(x);
         return 0;
     }
     x->ents = malloc(sizeof *x->ents * (size_t)(x->eoff[R] ? x->eoff[R] : 1));
     if (!x->ents) {
-        ds_cpu_bf16x_free(x);
+        bf16x_free(x);
         return ds_fail(err, "%s: out of memory for its packed copy's escapes", w->name ? w->name : "a BF16 weight");
     }
     ds_cpu_parallel_for(be, (int)R, pack_fill, &j);
-    x->bytes = R * U * UNIT_BYTES + R + sizeof *x->esc * R * (size_t)x->nw + sizeof *x->eoff * (R + 1) +
-               sizeof *x->ents * x->eoff[R];
     w->packed = x;
-    w->packed_bytes = x->bytes;
+    w->packed_bytes = R * U * UNIT_BYTES + R + sizeof *x->esc * R * (size_t)x->nw + sizeof *x->eoff * (R + 1) +
+                      sizeof *x->ents * x->eoff[R];
     return 0;
 }
 
 void ds_cpu_bf16x_release(const ds_backend *be, ds_weight *w) {
     (void)be;
-    ds_cpu_bf16x_free((ds_cpu_bf16x *)(uintptr_t)w->packed);
+    bf16x_free((ds_cpu_bf16x *)(uintptr_t)w->packed);
     w->packed = NULL;
     w->packed_bytes = 0;
 }

@@ -74,13 +74,11 @@ typedef struct ds_cpu_bf16x {
     uint64_t *eoff;          /* [rows + 1] the row's first escape in ents */
     ds_cpu_bf16x_esc *ents;  /* by row, then column */
     int nw;
-    uint64_t bytes;
 } ds_cpu_bf16x;
 /* Packs w (BF16, cols % 64 == 0; anything else, or a matrix whose escapes
  * would be too many, stays unpacked: 0). -1 when out of memory. */
 int ds_cpu_bf16x_pack(const ds_backend *be, ds_weight *w, ds_err *err);
 void ds_cpu_bf16x_release(const ds_backend *be, ds_weight *w);
-void ds_cpu_bf16x_free(ds_cpu_bf16x *x);
 /* The column that position b (0..63) of a unit holds. */
 int ds_cpu_bf16x_column(int b);
 
