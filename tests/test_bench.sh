@@ -28,13 +28,16 @@ if echo "$pout" | grep -q "where      per step at batch 2 (profiled, ops synchro
 else
   fail=$((fail + 1)); echo "FAIL: --batch-profile: no where line for batch 2"
 fi
-kout=$("$DSV4" bench --kernels --mib 64 --reps 1 2>&1)
+kout=$("$DSV4" bench --kernels --mib 64 --reps 1 --tokens 8 2>&1)
 [ $? -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: bench --kernels exit status"; }
-for k in "read 1 .* GB/s" "BF16 K=4096 .*(" "FP8 K=1024" "FP8 K=8192" "MXFP4 K=4096 .*("; do
+for k in "read 1 .* GB/s" "BF16 K=4096 .*(" "FP8 K=1024" "FP8 K=8192" "MXFP4 K=4096 .*(" "prefill .* of 8 tokens" \
+  "peak 1 .* GFLOP/s" "FP8 4096x4096 T=8 [0-9.]* (" "MXFP4 2048x4096 T=3 [0-9.]* (" "BF16 4096x4096 T=8 [0-9.]* ("; do
   if echo "$kout" | grep -q -- "$k"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: bench --kernels: no '$k'"; fi
 done
 "$DSV4" bench --kernels --reps 0 >/dev/null 2>&1
 [ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --kernels --reps 0 must be a usage error"; }
+"$DSV4" bench --kernels --tokens 0 >/dev/null 2>&1
+[ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --kernels --tokens 0 must be a usage error"; }
 "$DSV4" bench -m "$SRC/tests/fixtures/q128" --batch 0 >/dev/null 2>&1
 [ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --batch 0 must be a usage error"; }
 echo "$out"

@@ -76,7 +76,7 @@ done
 
 # bench --kernels has its own table
 "$BIN" bench --kernels --help >"$T/out" 2>&1 && ok || bad "bench --kernels --help: exit $?"
-for o in --kernels --threads --reps --mib; do has_opt "$o" "$T/out" && ok || bad "bench --kernels --help lacks $o"; done
+for o in --kernels --threads --reps --mib --tokens; do has_opt "$o" "$T/out" && ok || bad "bench --kernels --help lacks $o"; done
 "$BIN" bench --kernels --reps 0 >/dev/null 2>"$T/err"
 [ $? -eq 2 ] && grep -qF "dsv4 bench --kernels: --reps: '0' is out of range [1, 1000]" "$T/err" && ok ||
     bad "bench --kernels --reps 0: $(head -c 200 "$T/err")"

@@ -117,6 +117,10 @@ int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x,
  * the kernels use, vectorized in SIMD builds — the same bytes). */
 size_t ds_cpu_fp4_quantized_bytes(int K);
 void ds_cpu_fp4_quantize(const float *x, int K, uint8_t *dst, int simd);
+/* GFLOP/s of fp32 fused multiply-adds on this CPU's kernel path over all of
+ * the backend's threads (12 independent chains each): the compute floor that
+ * `dsv4 bench --kernels` holds prefill's products against. */
+double ds_cpu_fma_gflops(const ds_backend *be);
 /* One output through the portable path (tests compare; MXFP4: NaN when its
  * copy of the quantized x cannot be allocated). */
 float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
