@@ -35,7 +35,14 @@ int ds_cpu_l1d(void);
  * decoded DS_CPU_FP8_PANEL columns at a time, then run in 2-row x 3-token
  * register tiles over x laid out panel-major (matmul.c). */
 #define DS_CPU_TILE_MIN_T 8
-#define DS_CPU_TILE_ROWS 8
+/* 4 rows (was 8): a group's decoded panel is 8 KiB, not 16, beside its 6 KiB
+ * token tile and the parked sums. Zen 4 VM (32 KiB L1), `bench --kernels
+ * --threads 2`, four alternating rounds: FP8 4096x4096 / 32768x1024 /
+ * 4096x8192 at 128 tokens 0.60-0.64 / 0.52-0.59 / 0.56-0.61 -> 0.64-0.67 /
+ * 0.58-0.60 / 0.58-0.62 of the FMA peak; one thread streaming a 16 MB matrix
+ * (32 tokens) 70-76 -> 75-81 GFLOP/s; 2 rows were as fast as 4, 6 and a 256-
+ * or 1024-column panel no faster than 8 rows and 512 columns. */
+#define DS_CPU_TILE_ROWS 4
 #define DS_CPU_FP8_PANEL 512
 /* Software prefetch distance ahead of the row being read: quantized rows,
  * and 2-byte dense rows (the hardware prefetcher left bandwidth unused). */
