@@ -318,6 +318,28 @@ int main(void) {
             CHECK(fp4_paths_agree(&be3, &w, x, T) && fp4_paths_agree(&be1, &w, x, 1), "MXFP4 x = %g (case %d): paths differ",
                   (double)special[c], c);
         }
+        /* scales without 0 or 255 (120..129 here): pack_weight marks them plain
+         * on the AVX-512 path, whose kernels then decode them the short way
+         * (matmul.c fp4q_scales_512): the same bits at 1 (one row a call) and
+         * 6 tokens (pairs); a 0 or a 255 keeps the flag off */
+        {
+            ds_err perr;
+            const char *pk = getenv("DSV4_CPU_PACK");
+            int on = ds_cpu_best_path() == DS_CPU_AVX512 && !(pk && !strcmp(pk, "0"));
+            CHECK(be3.pack_weight(&be3, &w, &perr) == 0 && w.scale_plain == on, "MXFP4 pack_weight: scale_plain %d, not %d",
+                  w.scale_plain, on);
+            for (int bad = 0; bad < 2 && on; bad++) {
+                uint8_t keep = scale[3 * (K / 32) + 17];
+                scale[3 * (K / 32) + 17] = bad ? 255 : 0;
+                CHECK(be3.pack_weight(&be3, &w, &perr) == 0 && !w.scale_plain, "MXFP4 pack_weight: a %d scale is plain",
+                      bad ? 255 : 0);
+                scale[3 * (K / 32) + 17] = keep;
+            }
+            w.scale_plain = 1; /* x: the last case above (0.5 x random, one ordinary group a token) */
+            CHECK(fp4_paths_agree(&be3, &w, x, T) && fp4_paths_agree(&be3, &w, x, 1) && fp4_paths_agree(&be1, &w, x, 1),
+                  "MXFP4 plain scales: paths differ");
+            w.scale_plain = 0;
+        }
         for (int i = 0; i < T * K; i++) x[i] = 0.0f;
         CHECK(ds_matmul(&be3, &w, x, T, y, NULL) == 0, "MXFP4 zeros");
         int zero = 1;

@@ -32,6 +32,10 @@ typedef struct ds_weight {
      * that a product of the weight then reads). */
     const void *packed;
     uint64_t packed_bytes;
+    /* E8M0 scales: 1 when none is 0 or 255 (the two that do not decode as
+     * e << 23), found by be->pack_weight; 0: not known. Kernels may then
+     * decode scales without those cases (the same values). */
+    int scale_plain;
 } ds_weight;
 
 /* Element decoders shared by the kernels and the loaders. */

