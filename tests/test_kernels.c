@@ -319,13 +319,13 @@ int main(void) {
                   (double)special[c], c);
         }
         /* scales without 0 or 255 (120..129 here): pack_weight marks them plain
-         * on the AVX-512 path, whose kernels then decode them the short way
-         * (matmul.c fp4q_scales_512): the same bits at 1 (one row a call) and
+         * on the SIMD paths, whose kernels then decode them the short way
+         * (matmul.c fp4q_scales_512 / _avx2): the same bits at 1 (one row a call) and
          * 6 tokens (pairs); a 0 or a 255 keeps the flag off */
         {
             ds_err perr;
             const char *pk = getenv("DSV4_CPU_PACK");
-            int on = ds_cpu_best_path() == DS_CPU_AVX512 && !(pk && !strcmp(pk, "0"));
+            int on = ds_cpu_best_path() != DS_CPU_GENERIC && !(pk && !strcmp(pk, "0"));
             CHECK(be3.pack_weight(&be3, &w, &perr) == 0 && w.scale_plain == on, "MXFP4 pack_weight: scale_plain %d, not %d",
                   w.scale_plain, on);
             for (int bad = 0; bad < 2 && on; bad++) {

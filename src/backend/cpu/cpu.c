@@ -53,11 +53,11 @@ static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes,
 
 static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
 
-/* Only the AVX-512 path's kernels read the packed copy (bf16x.c) and the
+/* Only the SIMD paths' kernels (AVX-512, AVX2) read the packed copy (bf16x.c) and the
  * MXFP4 scale_plain flag (matmul.c). */
 static int cpu_pack_weight(const ds_backend *be, ds_weight *w, ds_err *err) {
     const ds_cpu *c = ds_cpu_of(be);
-    if (!c->pack || c->path != DS_CPU_AVX512) return 0;
+    if (!c->pack || c->path == DS_CPU_GENERIC) return 0;
     if (w->kind == DS_W_FP4 && !w->scale_f32) {
         size_t n = (size_t)w->rows * (size_t)w->scale_cols;
         int plain = 1;
