@@ -403,119 +403,6 @@ static inline v16 v16_fma_s(v16 p, float m, v16 a) {
 }
 static inline float v16_hsum(v16 v) { return hsum8_avx(_mm256_add_ps(v.lo, v.hi)); }
 
-static inline __m256 dec8_avx2(const ds_weight *w, const uint8_t *row, int c) {
-    switch (w->kind) {
-    case DS_W_F32: return _mm256_loadu_ps((const float *)(const void *)(row + 4 * (size_t)c));
-    case DS_W_BF16:
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * (size_t)c))), 16));
-    case DS_W_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * (size_t)c)));
-    case DS_W_FP8: {
-        __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(row + c));
-        return _mm256_cvtph_ps(
-            _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xBFFF)));
-    }
-    case DS_W_FP4: break;
-    }
-    return _mm256_setzero_ps();
-}
-
-/* chunk c of [c0, c0+len) into p[c % n] (dense / FP8), in rounds of n chunks */
-__attribute__((always_inline)) static inline void chunks_avx2(const ds_weight *w, const uint8_t *row,
-                                                               const float *x, int c0, int len, v16 *p, const int n) {
-    for (int i = 0; i < n; i++) p[i] = v16_zero();
-    int j = 0;
-    for (; j + 16 * n <= len; j += 16 * n)
-        for (int i = 0; i < n; i++)
-            p[i] = v16_fma(dec8_avx2(w, row, c0 + j + 16 * i), dec8_avx2(w, row, c0 + j + 16 * i + 8),
-                           x + c0 + j + 16 * i, p[i]);
-    for (int i = 0; i < n; i++) {
-        int jj = j + 16 * i;
-        if (jj >= len) break;
-        if (len - jj >= 16) {
-            p[i] = v16_fma(dec8_avx2(w, row, c0 + jj), dec8_avx2(w, row, c0 + jj + 8), x + c0 + jj, p[i]);
-        } else {
-            float tw[16] = {0}, tx[16] = {0};
-            for (int k = 0; jj + k < len; k++) {
-                tw[k] = elem(w, row, c0 + jj + k);
-                tx[k] = x[c0 + jj + k];
-            }
-            p[i] = v16_fma(_mm256_loadu_ps(tw), _mm256_loadu_ps(tw + 8), tx, p[i]);
-        }
-    }
-}
-
-static float row_avx2(const ds_weight *w, int r, const float *x) {
-    int K = w->cols;
-    const uint8_t *row = w->data + (size_t)r * row_bytes(w);
-    v16 p[4], acc[2] = {v16_zero(), v16_zero()};
-    if (w->kind == DS_W_F32 || w->kind == DS_W_BF16 || w->kind == DS_W_F16) {
-        chunks_avx2(w, row, x, 0, K, p, 4);
-        return v16_hsum(v16_add(v16_add(p[0], p[1]), v16_add(p[2], p[3])));
-    }
-    if (w->kind == DS_W_FP8) {
-        size_t srow = fp8_srow(w, r);
-        for (int kb = 0; kb * DS_FP8_BLOCK < K; kb++) {
-            int c0 = kb * DS_FP8_BLOCK, len = K - c0 < DS_FP8_BLOCK ? K - c0 : DS_FP8_BLOCK;
-            chunks_avx2(w, row, x, c0, len, p, 2);
-            v16 s = v16_add(p[0], p[1]);
-            float m = scale_of(w, srow + (size_t)kb) * 256.0f;
-            if (kb & 1)
-                acc[1] = v16_fma_s(s, m, acc[1]);
-            else
-                acc[0] = v16_fma_s(s, m, acc[0]);
-        }
-    }
-    return v16_hsum(v16_add(acc[0], acc[1]));
-}
-
-/* MXFP4 row with x in the Q4 layout: each 128-bit lane of a 32-byte load is
- * one group; codes become unsigned w2 + 12 (vpshufb), products u8 x s8 in
- * pairs (vpmaddubsw: at most 2 * 24 * 128, no saturation), then pairs of
- * pairs (vpmaddwd by 1). Exact integers, so any order gives the same S; the
- * span's sums then go through fp4_span_acc like the portable path. */
-static float row_fp4_avx2(const ds_weight *w, int r, const float *xq) {
-    const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2), *xb = (const uint8_t *)xq;
-    int G = w->cols / DS_FP4_GROUP;
-    const __m256i tbl = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
-                                         18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
-    float acc[16] = {0};
-    for (int m = 0; m * 16 < G; m++) {
-        const uint8_t *span = xb + (size_t)m * Q4_SPAN_BYTES;
-        int32_t S[16], C[16];
-        memcpy(C, span + 1024, sizeof C);
-        for (int p = 0; p < 4; p++)
-            for (int h = 0; h < 2; h++) { /* groups 16m + 4p + 2h, + 1 */
-                int g = 16 * m + 4 * p + 2 * h;
-                __m256i d;
-                if (g + 2 <= G)
-                    d = _mm256_loadu_si256((const __m256i *)(const void *)(row + 16 * (size_t)g));
-                else if (g < G) /* one group left: the other lane's bytes are 0 (its x is 0 too) */
-                    d = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * (size_t)g)));
-                else
-                    d = _mm256_setzero_si256();
-                __m256i L = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
-                __m256i H = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
-                const uint8_t *x0 = span + 256 * p + 32 * h;
-#define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
-                __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(0)), one),
-                                              _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(64)), one));
-                __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(128)), one),
-                                              _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(192)), one));
-#undef LDX
-                int32_t v[8];
-                _mm256_storeu_si256((__m256i *)(void *)v, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
-                for (int k = 0; k < 2; k++) { /* group 4p + 2h + k of the span: lane 4(2h + k) + p */
-                    int l = 4 * (2 * h + k) + p;
-                    S[l] = v[4 * k] + v[4 * k + 1] + v[4 * k + 2] + v[4 * k + 3] - C[l];
-                }
-            }
-        fp4_span_acc(w, r, m, S, span, acc);
-    }
-    return hsum16(acc);
-}
-
 /* ---- AVX-512: a 16-lane vector is one register ---- */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
@@ -975,7 +862,7 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
 
 /* ---- AVX2 row kernels (the AVX2 path, and MXFP4 on AVX-512 without VNNI) ----
  * The AVX-512 row kernels' loops with each 16-lane vector held as (lo, hi)
- * (row_avx2's v16): every (row, token) keeps the documented operations in the
+ * (v16, above): every (row, token) keeps the documented operations in the
  * documented order, so the bits are every other path's. Sixteen ymm
  * registers hold a quarter of 32 zmm's lanes, so these kernels take AVX2_NT
  * tokens per pass (each pass decodes the row again, from L1), and prefetch
@@ -1189,11 +1076,15 @@ static inline v16 fp4q_scales_avx2(const ds_weight *w, int r, int m, int left) {
     return (v16){_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8)};
 }
 
-/* MXFP4 rows x nt tokens, x in the Q4 layout (row_fp4_avx2's products): per
- * span and half h, the 32-byte loads of groups 4p + 2h, 4p + 2h + 1 (p = 0..3)
- * give per token 8 dwords of partial sums each, and a hadd tree puts group
- * 4p + q (q = 2h, 2h + 1) in lane 4q + p — exact integers, in any grouping;
- * then minus C and one fp32 fma per group, fp4_span_acc's operations. */
+/* MXFP4 rows x nt tokens, x in the Q4 layout: each 128-bit lane of a 32-byte
+ * load is one group; codes become unsigned w2 + 12 (vpshufb), products u8 x
+ * s8 in pairs (vpmaddubsw: at most 2 * 24 * 128 = 6144, no saturation; the
+ * even and odd columns' pairs added in 16 bits, at most 12288), then pairs
+ * of pairs (vpmaddwd by 1). Per span and half h, the loads of groups 4p +
+ * 2h, 4p + 2h + 1 (p = 0..3) give per token 8 dwords of partial sums each,
+ * and a hadd tree puts group 4p + q (q = 2h, 2h + 1) in lane 4q + p — exact
+ * integers, in any grouping; then minus C and one fp32 fma per group,
+ * fp4_span_acc's operations. */
 __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w, int r, const float *xq, size_t xs,
                                                                float *out, const int nt, const int l2) {
     int G = w->cols / DS_FP4_GROUP;
@@ -1224,10 +1115,10 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
                 UNROLL for (int t = 0; t < nt; t++) {
                     const uint8_t *x0 = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b + 32 * h;
 #define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
-                    __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(0)), one),
-                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(64)), one));
-                    __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(L, LDX(128)), one),
-                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(H, LDX(192)), one));
+                    __m256i hi = _mm256_madd_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(0)), _mm256_maddubs_epi16(H, LDX(64))), one);
+                    __m256i lo = _mm256_madd_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(128)), _mm256_maddubs_epi16(H, LDX(192))), one);
 #undef LDX
                     __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo);
                     if (b == 0 || b == 2)
@@ -1420,16 +1311,9 @@ typedef float (*row_fn)(const ds_weight *, int, const float *);
 /* nt (<= NT) tokens of row r: out[t] from x + t * xs */
 typedef void (*rowt_fn)(const ds_weight *, int, const float *, size_t, int, float *);
 
-/* The single-token row kernel of the generic and AVX2 paths (and MXFP4's on
- * an AVX-512 CPU without VNNI); MXFP4 kernels take x in the Q4 layout. */
-static row_fn row_for(int path, int fp4) {
-#ifdef DS_X86
-    if (path == DS_CPU_AVX2) return fp4 ? row_fp4_avx2 : row_avx2;
-    if (path == DS_CPU_AVX512 && fp4) return row_fp4_avx2;
-#endif
-    (void)path;
-    return fp4 ? row_fp4_generic : ds_cpu_row_dot;
-}
+/* The single-token row kernel of the portable path (the SIMD paths have a
+ * multi-token kernel for every kind); MXFP4's takes x in the Q4 layout. */
+static row_fn row_for(int fp4) { return fp4 ? row_fp4_generic : ds_cpu_row_dot; }
 
 /* The multi-token row kernel of the AVX-512 path (NULL on the others);
  * l2: the instance that prefetches into L2. */
@@ -1770,7 +1654,7 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, con
                                     : ((size_t)K + 15) / 16 * 16;
     int raw = fmt == X_RAW || fmt == X_TRAW;
     int rg = tile ? DS_CPU_TILE_ROWS : DS_CPU_ROW_GROUP;
-    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(path, fmt == X_Q4),
+    *p = (mm_prep){w,     NULL,   xstride, T, 0, T > 0 ? (w->rows + rg - 1) / rg : 0, jb->y, row_for(fmt == X_Q4),
                    rowt_for(path, w, raw, l2), rowt2_for(path, w, raw, l2), jb->x, fmt, tile, rg, 0};
     p->pair1 = p->rowt2 && c->l1d > 0 && sizeof(float) * xstride * DS_CPU_PAIR_X_DEN > (size_t)c->l1d * DS_CPU_PAIR_X_NUM;
     *share = -1;
