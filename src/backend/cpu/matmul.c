@@ -867,7 +867,7 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
  * registers hold a quarter of 32 zmm's lanes, so these kernels take AVX2_NT
  * tokens per pass (each pass decodes the row again, from L1), and prefetch
  * as the AVX-512 kernels do. */
-#define AVX2_NT 2
+#define AVX2_NT DS_CPU_AVX2_NT
 
 /* 16 decoded weights at column c (dec16k's values); kind constant at every call site */
 __attribute__((always_inline)) static inline v16 dec16_avx2(const uint8_t *row, int c, const int kind) {
@@ -1273,15 +1273,18 @@ ROWT_SET()
 ROWT_SET(_l2)
 #undef L2
 
-/* the AVX2 instances: tokens AVX2_NT (2) at a time */
+/* the AVX2 instances: tokens AVX2_NT at a time */
 #define ROWT_AVX2(name, call)                                                                    \
     static void name(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
-        for (int t0 = 0; t0 < nt; t0 += AVX2_NT) {                                               \
+        for (int t0 = 0; t0 < nt;) {                                                             \
             const float *xt = x + (size_t)t0 * xs;                                               \
-            if (nt - t0 >= 2)                                                                    \
-                call(xt, out + t0, 2);                                                           \
-            else                                                                                 \
+            if (nt - t0 >= AVX2_NT) {                                                            \
+                call(xt, out + t0, AVX2_NT);                                                     \
+                t0 += AVX2_NT;                                                                   \
+            } else {                                                                             \
                 call(xt, out + t0, 1);                                                           \
+                t0++;                                                                            \
+            }                                                                                    \
         }                                                                                        \
     }
 #define A2_FP8(xt, o, n) fp8_t_avx2(w, r, xt, xs, o, n, DS_W_FP8, L2)
