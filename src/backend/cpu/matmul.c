@@ -1472,59 +1472,78 @@ AVX512 static void fp8_group_tiled(const mm_prep *p, int r0, int r1, int t0, int
     }
 }
 
-/* ---- AVX2 prefill tiles: 1 row x up to 3 tokens over decoded panels ----
- * fp8_group_tiled's plan with sixteen ymm registers: a tile is one row and
- * up to TILE_T tokens (its two block chains per token: 12 registers), and the
- * A pair of each (row, token) lives in the park between blocks. The same
- * operations in the same order as fp8_t_avx2 (and every path). */
-/* w: the row's decoded panel; x: the tile's first token (the others KP apart);
- * m: the panel's block multipliers; park: A as [TILE_T][2][16] floats. */
-__attribute__((always_inline)) static inline void fp8_tile_avx2(const float *w, const float *x, int nb, const float *m,
+/* ---- AVX2 prefill tiles: 2 rows x 2 tokens over decoded panels ----
+ * fp8_group_tiled's plan with sixteen ymm registers. A tile is a pair of
+ * rows and up to 2 tokens; inside each 128-column block it runs the even
+ * chunks (the B0 chains of its four (row, token)s: 8 registers), parks them,
+ * then the odd chunks (B1), so 4 weight registers and 1 for x are left and
+ * every load feeds two FMAs: each x vector meets both rows, each weight
+ * vector both tokens. Then A[b % 2] = fma(B0 + B1, m, A[b % 2]) through the
+ * park. Each chain takes its chunks in ascending order: the operations, and
+ * so the bits, of fp8_t_avx2 (and every path). */
+#define TILE_T2 2 /* tokens per AVX2 tile */
+/* w: the pair's decoded panels (the second KP floats after the first); x: the
+ * tile's first token (the other KP apart); m0: the first row's block
+ * multipliers (the second's NBP further); park: A as [2 rows][TILE_T2][2][16]. */
+__attribute__((always_inline)) static inline void fp8_tile_avx2(const float *w, const float *x, int nb, const float *m0,
                                                                  float *park, const int nt) {
+    enum { NBP = KP / DS_FP8_BLOCK };
     for (int b = 0; b < nb; b++) { /* a panel starts on an even block: A[b % 2] */
         const float *wa = w + (size_t)b * DS_FP8_BLOCK, *xb = x + (size_t)b * DS_FP8_BLOCK;
-        v16 B0[TILE_T], B1[TILE_T];
-        UNROLL for (int j = 0; j < DS_FP8_BLOCK; j += 16) {
-            __m256 u0 = _mm256_loadu_ps(wa + j), u1 = _mm256_loadu_ps(wa + j + 8);
-            __asm__("" : "+x"(u0), "+x"(u1)); /* loaded once, not folded into every FMA */
-            UNROLL for (int t = 0; t < nt; t++) {
-                const float *xv = xb + (size_t)t * KP + j;
-                if (j & 16) {
-                    B1[t].lo = _mm256_fmadd_ps(u0, _mm256_loadu_ps(xv), j > 16 ? B1[t].lo : _mm256_setzero_ps());
-                    B1[t].hi = _mm256_fmadd_ps(u1, _mm256_loadu_ps(xv + 8), j > 16 ? B1[t].hi : _mm256_setzero_ps());
-                } else {
-                    B0[t].lo = _mm256_fmadd_ps(u0, _mm256_loadu_ps(xv), j ? B0[t].lo : _mm256_setzero_ps());
-                    B0[t].hi = _mm256_fmadd_ps(u1, _mm256_loadu_ps(xv + 8), j ? B0[t].hi : _mm256_setzero_ps());
+        v16 B[2][TILE_T2];
+        _Alignas(32) float b0[2][TILE_T2][16];
+        UNROLL for (int par = 0; par < 2; par++) {
+            UNROLL for (int j = 16 * par; j < DS_FP8_BLOCK; j += 32) {
+                __m256 u0l = _mm256_loadu_ps(wa + j), u0h = _mm256_loadu_ps(wa + j + 8);
+                __m256 u1l = _mm256_loadu_ps(wa + KP + j), u1h = _mm256_loadu_ps(wa + KP + j + 8);
+                __asm__("" : "+x"(u0l), "+x"(u0h), "+x"(u1l), "+x"(u1h)); /* each loaded once */
+                UNROLL for (int t = 0; t < nt; t++) {
+                    const float *xv = xb + (size_t)t * KP + j;
+                    int first = j == 16 * par;
+                    __m256 xl = _mm256_loadu_ps(xv);
+                    __asm__("" : "+x"(xl));
+                    B[0][t].lo = _mm256_fmadd_ps(u0l, xl, first ? _mm256_setzero_ps() : B[0][t].lo);
+                    B[1][t].lo = _mm256_fmadd_ps(u1l, xl, first ? _mm256_setzero_ps() : B[1][t].lo);
+                    __m256 xh = _mm256_loadu_ps(xv + 8);
+                    __asm__("" : "+x"(xh));
+                    B[0][t].hi = _mm256_fmadd_ps(u0h, xh, first ? _mm256_setzero_ps() : B[0][t].hi);
+                    B[1][t].hi = _mm256_fmadd_ps(u1h, xh, first ? _mm256_setzero_ps() : B[1][t].hi);
                 }
             }
+            if (par == 0)
+                UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) {
+                        _mm256_store_ps(b0[r][t], B[r][t].lo);
+                        _mm256_store_ps(b0[r][t] + 8, B[r][t].hi);
+                    }
         }
-        UNROLL for (int t = 0; t < nt; t++) {
-            float *a = park + ((size_t)t * 2 + (size_t)(b & 1)) * 16;
-            v16 A = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)};
-            A = v16_fma_s(v16_add(B0[t], B1[t]), m[b], A);
-            _mm256_storeu_ps(a, A.lo);
-            _mm256_storeu_ps(a + 8, A.hi);
-        }
+        UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) {
+                float *a = park + (((size_t)r * TILE_T2 + (size_t)t) * 2 + (size_t)(b & 1)) * 16;
+                v16 A = {_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)};
+                v16 s = v16_add((v16){_mm256_load_ps(b0[r][t]), _mm256_load_ps(b0[r][t] + 8)}, B[r][t]);
+                A = v16_fma_s(s, m0[r * NBP + b], A);
+                _mm256_storeu_ps(a, A.lo);
+                _mm256_storeu_ps(a + 8, A.hi);
+            }
     }
 }
 
-static void fp8_tile_n_avx2(const float *w, const float *x, int nb, const float *m, float *park, int nt) {
-    switch (nt) {
-    case 1: fp8_tile_avx2(w, x, nb, m, park, 1); break;
-    case 2: fp8_tile_avx2(w, x, nb, m, park, 2); break;
-    default: fp8_tile_avx2(w, x, nb, m, park, TILE_T); break;
-    }
+static void fp8_tile_n_avx2(const float *w, const float *x, int nb, const float *m0, float *park, int nt) {
+    if (nt == 1)
+        fp8_tile_avx2(w, x, nb, m0, park, 1);
+    else
+        fp8_tile_avx2(w, x, nb, m0, park, TILE_T2);
 }
 
 /* Rows [r0, r1) x tokens [t0, t1) of an FP8 product (fp8_group_tiled's
- * contract) on the AVX2 path. */
+ * contract) on the AVX2 path; an odd last row is paired with a copy of
+ * itself (the copy's results are dropped). */
 static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t1) {
-    enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T - 1) / TILE_T };
+    enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T2 - 1) / TILE_T2 };
     const ds_weight *w = p->w;
-    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TILE_T - 1) / TILE_T;
-    _Alignas(32) float wb[RG][KP];
-    float m[RG][NBP];
-    _Alignas(32) float park[RG][NTILE][TILE_T * 2 * 16];
+    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TILE_T2 - 1) / TILE_T2;
+    _Alignas(32) float wb[RG + 1][KP];
+    float m[RG + 1][NBP];
+    _Alignas(32) float park[(RG + 1) / 2][NTILE][2 * TILE_T2 * 2 * 16];
     memset(park, 0, sizeof park);
     const int dec = p->fmt == X_TRAW ? FP8_RAW : DS_W_FP8;
     for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
@@ -1543,17 +1562,22 @@ static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t
             size_t srow = fp8_srow(w, r0 + i) + (size_t)(c0 / DS_FP8_BLOCK);
             for (int b = 0; b < nb; b++) m[i][b] = scale_of(w, srow + (size_t)b) * 256.0f;
         }
+        if (nr & 1) {
+            memcpy(wb[nr], wb[nr - 1], sizeof wb[0]);
+            memcpy(m[nr], m[nr - 1], sizeof m[0]);
+        }
         const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
         for (int tt = 0; tt < ntile; tt++) {
-            int nt = t1 - t0 - tt * TILE_T < TILE_T ? t1 - t0 - tt * TILE_T : TILE_T;
-            for (int i = 0; i < nr; i++) fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TILE_T * KP, nb, m[i], park[i][tt], nt);
+            int nt = t1 - t0 - tt * TILE_T2 < TILE_T2 ? t1 - t0 - tt * TILE_T2 : TILE_T2;
+            for (int i = 0; i < nr; i += 2)
+                fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TILE_T2 * KP, nb, m[i], park[i / 2][tt], nt);
         }
     }
     for (int tt = 0; tt < ntile; tt++) {
-        int t = t0 + tt * TILE_T, nt = t1 - t < TILE_T ? t1 - t : TILE_T;
+        int t = t0 + tt * TILE_T2, nt = t1 - t < TILE_T2 ? t1 - t : TILE_T2;
         for (int i = 0; i < nr; i++)
             for (int k = 0; k < nt; k++) {
-                const float *a = park[i][tt] + (size_t)k * 32;
+                const float *a = park[i / 2][tt] + (((size_t)(i & 1) * TILE_T2 + (size_t)k) * 2) * 16;
                 v16 s = v16_add((v16){_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)},
                                 (v16){_mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)});
                 p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] = v16_hsum(s);
