@@ -23,7 +23,8 @@
  * bytes of codes (byte i: position 2i low nibble, 2i + 1 high). Position b
  * of a unit holds column 16 ((b >> 2) & 3) + 4 (b >> 4) + (b & 3): the
  * order in which the AVX-512 decoder (byte unpacks in 128-bit lanes) emits
- * columns 0..63. */
+ * columns 0..63; the AVX2 decoder, two 256-bit halves of the same unpacks,
+ * emits them in the same order. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
