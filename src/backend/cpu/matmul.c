@@ -1427,51 +1427,6 @@ typedef struct {
 } mm_job;
 
 #ifdef DS_X86
-/* Rows [r0, r1) (at most DS_CPU_TILE_ROWS) x tokens [t0, t1) (at most
- * TOKEN_BLOCK) of an FP8 product through the prefill tiles: per panel of
- * columns the rows are decoded once, then every 3-token tile meets each pair
- * of rows while its x stays in L1. An odd last row is paired with a copy of
- * itself (the copy's results are dropped). */
-AVX512 static void fp8_group_tiled(const mm_prep *p, int r0, int r1, int t0, int t1) {
-    enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T - 1) / TILE_T };
-    const ds_weight *w = p->w;
-    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TILE_T - 1) / TILE_T;
-    _Alignas(64) float wb[RG + 1][KP];
-    float m[RG + 1][NBP];
-    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 2 * 16];
-    memset(park, 0, sizeof park);
-    int raw = p->fmt == X_TRAW;
-    for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
-        int nb = (K - c0) / DS_FP8_BLOCK < NBP ? (K - c0) / DS_FP8_BLOCK : NBP;
-        for (int i = 0; i < nr; i++) {
-            const uint8_t *row = w->data + (size_t)(r0 + i) * (size_t)K;
-            /* prefetch this row's next panel, or after the last one the
-             * same row of the next group (likely this thread's next) */
-            const uint8_t *pf = row + c0 + KP + (c0 + KP >= K ? (size_t)(RG - 1) * (size_t)K : 0);
-            fp8_decode_512(row, c0, nb * DS_FP8_BLOCK, wb[i], raw, pf);
-            size_t srow = fp8_srow(w, r0 + i) + (size_t)(c0 / DS_FP8_BLOCK);
-            for (int b = 0; b < nb; b++) m[i][b] = scale_of(w, srow + (size_t)b) * 256.0f;
-        }
-        if (nr & 1) {
-            memcpy(wb[nr], wb[nr - 1], sizeof wb[0]);
-            memcpy(m[nr], m[nr - 1], sizeof m[0]);
-        }
-        const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
-        for (int tt = 0; tt < ntile; tt++) {
-            int nt = t1 - t0 - tt * TILE_T < TILE_T ? t1 - t0 - tt * TILE_T : TILE_T;
-            for (int i = 0; i < nr; i += 2)
-                fp8_tile_n(wb[i], xpn + (size_t)tt * TILE_T * KP, nb, m[i], park[i / 2][tt], nt);
-        }
-    }
-    for (int tt = 0; tt < ntile; tt++) {
-        int t = t0 + tt * TILE_T, nt = t1 - t < TILE_T ? t1 - t : TILE_T;
-        for (int i = 0; i < nr; i++)
-            for (int k = 0; k < nt; k++)
-                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] =
-                    hsum_park(park[i / 2][tt] + (((i & 1) * TILE_T + k) * 2) * 16);
-    }
-}
-
 /* ---- AVX2 prefill tiles: 2 rows x 2 tokens over decoded panels ----
  * fp8_group_tiled's plan with sixteen ymm registers. A tile is a pair of
  * rows and up to 2 tokens; inside each 128-column block it runs the even
@@ -1534,31 +1489,51 @@ static void fp8_tile_n_avx2(const float *w, const float *x, int nb, const float 
         fp8_tile_avx2(w, x, nb, m0, park, TILE_T2);
 }
 
-/* Rows [r0, r1) x tokens [t0, t1) of an FP8 product (fp8_group_tiled's
- * contract) on the AVX2 path; an odd last row is paired with a copy of
- * itself (the copy's results are dropped). */
-static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t1) {
+/* fp8_decode_512 on the AVX2 path: the same floats. */
+static void fp8_decode_avx2(const uint8_t *row, int c0, int n, float *out, int raw, const uint8_t *pf) {
+    for (int c = 0; c < n; c += 64) {
+        _mm_prefetch((const char *)pf + c, _MM_HINT_T0);
+        UNROLL for (int k = 0; k < 64; k += 16) {
+            v16 d = raw ? dec16_avx2(row, c0 + c + k, FP8_RAW) : dec16_avx2(row, c0 + c + k, DS_W_FP8);
+            _mm256_storeu_ps(out + c + k, d.lo);
+            _mm256_storeu_ps(out + c + k + 8, d.hi);
+        }
+    }
+}
+
+static float hsum_park_avx2(const float *a) { /* hsum(A0 + A1) of a parked pair */
+    return v16_hsum(v16_add((v16){_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)},
+                            (v16){_mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)}));
+}
+
+/* Rows [r0, r1) (at most DS_CPU_TILE_ROWS) x tokens [t0, t1) (at most
+ * TOKEN_BLOCK) of an FP8 product through the prefill tiles: per panel of
+ * columns the rows are decoded once, then every token tile (wide, AVX-512:
+ * TILE_T tokens; else AVX2: TILE_T2) meets each pair of rows while its x
+ * stays in L1. An odd last row is paired with a copy of itself (the copy's
+ * results are dropped). */
+__attribute__((always_inline)) static inline void fp8_group_tiled_on(const mm_prep *p, int r0, int r1, int t0, int t1,
+                                                                      const int wide) {
     enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T2 - 1) / TILE_T2 };
+    const int TT = wide ? TILE_T : TILE_T2; /* NTILE: the larger count (TILE_T2 <= TILE_T) */
     const ds_weight *w = p->w;
-    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TILE_T2 - 1) / TILE_T2;
-    _Alignas(32) float wb[RG + 1][KP];
+    int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TT - 1) / TT;
+    _Alignas(64) float wb[RG + 1][KP];
     float m[RG + 1][NBP];
-    _Alignas(32) float park[(RG + 1) / 2][NTILE][2 * TILE_T2 * 2 * 16];
+    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 2 * 16];
     memset(park, 0, sizeof park);
-    const int dec = p->fmt == X_TRAW ? FP8_RAW : DS_W_FP8;
+    int raw = p->fmt == X_TRAW;
     for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
         int nb = (K - c0) / DS_FP8_BLOCK < NBP ? (K - c0) / DS_FP8_BLOCK : NBP;
         for (int i = 0; i < nr; i++) {
             const uint8_t *row = w->data + (size_t)(r0 + i) * (size_t)K;
+            /* prefetch this row's next panel, or after the last one the
+             * same row of the next group (likely this thread's next) */
             const uint8_t *pf = row + c0 + KP + (c0 + KP >= K ? (size_t)(RG - 1) * (size_t)K : 0);
-            for (int c = 0; c < nb * DS_FP8_BLOCK; c += 64) {
-                _mm_prefetch((const char *)pf + c, _MM_HINT_T0);
-                UNROLL for (int k = 0; k < 64; k += 16) {
-                    v16 d = dec == FP8_RAW ? dec16_avx2(row, c0 + c + k, FP8_RAW) : dec16_avx2(row, c0 + c + k, DS_W_FP8);
-                    _mm256_store_ps(wb[i] + c + k, d.lo);
-                    _mm256_store_ps(wb[i] + c + k + 8, d.hi);
-                }
-            }
+            if (wide)
+                fp8_decode_512(row, c0, nb * DS_FP8_BLOCK, wb[i], raw, pf);
+            else
+                fp8_decode_avx2(row, c0, nb * DS_FP8_BLOCK, wb[i], raw, pf);
             size_t srow = fp8_srow(w, r0 + i) + (size_t)(c0 / DS_FP8_BLOCK);
             for (int b = 0; b < nb; b++) m[i][b] = scale_of(w, srow + (size_t)b) * 256.0f;
         }
@@ -1568,21 +1543,29 @@ static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t
         }
         const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
         for (int tt = 0; tt < ntile; tt++) {
-            int nt = t1 - t0 - tt * TILE_T2 < TILE_T2 ? t1 - t0 - tt * TILE_T2 : TILE_T2;
+            int nt = t1 - t0 - tt * TT < TT ? t1 - t0 - tt * TT : TT;
             for (int i = 0; i < nr; i += 2)
-                fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TILE_T2 * KP, nb, m[i], park[i / 2][tt], nt);
+                if (wide)
+                    fp8_tile_n(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
+                else
+                    fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
         }
     }
     for (int tt = 0; tt < ntile; tt++) {
-        int t = t0 + tt * TILE_T2, nt = t1 - t < TILE_T2 ? t1 - t : TILE_T2;
+        int t = t0 + tt * TT, nt = t1 - t < TT ? t1 - t : TT;
         for (int i = 0; i < nr; i++)
             for (int k = 0; k < nt; k++) {
-                const float *a = park[i / 2][tt] + (((size_t)(i & 1) * TILE_T2 + (size_t)k) * 2) * 16;
-                v16 s = v16_add((v16){_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8)},
-                                (v16){_mm256_loadu_ps(a + 16), _mm256_loadu_ps(a + 24)});
-                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] = v16_hsum(s);
+                const float *a = park[i / 2][tt] + (((i & 1) * TT + k) * 2) * 16;
+                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] = wide ? hsum_park(a) : hsum_park_avx2(a);
             }
     }
+}
+
+AVX512 static void fp8_group_tiled(const mm_prep *p, int r0, int r1, int t0, int t1) {
+    fp8_group_tiled_on(p, r0, r1, t0, t1, 1);
+}
+static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t1) {
+    fp8_group_tiled_on(p, r0, r1, t0, t1, 0);
 }
 #endif
 
