@@ -31,12 +31,12 @@
  * The portable path computes exactly these operations; the AVX2 path holds a
  * 16-lane vector in two 8-lane registers and the AVX-512 path in one, so all
  * three give the same bits. Nothing depends on T, on the thread count or on
- * the path the CPU supports. The AVX-512 kernels may compute several tokens
- * and two rows per call (sharing weight decodes and x loads), and FP8
- * products of many tokens run as 2-row x 3-token register tiles over
- * pre-decoded panels (fp8_group_tiled); BF16 weights with a packed copy
- * (bf16x.c) are read from it, decoded to the same values; each (row, token)
- * still goes through exactly the operations above. */
+ * the path the CPU supports. The SIMD kernels may compute several tokens
+ * (AVX-512: and two rows) per call, sharing weight decodes and x loads, and
+ * FP8 products of many tokens run as register tiles (AVX-512 2 rows x 3
+ * tokens, AVX2 2 x 2) over pre-decoded panels (fp8_group_tiled_on); BF16
+ * weights with a packed copy (bf16x.c) are read from it, decoded to the same
+ * values; each (row, token) still goes through exactly the operations above. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
