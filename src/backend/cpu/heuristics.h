@@ -33,11 +33,11 @@ int ds_cpu_l1d(void);
  * load, up to DS_CPU_NT tokens per call whatever K (x may then come from
  * L2): more FMAs per load and per weight decode. MXFP4 (x quantized, 2.25
  * bytes per column) always takes up to DS_CPU_NT tokens per call. */
-/* Prefill tiles (FP8 with K % 256 == 0): a product of at least
- * DS_CPU_TILE_MIN_T tokens goes to threads in groups of DS_CPU_TILE_ROWS rows,
- * decoded DS_CPU_FP8_PANEL columns at a time, then run in register tiles of
- * 2 rows x 3 tokens (AVX-512) or 2 rows x 2 tokens (AVX2) over x laid out
- * panel-major (matmul.c). */
+/* Prefill tiles (FP8 with K % 256 == 0; on AVX-512 also BF16 with K % 64
+ * == 0): a product of at least DS_CPU_TILE_MIN_T tokens goes to threads in
+ * groups of DS_CPU_TILE_ROWS rows, decoded DS_CPU_FP8_PANEL columns at a
+ * time, then run in register tiles of 2 rows x 3 tokens (AVX-512) or 2 rows
+ * x 2 tokens (AVX2) over x laid out panel-major (matmul.c). */
 #define DS_CPU_TILE_MIN_T 8
 /* 4 rows (was 8): a group's decoded panel is 8 KiB, not 16, beside its 6 KiB
  * token tile and the parked sums. Zen 4 VM (32 KiB L1), `bench --kernels

@@ -34,7 +34,8 @@
  * the path the CPU supports. The SIMD kernels may compute several tokens
  * (AVX-512: and two rows) per call, sharing weight decodes and x loads, and
  * FP8 products of many tokens run as register tiles (AVX-512 2 rows x 3
- * tokens, AVX2 2 x 2) over pre-decoded panels (fp8_group_tiled_on); BF16
+ * tokens, AVX2 2 x 2) over pre-decoded panels (group_tiled_on), BF16 ones
+ * too on AVX-512 (2 x 3, the dense order's four chains each); BF16
  * weights with a packed copy (bf16x.c) are read from it, decoded to the same
  * values; each (row, token) still goes through exactly the operations above. */
 #include <math.h>
@@ -514,6 +515,25 @@ AVX512 __attribute__((always_inline)) static inline void dense_t_512(const ds_we
  * unpacks put [0, 0, A, top] in every dword, i.e. the bf16 bits << 16, with
  * chunk j of the unit in F[j] in column order (the packer placed the bytes
  * so); a unit holding escapes is then patched from the row's list. */
+AVX512 __attribute__((always_inline)) static inline __m512i bf16x_tbl_512(const ds_cpu_bf16x *pk, int r) {
+    return _mm512_add_epi8(
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121)),
+        _mm512_set1_epi8((char)(pk->top[r] - 7)));
+}
+
+/* The unit at q (96 bytes) as its four chunks, escapes not yet patched. */
+AVX512 __attribute__((always_inline)) static inline void bf16x_unit_512(const uint8_t *q, __m512i tbl, __m512 f[4]) {
+    const __m512i zero = _mm512_setzero_si512(), nib = _mm512_set1_epi16(0x0F0F);
+    __m512i a = _mm512_loadu_si512((const void *)q);
+    __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(q + 64)));
+    __m512i top = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(z, _mm512_slli_epi16(z, 4), nib, 0xA8));
+    __m512i at0 = _mm512_unpacklo_epi8(a, top), at1 = _mm512_unpackhi_epi8(a, top);
+    f[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at0));
+    f[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at0));
+    f[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at1));
+    f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at1));
+}
+
 AVX512 __attribute__((always_inline)) static inline void bf16x_t_512(const ds_weight *w, int r, const float *x,
                                                                       size_t xs, float *out, const int nt,
                                                                       const int l2) {
@@ -522,10 +542,7 @@ AVX512 __attribute__((always_inline)) static inline void bf16x_t_512(const ds_we
     const uint8_t *row = pk->units + (size_t)r * (size_t)U * 96;
     const uint64_t *esc = pk->esc + (size_t)r * (size_t)pk->nw;
     const ds_cpu_bf16x_esc *e = pk->ents + pk->eoff[r], *e_end = pk->ents + pk->eoff[r + 1];
-    const __m512i tbl = _mm512_add_epi8(
-        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121)),
-        _mm512_set1_epi8((char)(pk->top[r] - 7)));
-    const __m512i zero = _mm512_setzero_si512(), nib = _mm512_set1_epi16(0x0F0F);
+    const __m512i tbl = bf16x_tbl_512(pk, r);
     __m512 p[NT][4];
     UNROLL for (int t = 0; t < nt; t++)
         UNROLL for (int j = 0; j < 4; j++) p[t][j] = _mm512_setzero_ps();
@@ -533,14 +550,8 @@ AVX512 __attribute__((always_inline)) static inline void bf16x_t_512(const ds_we
         const uint8_t *q = row + (size_t)u * 96;
         PF_DENSE(q);
         PF_DENSE(q + 64);
-        __m512i a = _mm512_loadu_si512((const void *)q);
-        __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(q + 64)));
-        __m512i top = _mm512_shuffle_epi8(tbl, _mm512_ternarylogic_epi32(z, _mm512_slli_epi16(z, 4), nib, 0xA8));
-        __m512i at0 = _mm512_unpacklo_epi8(a, top), at1 = _mm512_unpackhi_epi8(a, top);
-        __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at0)),
-                       _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at0)),
-                       _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, at1)),
-                       _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, at1))};
+        __m512 f[4];
+        bf16x_unit_512(q, tbl, f);
         if (__builtin_expect((esc[u / 64] >> (u % 64)) & 1, 0)) {
             _Alignas(64) uint32_t v[64];
             UNROLL for (int j = 0; j < 4; j++) _mm512_store_ps((float *)(void *)(v + 16 * j), f[j]);
@@ -1227,6 +1238,77 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
     return hsum16_512(_mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a + 16)));
 }
 
+/* BF16 prefill tiles (AVX-512): the dense order over the same panels. A
+ * (row, token) keeps four chains, chunk c -> P[c % 4] (a panel starts on a
+ * chunk that is a multiple of 4), parked between panels as [2 rows][TILE_T]
+ * [4][16] floats; y = hsum((P0 + P1) + (P2 + P3)): dense_t_512's operations,
+ * so the bits of every path (2 x 3 x 4 chains, 2 weights and 1 x: 27 of 32
+ * registers). w: the pair's decoded panels (KP apart); n: columns, n % 64 == 0. */
+AVX512 __attribute__((always_inline)) static inline void bf16_tile_run(const float *w, const float *x, int n,
+                                                                        float *park, const int nt) {
+    __m512 P[2][TILE_T][4];
+    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int q = 0; q < 4; q++)
+        P[r][t][q] = _mm512_loadu_ps(park + ((r * TILE_T + t) * 4 + q) * 16);
+    for (int c = 0; c < n; c += 64)
+        UNROLL for (int q = 0; q < 4; q++) {
+            __m512 u0 = _mm512_loadu_ps(w + c + 16 * q), u1 = _mm512_loadu_ps(w + KP + c + 16 * q);
+            __asm__("" : "+v"(u0), "+v"(u1)); /* each loaded once (see fp8_tile_512) */
+            UNROLL for (int t = 0; t < nt; t++) {
+                __m512 xv = _mm512_loadu_ps(x + t * KP + c + 16 * q);
+                __asm__("" : "+v"(xv));
+                P[0][t][q] = _mm512_fmadd_ps(u0, xv, P[0][t][q]);
+                P[1][t][q] = _mm512_fmadd_ps(u1, xv, P[1][t][q]);
+            }
+        }
+    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int q = 0; q < 4; q++)
+        _mm512_storeu_ps(park + ((r * TILE_T + t) * 4 + q) * 16, P[r][t][q]);
+}
+
+AVX512 static void bf16_tile_n(const float *w, const float *x, int n, float *park, int nt) {
+    switch (nt) {
+    case 1: bf16_tile_run(w, x, n, park, 1); break;
+    case 2: bf16_tile_run(w, x, n, park, 2); break;
+    default: bf16_tile_run(w, x, n, park, TILE_T); break;
+    }
+}
+
+/* Columns [c0, c0 + n) of BF16 row r (n % 64 == 0) as the floats the row
+ * kernels multiply: from the packed copy when there is one (its escapes
+ * patched in), else the bf16 bits; prefetches the row's next panel. */
+AVX512 static void bf16_decode_512(const ds_weight *w, int r, int c0, int n, float *out) {
+    const ds_cpu_bf16x *pk = w->packed;
+    if (!pk) {
+        const uint8_t *row = w->data + (size_t)r * row_bytes(w);
+        for (int c = 0; c < n; c += 64) {
+            _mm_prefetch((const char *)row + 2 * (size_t)(c0 + c + KP), _MM_HINT_T0);
+            _mm_prefetch((const char *)row + 2 * (size_t)(c0 + c + KP) + 64, _MM_HINT_T0);
+            UNROLL for (int k = 0; k < 64; k += 16) _mm512_storeu_ps(out + c + k, dec16k(row, c0 + c + k, DS_W_BF16));
+        }
+        return;
+    }
+    int U = w->cols / 64;
+    const uint8_t *row = pk->units + (size_t)r * (size_t)U * 96;
+    const __m512i tbl = bf16x_tbl_512(pk, r);
+    for (int c = 0; c < n; c += 64) {
+        const uint8_t *q = row + (size_t)((c0 + c) / 64) * 96;
+        _mm_prefetch((const char *)q + KP / 64 * 96, _MM_HINT_T0);
+        _mm_prefetch((const char *)q + KP / 64 * 96 + 64, _MM_HINT_T0);
+        __m512 f[4];
+        bf16x_unit_512(q, tbl, f);
+        UNROLL for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + c + 16 * j, f[j]);
+    }
+    for (const ds_cpu_bf16x_esc *e = pk->ents + pk->eoff[r], *end = pk->ents + pk->eoff[r + 1]; e < end; e++)
+        if ((int)e->col >= c0 && (int)e->col < c0 + n) {
+            uint32_t v = (uint32_t)e->bits << 16;
+            memcpy(out + (e->col - (uint32_t)c0), &v, 4);
+        }
+}
+
+AVX512 static float hsum_park4(const float *p) { /* hsum((P0 + P1) + (P2 + P3)) of a parked quad */
+    return hsum16_512(_mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16)),
+                                    _mm512_add_ps(_mm512_loadu_ps(p + 32), _mm512_loadu_ps(p + 48))));
+}
+
 /* nt in [1, NT] tokens of row r: the instance for each count */
 #define NT_CASES(call) \
     switch (nt) {      \
@@ -1416,7 +1498,7 @@ typedef struct {
     rowt_fn rowt2;  /* two rows of up to NT tokens (when not NULL) */
     const float *x; /* the caller's x */
     int fmt;        /* X_* */
-    int tile;       /* x panel-major, the products through fp8_group_tiled (the path: AVX-512 or AVX2), or 0 */
+    int tile;       /* x panel-major, the products through the prefill tiles (the path: AVX-512 or AVX2), or 0 */
     int rg;         /* rows per group: DS_CPU_ROW_GROUP, or DS_CPU_TILE_ROWS when tiled */
     int pair1;      /* rows in pairs (rowt2) at any token count: x does not stay in L1 */
 } mm_prep;
@@ -1507,25 +1589,31 @@ static float hsum_park_avx2(const float *a) { /* hsum(A0 + A1) of a parked pair 
 }
 
 /* Rows [r0, r1) (at most DS_CPU_TILE_ROWS) x tokens [t0, t1) (at most
- * TOKEN_BLOCK) of an FP8 product through the prefill tiles: per panel of
- * columns the rows are decoded once, then every token tile (wide, AVX-512:
- * TILE_T tokens; else AVX2: TILE_T2) meets each pair of rows while its x
- * stays in L1. An odd last row is paired with a copy of itself (the copy's
- * results are dropped). */
-__attribute__((always_inline)) static inline void fp8_group_tiled_on(const mm_prep *p, int r0, int r1, int t0, int t1,
-                                                                      const int wide) {
+ * TOKEN_BLOCK) of an FP8 product (bf: a BF16 one, AVX-512 only) through the
+ * prefill tiles: per panel of columns the rows are decoded once, then every
+ * token tile (wide, AVX-512: TILE_T tokens; else AVX2: TILE_T2) meets each
+ * pair of rows while its x stays in L1. An odd last row is paired with a
+ * copy of itself (the copy's results are dropped). */
+__attribute__((always_inline)) static inline void group_tiled_on(const mm_prep *p, int r0, int r1, int t0, int t1,
+                                                                  const int wide, const int bf) {
     enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T2 - 1) / TILE_T2 };
     const int TT = wide ? TILE_T : TILE_T2; /* NTILE: the larger count (TILE_T2 <= TILE_T) */
+    const int CH = bf ? 4 : 2;              /* parked chains per (row, token) */
     const ds_weight *w = p->w;
     int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TT - 1) / TT;
     _Alignas(64) float wb[RG + 1][KP];
     float m[RG + 1][NBP];
-    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 2 * 16];
-    memset(park, 0, sizeof park);
+    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 4 * 16];
+    for (int i = 0; i < nr; i += 2)
+        for (int tt = 0; tt < ntile; tt++) memset(park[i / 2][tt], 0, sizeof(float) * 2 * (size_t)(TT * CH) * 16);
     int raw = p->fmt == X_TRAW;
     for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
-        int nb = (K - c0) / DS_FP8_BLOCK < NBP ? (K - c0) / DS_FP8_BLOCK : NBP;
+        int ncol = K - c0 < KP ? K - c0 : KP, nb = ncol / DS_FP8_BLOCK;
         for (int i = 0; i < nr; i++) {
+            if (bf) {
+                bf16_decode_512(w, r0 + i, c0, ncol, wb[i]);
+                continue;
+            }
             const uint8_t *row = w->data + (size_t)(r0 + i) * (size_t)K;
             /* prefetch this row's next panel, or after the last one the
              * same row of the next group (likely this thread's next) */
@@ -1545,7 +1633,9 @@ __attribute__((always_inline)) static inline void fp8_group_tiled_on(const mm_pr
         for (int tt = 0; tt < ntile; tt++) {
             int nt = t1 - t0 - tt * TT < TT ? t1 - t0 - tt * TT : TT;
             for (int i = 0; i < nr; i += 2)
-                if (wide)
+                if (bf)
+                    bf16_tile_n(wb[i], xpn + (size_t)tt * TT * KP, ncol, park[i / 2][tt], nt);
+                else if (wide)
                     fp8_tile_n(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
                 else
                     fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
@@ -1555,17 +1645,21 @@ __attribute__((always_inline)) static inline void fp8_group_tiled_on(const mm_pr
         int t = t0 + tt * TT, nt = t1 - t < TT ? t1 - t : TT;
         for (int i = 0; i < nr; i++)
             for (int k = 0; k < nt; k++) {
-                const float *a = park[i / 2][tt] + (((i & 1) * TT + k) * 2) * 16;
-                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] = wide ? hsum_park(a) : hsum_park_avx2(a);
+                const float *a = park[i / 2][tt] + (((i & 1) * TT + k) * CH) * 16;
+                p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] =
+                    bf ? hsum_park4(a) : wide ? hsum_park(a) : hsum_park_avx2(a);
             }
     }
 }
 
 AVX512 static void fp8_group_tiled(const mm_prep *p, int r0, int r1, int t0, int t1) {
-    fp8_group_tiled_on(p, r0, r1, t0, t1, 1);
+    group_tiled_on(p, r0, r1, t0, t1, 1, 0);
+}
+AVX512 static void bf16_group_tiled(const mm_prep *p, int r0, int r1, int t0, int t1) {
+    group_tiled_on(p, r0, r1, t0, t1, 1, 1);
 }
 static void fp8_group_tiled_avx2(const mm_prep *p, int r0, int r1, int t0, int t1) {
-    fp8_group_tiled_on(p, r0, r1, t0, t1, 0);
+    group_tiled_on(p, r0, r1, t0, t1, 0, 0);
 }
 #endif
 
@@ -1588,7 +1682,9 @@ static void mm_group(void *ctx, int g) {
     int r0 = (g - p->g0) * p->rg, r1 = r0 + p->rg < R ? r0 + p->rg : R;
 #ifdef DS_X86
     if (p->tile) {
-        if (p->tile == DS_CPU_AVX512)
+        if (w->kind == DS_W_BF16)
+            bf16_group_tiled(p, r0, r1, j->t0, t1);
+        else if (p->tile == DS_CPU_AVX512)
             fp8_group_tiled(p, r0, r1, j->t0, t1);
         else
             fp8_group_tiled_avx2(p, r0, r1, j->t0, t1);
@@ -1657,7 +1753,11 @@ static size_t mm_prepare(const ds_matmul_job *jb, int path, const ds_cpu *c, con
     int fmt = w->kind == DS_W_FP4                                                          ? X_Q4
               : simd && w->kind == DS_W_FP8 && fp8_raw_ok(jb->x, (size_t)T * (size_t)K) ? X_RAW
                                                                                          : X_PLAIN;
-    int tile = simd && w->kind == DS_W_FP8 && K % (2 * DS_FP8_BLOCK) == 0 && T >= DS_CPU_TILE_MIN_T ? path : 0;
+    int tile = simd && T >= DS_CPU_TILE_MIN_T &&
+                       ((w->kind == DS_W_FP8 && K % (2 * DS_FP8_BLOCK) == 0) ||
+                        (path == DS_CPU_AVX512 && w->kind == DS_W_BF16 && K % 64 == 0))
+                   ? path
+                   : 0;
     if (tile) fmt = fmt == X_RAW ? X_TRAW : X_TPLAIN;
     size_t xstride = tile           ? ((size_t)K + DS_CPU_FP8_PANEL - 1) / DS_CPU_FP8_PANEL * DS_CPU_FP8_PANEL
                      : fmt == X_Q4  ? q4_floats(K)
