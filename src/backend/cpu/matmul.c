@@ -35,7 +35,7 @@
  * (AVX-512: and two rows) per call, sharing weight decodes and x loads, and
  * FP8 products of many tokens run as register tiles (AVX-512 2 rows x 3
  * tokens, AVX2 2 x 2) over pre-decoded panels (group_tiled_on), BF16 ones
- * too on AVX-512 (2 x 3, the dense order's four chains each); BF16
+ * too on AVX-512 (4 x 3, the dense order's four chains each); BF16
  * weights with a packed copy (bf16x.c) are read from it, decoded to the same
  * values; each (row, token) still goes through exactly the operations above. */
 #include <math.h>
@@ -1239,29 +1239,37 @@ AVX512 static float hsum_park(const float *a) { /* hsum(A0 + A1) of a parked pai
 }
 
 /* BF16 prefill tiles (AVX-512): the dense order over the same panels. A
- * (row, token) keeps four chains, chunk c -> P[c % 4] (a panel starts on a
- * chunk that is a multiple of 4), parked between panels as [2 rows][TILE_T]
- * [4][16] floats; y = hsum((P0 + P1) + (P2 + P3)): dense_t_512's operations,
- * so the bits of every path (2 x 3 x 4 chains, 2 weights and 1 x: 27 of 32
- * registers). w: the pair's decoded panels (KP apart); n: columns, n % 64 == 0. */
+ * tile is 4 rows x up to TILE_T tokens; a (row, token) keeps four chains,
+ * chunk c -> P[c % 4] (a panel starts on a chunk that is a multiple of 4),
+ * run in two passes over the panel (chains 0, 1, then 2, 3: 24 accumulators,
+ * 4 weights and 1 x in registers, each x load feeding 4 FMAs) and parked
+ * between passes as [4 rows][TILE_T][4][16] floats; y = hsum((P0 + P1) +
+ * (P2 + P3)): dense_t_512's operations, so the bits of every path.
+ * w: the 4 rows' decoded panels (KP apart); n: columns, n % 64 == 0. */
 AVX512 __attribute__((always_inline)) static inline void bf16_tile_run(const float *w, const float *x, int n,
                                                                         float *park, const int nt) {
-    __m512 P[2][TILE_T][4];
-    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int q = 0; q < 4; q++)
-        P[r][t][q] = _mm512_loadu_ps(park + ((r * TILE_T + t) * 4 + q) * 16);
-    for (int c = 0; c < n; c += 64)
-        UNROLL for (int q = 0; q < 4; q++) {
-            __m512 u0 = _mm512_loadu_ps(w + c + 16 * q), u1 = _mm512_loadu_ps(w + KP + c + 16 * q);
-            __asm__("" : "+v"(u0), "+v"(u1)); /* each loaded once (see fp8_tile_512) */
-            UNROLL for (int t = 0; t < nt; t++) {
-                __m512 xv = _mm512_loadu_ps(x + t * KP + c + 16 * q);
-                __asm__("" : "+v"(xv));
-                P[0][t][q] = _mm512_fmadd_ps(u0, xv, P[0][t][q]);
-                P[1][t][q] = _mm512_fmadd_ps(u1, xv, P[1][t][q]);
+    UNROLL for (int h = 0; h < 2; h++) {
+        __m512 P[4][TILE_T][2];
+        UNROLL for (int r = 0; r < 4; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int k = 0; k < 2; k++)
+            P[r][t][k] = _mm512_loadu_ps(park + ((r * TILE_T + t) * 4 + 2 * h + k) * 16);
+        for (int c = 0; c < n; c += 64)
+            UNROLL for (int k = 0; k < 2; k++) {
+                int o = c + 16 * (2 * h + k);
+                __m512 u0 = _mm512_loadu_ps(w + o), u1 = _mm512_loadu_ps(w + KP + o);
+                __m512 u2 = _mm512_loadu_ps(w + 2 * KP + o), u3 = _mm512_loadu_ps(w + 3 * KP + o);
+                __asm__("" : "+v"(u0), "+v"(u1), "+v"(u2), "+v"(u3)); /* each loaded once (see fp8_tile_512) */
+                UNROLL for (int t = 0; t < nt; t++) {
+                    __m512 xv = _mm512_loadu_ps(x + t * KP + o);
+                    __asm__("" : "+v"(xv));
+                    P[0][t][k] = _mm512_fmadd_ps(u0, xv, P[0][t][k]);
+                    P[1][t][k] = _mm512_fmadd_ps(u1, xv, P[1][t][k]);
+                    P[2][t][k] = _mm512_fmadd_ps(u2, xv, P[2][t][k]);
+                    P[3][t][k] = _mm512_fmadd_ps(u3, xv, P[3][t][k]);
+                }
             }
-        }
-    UNROLL for (int r = 0; r < 2; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int q = 0; q < 4; q++)
-        _mm512_storeu_ps(park + ((r * TILE_T + t) * 4 + q) * 16, P[r][t][q]);
+        UNROLL for (int r = 0; r < 4; r++) UNROLL for (int t = 0; t < nt; t++) UNROLL for (int k = 0; k < 2; k++)
+            _mm512_storeu_ps(park + ((r * TILE_T + t) * 4 + 2 * h + k) * 16, P[r][t][k]);
+    }
 }
 
 AVX512 static void bf16_tile_n(const float *w, const float *x, int n, float *park, int nt) {
@@ -1592,20 +1600,22 @@ static float hsum_park_avx2(const float *a) { /* hsum(A0 + A1) of a parked pair 
  * TOKEN_BLOCK) of an FP8 product (bf: a BF16 one, AVX-512 only) through the
  * prefill tiles: per panel of columns the rows are decoded once, then every
  * token tile (wide, AVX-512: TILE_T tokens; else AVX2: TILE_T2) meets each
- * pair of rows while its x stays in L1. An odd last row is paired with a
- * copy of itself (the copy's results are dropped). */
+ * pair of rows (BF16: each 4) while its x stays in L1. A partial last tile
+ * of rows is filled with copies of the last row (their results dropped). */
 __attribute__((always_inline)) static inline void group_tiled_on(const mm_prep *p, int r0, int r1, int t0, int t1,
                                                                   const int wide, const int bf) {
     enum { RG = DS_CPU_TILE_ROWS, NBP = KP / DS_FP8_BLOCK, NTILE = (TOKEN_BLOCK + TILE_T2 - 1) / TILE_T2 };
     const int TT = wide ? TILE_T : TILE_T2; /* NTILE: the larger count (TILE_T2 <= TILE_T) */
     const int CH = bf ? 4 : 2;              /* parked chains per (row, token) */
+    const int TR = bf ? 4 : 2;              /* rows per tile */
     const ds_weight *w = p->w;
     int K = w->cols, R = w->rows, nr = r1 - r0, ntile = (t1 - t0 + TT - 1) / TT;
-    _Alignas(64) float wb[RG + 1][KP];
-    float m[RG + 1][NBP];
-    _Alignas(64) float park[(RG + 1) / 2][NTILE][2 * TILE_T * 4 * 16];
-    for (int i = 0; i < nr; i += 2)
-        for (int tt = 0; tt < ntile; tt++) memset(park[i / 2][tt], 0, sizeof(float) * 2 * (size_t)(TT * CH) * 16);
+    int np = (nr + TR - 1) / TR * TR;       /* rows with the padding copies of the last */
+    size_t tsz = (size_t)(TR * TT * CH) * 16; /* floats a parked tile */
+    _Alignas(64) float wb[(RG + 3) / 4 * 4][KP];
+    float m[(RG + 3) / 4 * 4][NBP];
+    _Alignas(64) float park[NTILE * ((RG + 3) / 4) * 4 * TILE_T * 4 * 16];
+    memset(park, 0, sizeof(float) * (size_t)(np / TR) * (size_t)ntile * tsz);
     int raw = p->fmt == X_TRAW;
     for (int c0 = 0, pn = 0; c0 < K; c0 += KP, pn++) {
         int ncol = K - c0 < KP ? K - c0 : KP, nb = ncol / DS_FP8_BLOCK;
@@ -1625,27 +1635,30 @@ __attribute__((always_inline)) static inline void group_tiled_on(const mm_prep *
             size_t srow = fp8_srow(w, r0 + i) + (size_t)(c0 / DS_FP8_BLOCK);
             for (int b = 0; b < nb; b++) m[i][b] = scale_of(w, srow + (size_t)b) * 256.0f;
         }
-        if (nr & 1) {
-            memcpy(wb[nr], wb[nr - 1], sizeof wb[0]);
-            memcpy(m[nr], m[nr - 1], sizeof m[0]);
+        for (int i = nr; i < np; i++) {
+            memcpy(wb[i], wb[nr - 1], sizeof wb[0]);
+            memcpy(m[i], m[nr - 1], sizeof m[0]);
         }
         const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
         for (int tt = 0; tt < ntile; tt++) {
             int nt = t1 - t0 - tt * TT < TT ? t1 - t0 - tt * TT : TT;
-            for (int i = 0; i < nr; i += 2)
+            for (int i = 0; i < nr; i += TR) {
+                float *pk = park + ((size_t)(i / TR) * (size_t)ntile + (size_t)tt) * tsz;
                 if (bf)
-                    bf16_tile_n(wb[i], xpn + (size_t)tt * TT * KP, ncol, park[i / 2][tt], nt);
+                    bf16_tile_n(wb[i], xpn + (size_t)tt * TT * KP, ncol, pk, nt);
                 else if (wide)
-                    fp8_tile_n(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
+                    fp8_tile_n(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], pk, nt);
                 else
-                    fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], park[i / 2][tt], nt);
+                    fp8_tile_n_avx2(wb[i], xpn + (size_t)tt * TT * KP, nb, m[i], pk, nt);
+            }
         }
     }
     for (int tt = 0; tt < ntile; tt++) {
         int t = t0 + tt * TT, nt = t1 - t < TT ? t1 - t : TT;
         for (int i = 0; i < nr; i++)
             for (int k = 0; k < nt; k++) {
-                const float *a = park[i / 2][tt] + (((i & 1) * TT + k) * CH) * 16;
+                const float *a = park + ((size_t)(i / TR) * (size_t)ntile + (size_t)tt) * tsz +
+                                 (size_t)(((i % TR) * TT + k) * CH) * 16;
                 p->y[(size_t)(t + k) * (size_t)R + (size_t)(r0 + i)] =
                     bf ? hsum_park4(a) : wide ? hsum_park(a) : hsum_park_avx2(a);
             }
