@@ -36,8 +36,9 @@ int ds_cpu_l1d(void);
 /* Prefill tiles (FP8 with K % 256 == 0; on AVX-512 also BF16 with K % 64
  * == 0): a product of at least DS_CPU_TILE_MIN_T tokens goes to threads in
  * groups of DS_CPU_TILE_ROWS rows, decoded DS_CPU_FP8_PANEL columns at a
- * time, then run in register tiles of 2 rows x 3 tokens (AVX-512) or 2 rows
- * x 2 tokens (AVX2) over x laid out panel-major (matmul.c). */
+ * time, then run in register tiles of 2 rows x 3 tokens (AVX-512; BF16 4
+ * rows x 3 tokens) or 2 rows x 2 tokens (AVX2) over x laid out panel-major
+ * (matmul.c). */
 #define DS_CPU_TILE_MIN_T 8
 /* 4 rows (was 8): a group's decoded panel is 8 KiB, not 16, beside its 6 KiB
  * token tile and the parked sums. Zen 4 VM (32 KiB L1), `bench --kernels
