@@ -1637,7 +1637,7 @@ __attribute__((always_inline)) static inline void group_tiled_on(const mm_prep *
         }
         for (int i = nr; i < np; i++) {
             memcpy(wb[i], wb[nr - 1], sizeof wb[0]);
-            memcpy(m[i], m[nr - 1], sizeof m[0]);
+            if (!bf) memcpy(m[i], m[nr - 1], sizeof m[0]); /* BF16 has no block multipliers */
         }
         const float *xpn = p->xp + ((size_t)pn * (size_t)p->T + (size_t)t0) * KP;
         for (int tt = 0; tt < ntile; tt++) {
