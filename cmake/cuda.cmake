@@ -3,6 +3,9 @@
 #   -DDSV4_CUDA=ON    build it (error when no CUDA compiler)
 #   -DDSV4_CUDA=AUTO  build it when check_language(CUDA) finds nvcc (default)
 #   -DDSV4_CUDA=OFF   do not
+#   -DDSV4_CUDA_SHARED=ON  the backend as a shared library (libdsv4cuda.so beside
+#                     the binaries): one copy of the device code instead of one per
+#                     binary, so a build fits what travels to a GPU machine
 # nvcc is looked for in /usr/local/cuda/bin when it is not on PATH.
 set(DSV4_CUDA AUTO CACHE STRING "Build the CUDA backend: ON, OFF or AUTO")
 set_property(CACHE DSV4_CUDA PROPERTY STRINGS ON OFF AUTO)
@@ -29,7 +32,12 @@ endif()
 if(DSV4_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   file(GLOB DSV4_CUDA_SOURCES CONFIGURE_DEPENDS src/backend/cuda/*.cu)
-  add_library(dsv4cuda STATIC ${DSV4_CUDA_SOURCES})
+  option(DSV4_CUDA_SHARED "Build the CUDA backend as a shared library" OFF)
+  if(DSV4_CUDA_SHARED)
+    add_library(dsv4cuda SHARED ${DSV4_CUDA_SOURCES})
+  else()
+    add_library(dsv4cuda STATIC ${DSV4_CUDA_SOURCES})
+  endif()
   # The directory's C flags (-Werror, -mavx2, ...) are not nvcc flags: start clean.
   set_property(TARGET dsv4cuda PROPERTY COMPILE_OPTIONS "")
   set_target_properties(dsv4cuda PROPERTIES CUDA_ARCHITECTURES 90a CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
