@@ -483,6 +483,7 @@ static void c_close(ds_backend *be) {
     cudaSetDevice(I->gpu);
     dsc_graph_end(I, NULL);
     cudaStreamSynchronize(I->stream);
+    cudaStreamSynchronize(I->side);
     if (getenv("DSV4_CUDA_GRAPH_STATS"))
         fprintf(stderr, "cuda graphs: %ld replays after an update, %ld after an instantiation\n", I->graph_updates,
                 I->graph_builds);
@@ -498,6 +499,9 @@ static void c_close(ds_backend *be) {
     if (I->stage) cudaFreeHost(I->stage);
     if (I->ballast) cudaFree(I->ballast);
     cudaEventDestroy(I->stage_done);
+    cudaEventDestroy(I->ev_fork);
+    cudaEventDestroy(I->ev_join);
+    cudaStreamDestroy(I->side);
     cudaStreamDestroy(I->stream);
     free(I);
     be->impl = NULL;
@@ -596,11 +600,33 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         }
         I->piece_ops = (int)v;
     }
+    const char *sd = getenv("DSV4_CUDA_SIDE");
+    if (sd && *sd && strcmp(sd, "0") && strcmp(sd, "1")) {
+        free(I);
+        return dsc_failmsg(err, op, "DSV4_CUDA_SIDE='%s': expected 1 (the shared expert on a side stream) or 0", sd);
+    }
+    I->side_on = sd && !strcmp(sd, "1");
+    const char *ht = getenv("DSV4_CUDA_HC_TAIL");
+    if (ht && *ht && strcmp(ht, "0") && strcmp(ht, "1")) {
+        free(I);
+        return dsc_failmsg(err, op, "DSV4_CUDA_HC_TAIL='%s': expected 1 (hc_pre in the mixes' kernel) or 0", ht);
+    }
+    I->hc_tail = ht && !strcmp(ht, "1");
     if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(I);
         return dsc_fail(err, op, "stream", e);
     }
-    if ((e = cudaEventCreateWithFlags(&I->stage_done, cudaEventDisableTiming)) != cudaSuccess) {
+    if ((e = cudaStreamCreateWithFlags(&I->side, cudaStreamNonBlocking)) != cudaSuccess) {
+        cudaStreamDestroy(I->stream);
+        free(I);
+        return dsc_fail(err, op, "side stream", e);
+    }
+    if ((e = cudaEventCreateWithFlags(&I->stage_done, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&I->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&I->ev_join, cudaEventDisableTiming)) != cudaSuccess) {
+        if (I->stage_done) cudaEventDestroy(I->stage_done);
+        if (I->ev_fork) cudaEventDestroy(I->ev_fork);
+        cudaStreamDestroy(I->side);
         cudaStreamDestroy(I->stream);
         free(I);
         return dsc_fail(err, op, "event", e);

@@ -48,6 +48,65 @@ __device__ __forceinline__ void hc_sinkhorn_warp(const float *__restrict__ mt, c
     if (act) comb[lane] = c;
 }
 
+/* The post gates and the comb of one token from its mixes mt (a block; warp
+ * 0, or thread 0 past n * n = 32). */
+__device__ __forceinline__ void hc_comb_block(const float *__restrict__ mt, const float *__restrict__ base,
+                                              const float *__restrict__ sc, int n, int iters, float eps,
+                                              float *__restrict__ po, float *__restrict__ C) {
+    if (n == 4) {
+        if (threadIdx.x < 32) hc_sinkhorn_warp<4>(mt, base, sc, n, iters, eps, po, C);
+    } else if (n * n <= 32) {
+        if (threadIdx.x < 32) hc_sinkhorn_warp<0>(mt, base, sc, n, iters, eps, po, C);
+    } else if (threadIdx.x == 0) {
+        for (int i = 0; i < n; i++) po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
+        float c[HC_MAXN * HC_MAXN];
+        for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < n; j++) {
+                c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
+                mx = fmaxf(mx, c[i * n + j]);
+            }
+            for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
+            for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0)
+                for (int i = 0; i < n; i++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < n; j++) s += c[i * n + j];
+                    for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
+                }
+            for (int j = 0; j < n; j++) {
+                float s = 0.0f;
+                for (int i = 0; i < n; i++) s += c[i * n + j];
+                for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
+            }
+        }
+        for (int i = 0; i < n * n; i++) C[i] = c[i];
+    }
+}
+
+/* x[k] = sum_i pre_i Xt[i][k] (i ascending; each product rounded, then
+ * added) for k = k0, k0 + ks, ... < D. */
+__device__ __forceinline__ void hc_sum_loop(const float *pre, const float *__restrict__ Xt, int n, int D, int k0,
+                                            int ks, float *__restrict__ x) {
+    for (int k = k0; k < D; k += ks) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        x[k] = s;
+    }
+}
+
+/* pre_i = sigmoid(mt[i] s0 + b_i) + eps into shared pre (threads < n), then
+ * hc_sum_loop over the block's channels. */
+__device__ __forceinline__ void hc_sums_block(const float *__restrict__ mt, const float *__restrict__ base,
+                                              const float *__restrict__ sc, const float *__restrict__ Xt, int n,
+                                              int D, float eps, float *pre, int k0, int ks, float *__restrict__ x) {
+    if ((int)threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    __syncthreads();
+    hc_sum_loop(pre, Xt, n, D, k0, ks, x);
+}
+
 /* m: [T][(2+n)n]; X: [T][n][D]. Blocks y < gridDim.y - 1 of token t: the pre
  * gates and the stream sums of their channels; the last block: the post
  * gates and the comb (its Sinkhorn no longer delays the sums: the same
@@ -59,52 +118,14 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
     DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
-    int rows = (2 + n) * n;
-    const float *mt = m + t * rows;
+    const float *mt = m + t * (size_t)((2 + n) * n);
     if (blockIdx.y == gridDim.y - 1) {
-        if (n == 4) {
-            if (threadIdx.x < 32) hc_sinkhorn_warp<4>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
-        } else if (n * n <= 32) {
-            if (threadIdx.x < 32) hc_sinkhorn_warp<0>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
-        } else if (threadIdx.x == 0) {
-            float *po = post + t * n, *C = comb + t * n * n;
-            for (int i = 0; i < n; i++) po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
-            float c[HC_MAXN * HC_MAXN];
-            for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
-                float mx = -INFINITY, sum = 0.0f;
-                for (int j = 0; j < n; j++) {
-                    c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
-                    mx = fmaxf(mx, c[i * n + j]);
-                }
-                for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
-                for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
-            }
-            for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int i = 0; i < n; i++) {
-                        float s = 0.0f;
-                        for (int j = 0; j < n; j++) s += c[i * n + j];
-                        for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
-                    }
-                for (int j = 0; j < n; j++) {
-                    float s = 0.0f;
-                    for (int i = 0; i < n; i++) s += c[i * n + j];
-                    for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
-                }
-            }
-            for (int i = 0; i < n * n; i++) C[i] = c[i];
-        }
+        hc_comb_block(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
         return;
     }
-    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
-    __syncthreads();
-    const float *Xt = X + t * (size_t)n * D;
     int ny = gridDim.y - 1;
-    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += ny * blockDim.x) {
-        float s = pre[0] * Xt[k];
-        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
-        x_in[t * D + k] = s;
-    }
+    hc_sums_block(mt, base, sc, X + t * (size_t)n * D, n, D, eps, pre, blockIdx.y * blockDim.x + threadIdx.x,
+                  ny * blockDim.x, x_in + t * D);
 }
 
 /* m: [R][n] */
@@ -114,14 +135,8 @@ __global__ void hc_head_kernel(const float *__restrict__ m, const float *__restr
     DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
-    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(m[t * n + threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
-    __syncthreads();
-    const float *Xt = X + t * (size_t)n * D;
-    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += gridDim.y * blockDim.x) {
-        float s = pre[0] * Xt[k];
-        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
-        x[t * D + k] = s;
-    }
+    hc_sums_block(m + t * n, base, sc, X + t * (size_t)n * D, n, D, eps, pre, blockIdx.y * blockDim.x + threadIdx.x,
+                  gridDim.y * blockDim.x, x + t * D);
 }
 
 /* Xout[t][j][k] = post_j * y[t][k] + sum_i comb[i][j] X[t][i][k], i
@@ -180,9 +195,25 @@ __global__ void hc_post_kernel(int n, int D, int Tn, const float *__restrict__ X
 #define HC_MAXSEG 64
 #define HC_MIX_NT 8
 #define HC_MIX_THREADS 512 /* 16 warps: a warp per segment of a 16384-value row (not ORDER) */
-template <int KIND, bool FUSE>
+/* TAIL (one token a block, the rms fused: decode): the op after the mixes
+ * in the same kernel. Each block adds itself to its token's counter after
+ * storing its mix (a fence first); the token's last block reads the token's
+ * mixes back (from L2), sets the counter to 0 for the next launch and does
+ * hc_pre_kernel's work for the token (HC_TAIL_PRE: the comb on warp 0, the
+ * sums over every channel) or hc_head_kernel's (HC_TAIL_HEAD): the same
+ * functions on the same values, so the bits of the two kernels, without the
+ * second launch and its chain of loads (DSV4_CUDA_HC_TAIL=1; off by default: two kernels). */
+enum { HC_TAIL_NONE = 0, HC_TAIL_PRE = 1, HC_TAIL_HEAD = 2 };
+typedef struct hc_tail {
+    const float *base, *sc;
+    int n, D, iters;
+    float eps;
+    float *x, *post, *comb; /* x_in (pre) or x (head); post and comb: pre only */
+    int *cnt;               /* [T], zero between launches */
+} hc_tail;
+template <int KIND, bool FUSE, int TAIL = HC_TAIL_NONE>
 __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, int tpb,
-                                                                float eps, float *__restrict__ m) {
+                                                                float eps, float *__restrict__ m, hc_tail tl) {
     DSC_PDL_WAIT();
     __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
     __shared__ float wsum[HC_MIX_NT][8], rs[HC_MIX_NT];
@@ -274,6 +305,35 @@ __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const f
             for (int s = 0; s < nseg; s++) y = y + seg[threadIdx.x][s];
             m[(size_t)(t0 + threadIdx.x) * gridDim.x + r] = y;
         }
+        if (TAIL != HC_TAIL_NONE) { /* tpb = 1: token t0 */
+            __shared__ int last;
+            __shared__ float mt[HC_MAXN * (HC_MAXN + 2)], pre[HC_MAXN];
+            if (threadIdx.x == 0) {
+                __threadfence();
+                last = atomicAdd(&tl.cnt[t0], 1) == (int)gridDim.x - 1;
+            }
+            __syncthreads();
+            if (!last) return;
+            __threadfence();
+            int rows = gridDim.x;
+            for (int i = threadIdx.x; i < rows; i += blockDim.x) mt[i] = __ldcg(m + (size_t)t0 * rows + i);
+            if (threadIdx.x == 0) tl.cnt[t0] = 0;
+            __syncthreads();
+            if ((int)threadIdx.x < tl.n) /* hc_sums_block's gates */
+                pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * tl.sc[0] + tl.base[threadIdx.x]) + tl.eps;
+            __syncthreads();
+            const float *Xt = X + (size_t)t0 * K;
+            float *xt = tl.x + (size_t)t0 * tl.D;
+            if (TAIL == HC_TAIL_PRE) { /* warp 0: the comb; the others: the sums */
+                if (threadIdx.x < 32)
+                    hc_comb_block(mt, tl.base, tl.sc, tl.n, tl.iters, tl.eps, tl.post + (size_t)t0 * tl.n,
+                                  tl.comb + (size_t)t0 * tl.n * tl.n);
+                else
+                    hc_sum_loop(pre, Xt, tl.n, tl.D, threadIdx.x - 32, blockDim.x - 32, xt);
+            } else
+                hc_sum_loop(pre, Xt, tl.n, tl.D, threadIdx.x, blockDim.x, xt);
+            return;
+        }
         __syncthreads();
     }
 }
@@ -347,11 +407,26 @@ __global__ void __launch_bounds__(256) hc_mix_rg_kernel(dsc_w w, const float *__
     }
 }
 
-/* m = fn @ (X / rms(X)) (scratch B; scaled fn kinds: f = X / rms(X) in scratch A first). */
-static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
-                    const char *op) {
+template <int KIND>
+static void launch_mix(cudaStream_t st, dim3 grid, bool fuse, int tail, const dsc_w &w, const float *X, const float *f,
+                       int T, int tpb, float eps, float *m, const hc_tail &tl) {
+    if (!fuse) dsc_launch(hc_mix_kernel<KIND, false>, grid, HC_MIX_THREADS, 0, st, w, f, T, tpb, eps, m, tl);
+    else if (tail == HC_TAIL_PRE)
+        dsc_launch(hc_mix_kernel<KIND, true, HC_TAIL_PRE>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
+    else if (tail == HC_TAIL_HEAD)
+        dsc_launch(hc_mix_kernel<KIND, true, HC_TAIL_HEAD>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
+    else dsc_launch(hc_mix_kernel<KIND, true>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
+}
+
+/* m = fn @ (X / rms(X)) (scratch B; scaled fn kinds: f = X / rms(X) in
+ * scratch A first). tl (its mode `tail`): the op after the mixes, done in
+ * the mixes' kernel where it is fused (one token a block); *done says
+ * whether it was (else the caller launches its own kernel). */
+static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, int tail,
+                    hc_tail tl, int *done, ds_err *err, const char *op) {
     dsc_impl *I = dsc_of(be);
     size_t nd = (size_t)hc->n * hc->D;
+    *done = 0;
     if (hc->n > HC_MAXN || hc->n <= 0) {
         dsc_failmsg(err, op, "hc_mult %d outside 1..%d", hc->n, HC_MAXN);
         return NULL;
@@ -376,6 +451,20 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         dsc_launch_rmsnorm(I->stream, X, NULL, fs, T, (int)nd, hc->rms_eps);
         f = fs;
     }
+    if (!fuse || !I->hc_tail) tail = HC_TAIL_NONE;
+    if (tail != HC_TAIL_NONE) { /* the counters, zeroed when (re)allocated */
+        dsc_buf *cb = &I->scratch[DSC_S_HCC];
+        size_t had = cb->cap;
+        if (dsc_buf_grow(cb, (size_t)T * sizeof(int), 256, I->stream)) {
+            dsc_failmsg(err, op, "out of device memory for the mixes' counters");
+            return NULL;
+        }
+        if (cb->cap != had && cudaMemsetAsync(cb->p, 0, cb->cap, I->stream) != cudaSuccess) {
+            dsc_failmsg(err, op, "the mixes' counters could not be cleared");
+            return NULL;
+        }
+        tl.cnt = (int *)cb->p;
+    }
     float eps = hc->rms_eps;
     /* many tokens, F32 rows in 16-byte chunks: a block per row group (the same bits) */
     if (!fuse && kind == DS_W_F32 && T >= HC_MIX_RG_MIN_T && nd % 4 == 0 && ((uintptr_t)w.data & 15) == 0 &&
@@ -385,24 +474,9 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         dsc_launch(hc_mix_rg_kernel, gr, 256, sm, I->stream, w, f, T, m);
     } else {
         switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
-        case DS_W_F32:
-            if (fuse)
-                dsc_launch(hc_mix_kernel<DS_W_F32, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
-            else
-                dsc_launch(hc_mix_kernel<DS_W_F32, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
-            break;
-        case DS_W_BF16:
-            if (fuse)
-                dsc_launch(hc_mix_kernel<DS_W_BF16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
-            else
-                dsc_launch(hc_mix_kernel<DS_W_BF16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
-            break;
-        case DS_W_F16:
-            if (fuse)
-                dsc_launch(hc_mix_kernel<DS_W_F16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
-            else
-                dsc_launch(hc_mix_kernel<DS_W_F16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
-            break;
+        case DS_W_F32: launch_mix<DS_W_F32>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
+        case DS_W_BF16: launch_mix<DS_W_BF16>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
+        case DS_W_F16: launch_mix<DS_W_F16>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
         default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
             if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
                                   mrows)) {
@@ -412,6 +486,7 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         }
     }
     if (dsc_check_launch(err, op)) return NULL;
+    *done = tail != HC_TAIL_NONE;
     return m;
 }
 
@@ -420,8 +495,11 @@ extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_er
     if (dsc_use(be, err, op)) return -1;
     if (p->T <= 0) return 0;
     const ds_hc_params *hc = &p->hc;
-    float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, err, op);
+    hc_tail tl = {hc->base, hc->scale, hc->n, hc->D, hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post, p->comb, NULL};
+    int done = 0;
+    float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, HC_TAIL_PRE, tl, &done, err, op);
     if (!m) return -1;
+    if (done) return 0;
     /* the channel blocks, then one block for the comb */
     dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64) + 1);
     dsc_launch(hc_pre_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D,
@@ -434,8 +512,11 @@ extern "C" int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_
     if (dsc_use(be, err, op)) return -1;
     if (p->R <= 0) return 0;
     const ds_hc_params *hc = &p->hc;
-    float *m = mixes(be, hc, p->X, p->R, hc->n, err, op);
+    hc_tail tl = {hc->base, hc->scale, hc->n, hc->D, 0, hc->hc_eps, p->x, NULL, NULL, NULL};
+    int done = 0;
+    float *m = mixes(be, hc, p->X, p->R, hc->n, HC_TAIL_HEAD, tl, &done, err, op);
     if (!m) return -1;
+    if (done) return 0;
     dim3 grid((unsigned)p->R, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
     dsc_launch(hc_head_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D, hc->hc_eps,
                p->x);

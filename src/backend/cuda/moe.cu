@@ -537,14 +537,15 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
     return m;
 }
 
-static int launch_shared(dsc_impl *I, const ds_moe_params *p, float *hs1, float *hs3, float *ys) {
+/* The shared expert on stream st with the tensor-core scratch xhl (three
+ * slots in a row: the side stream's own when it runs beside the routed experts). */
+static int launch_shared(cudaStream_t st, dsc_buf *xhl, const ds_moe_params *p, float *hs1, float *hs3, float *ys) {
     int T = p->T, Is = p->sw1->rows;
-    dsc_buf *xhl = &I->scratch[DSC_S_XHL];
-    if (dsc_launch_matmul(I->stream, xhl, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
-    if (dsc_launch_matmul(I->stream, xhl, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
+    if (dsc_launch_matmul(st, xhl, p->sw1->kind, dsc_wdesc(p->sw1), p->x, p->D, 0, 1 << 30, T, hs1, Is)) return -1;
+    if (dsc_launch_matmul(st, xhl, p->sw3->kind, dsc_wdesc(p->sw3), p->x, p->D, 0, 1 << 30, T, hs3, Is)) return -1;
     size_t n = (size_t)T * Is, b = (n + 255) / 256;
-    dsc_launch(swiglu_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, hs1, hs3, n, p->limit);
-    return dsc_launch_matmul(I->stream, xhl, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
+    dsc_launch(swiglu_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, st, hs1, hs3, n, p->limit);
+    return dsc_launch_matmul(st, xhl, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
 }
 
 /* The tensor-core path (mma.cu): the experts' kinds and shapes fit it, w1 / w3
@@ -610,98 +611,154 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
     int *off = ib, *active = off + E + 1, *n_active = active + E, *members = n_active + 1, *slot_pos = members + P;
     size_t smem = sizeof(int) * (size_t)(E + 1);
     if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the sort's shared memory", E);
-    dsc_launch(moe_sort_kernel, 1, 1024, smem, I->stream, p->idx, (int)P, E, off, active, n_active, members, slot_pos);
-    if (dsc_check_launch(err, op)) return -1;
+    /* the routed chain on the main stream: sort, up, SwiGLU, down */
+    auto routed = [&]() -> int {
+        dsc_launch(moe_sort_kernel, 1, 1024, smem, I->stream, p->idx, (int)P, E, off, active, n_active, members,
+                   slot_pos);
+        if (dsc_check_launch(err, op)) return -1;
 
-    unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
-    if (moe_mma_ok(p)) {
-        /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down */
-        float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
-        if (!u) return -1;
-        dsc_buf *xhl = &I->scratch[DSC_S_XHL];
-        if (dsc_mma_experts(I->stream, xhl, 1, w1->kind, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off,
-                            active, n_active, members, k, ny, u, 2 * (int)Ie))
-            return dsc_failmsg(err, op, "out of device memory for the split activations");
-        size_t n = P * Ie, b = (n + 255) / 256;
-        dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
-                   p->limit);
-        if (dsc_mma_experts(I->stream, xhl, 0, w2->kind, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, T,
-                            T, off, active, n_active, members, k, ny, y2, D))
-            return dsc_failmsg(err, op, "out of device memory for the split activations");
-        if (dsc_check_launch(err, op)) return -1;
-    } else {
-        up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x, k, D, off, active, n_active, members, p->limit, h};
-        int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
-        if (gemv) {
-            int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
-            dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-            switch (w1->kind) {
-            case DS_W_F32: dsc_launch(moe_up_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_BF16: dsc_launch(moe_up_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_F16: dsc_launch(moe_up_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP8: dsc_launch(moe_up_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP4: dsc_launch(moe_up_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+        unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
+        if (moe_mma_ok(p)) {
+            /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down */
+            float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
+            if (!u) return -1;
+            dsc_buf *xhl = &I->scratch[DSC_S_XHL];
+            if (dsc_mma_experts(I->stream, xhl, 1, w1->kind, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off,
+                                active, n_active, members, k, ny, u, 2 * (int)Ie))
+                return dsc_failmsg(err, op, "out of device memory for the split activations");
+            size_t n = P * Ie, b = (n + 255) / 256;
+            dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
+                       p->limit);
+            if (dsc_mma_experts(I->stream, xhl, 0, w2->kind, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie,
+                                T, T, off, active, n_active, members, k, ny, y2, D))
+                return dsc_failmsg(err, op, "out of device memory for the split activations");
+            if (dsc_check_launch(err, op)) return -1;
+        } else {
+            up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x,    k,        D,
+                          off,      active,       n_active,      members, p->limit, h};
+            int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
+            if (gemv) {
+                int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
+                dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+                switch (w1->kind) {
+                case DS_W_F32: dsc_launch(moe_up_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_BF16:
+                    dsc_launch(moe_up_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                case DS_W_F16: dsc_launch(moe_up_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_FP8: dsc_launch(moe_up_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_FP4: dsc_launch(moe_up_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                }
             }
+            if (tiled) {
+                int rpb = DSC_MM_WARPS * DSC_MM_RW;
+                dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
+                switch (w1->kind) {
+                case DS_W_F32:
+                    dsc_launch(moe_up_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                case DS_W_BF16:
+                    dsc_launch(moe_up_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                case DS_W_F16:
+                    dsc_launch(moe_up_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                case DS_W_FP8:
+                    dsc_launch(moe_up_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                case DS_W_FP4:
+                    dsc_launch(moe_up_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                    break;
+                }
+            }
+            dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+            if (!tiled && !gemv) switch (w1->kind) {
+                case DS_W_F32: dsc_launch(moe_up_kernel<DS_W_F32>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_BF16: dsc_launch(moe_up_kernel<DS_W_BF16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_F16: dsc_launch(moe_up_kernel<DS_W_F16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_FP8: dsc_launch(moe_up_kernel<DS_W_FP8>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                case DS_W_FP4: dsc_launch(moe_up_kernel<DS_W_FP4>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
+                }
+            if (dsc_check_launch(err, op)) return -1;
+            down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
+            if (gemv) {
+                int rpb = DSC_MM_WARPS * 4;
+                dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+                switch (w2->kind) {
+                case DS_W_F32:
+                    dsc_launch(moe_down_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_BF16:
+                    dsc_launch(moe_down_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_F16:
+                    dsc_launch(moe_down_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_FP8:
+                    dsc_launch(moe_down_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_FP4:
+                    dsc_launch(moe_down_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                }
+            }
+            if (tiled) {
+                int rpb = DSC_MM_WARPS * DSC_MM_RW;
+                dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
+                switch (w2->kind) {
+                case DS_W_F32:
+                    dsc_launch(moe_down_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_BF16:
+                    dsc_launch(moe_down_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_F16:
+                    dsc_launch(moe_down_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_FP8:
+                    dsc_launch(moe_down_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                case DS_W_FP4:
+                    dsc_launch(moe_down_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
+                    break;
+                }
+            }
+            dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
+            if (!tiled && !gemv) switch (w2->kind) {
+                case DS_W_F32: dsc_launch(moe_down_kernel<DS_W_F32>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+                case DS_W_BF16: dsc_launch(moe_down_kernel<DS_W_BF16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+                case DS_W_F16: dsc_launch(moe_down_kernel<DS_W_F16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+                case DS_W_FP8: dsc_launch(moe_down_kernel<DS_W_FP8>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+                case DS_W_FP4: dsc_launch(moe_down_kernel<DS_W_FP4>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
+                }
+            if (dsc_check_launch(err, op)) return -1;
         }
-        if (tiled) {
-            int rpb = DSC_MM_WARPS * DSC_MM_RW;
-            dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-            switch (w1->kind) {
-            case DS_W_F32: dsc_launch(moe_up_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_BF16: dsc_launch(moe_up_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_F16: dsc_launch(moe_up_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP8: dsc_launch(moe_up_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP4: dsc_launch(moe_up_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            }
-        }
-        dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-        if (!tiled && !gemv) switch (w1->kind) {
-            case DS_W_F32: dsc_launch(moe_up_kernel<DS_W_F32>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_BF16: dsc_launch(moe_up_kernel<DS_W_BF16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_F16: dsc_launch(moe_up_kernel<DS_W_F16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP8: dsc_launch(moe_up_kernel<DS_W_FP8>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            case DS_W_FP4: dsc_launch(moe_up_kernel<DS_W_FP4>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-            }
-        if (dsc_check_launch(err, op)) return -1;
-        down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
-        if (gemv) {
-            int rpb = DSC_MM_WARPS * 4;
-            dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-            switch (w2->kind) {
-            case DS_W_F32: dsc_launch(moe_down_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_BF16: dsc_launch(moe_down_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_F16: dsc_launch(moe_down_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP8: dsc_launch(moe_down_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP4: dsc_launch(moe_down_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            }
-        }
-        if (tiled) {
-            int rpb = DSC_MM_WARPS * DSC_MM_RW;
-            dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-            switch (w2->kind) {
-            case DS_W_F32: dsc_launch(moe_down_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_BF16:
-                dsc_launch(moe_down_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                break;
-            case DS_W_F16: dsc_launch(moe_down_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP8: dsc_launch(moe_down_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP4: dsc_launch(moe_down_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            }
-        }
-        dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-        if (!tiled && !gemv) switch (w2->kind) {
-            case DS_W_F32: dsc_launch(moe_down_kernel<DS_W_F32>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_BF16: dsc_launch(moe_down_kernel<DS_W_BF16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_F16: dsc_launch(moe_down_kernel<DS_W_F16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP8: dsc_launch(moe_down_kernel<DS_W_FP8>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            case DS_W_FP4: dsc_launch(moe_down_kernel<DS_W_FP4>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-            }
-        if (dsc_check_launch(err, op)) return -1;
+        return 0;
+    };
+    /* The shared expert needs only x: on the side stream (DSV4_CUDA_SIDE=1) its
+     * products stream their weights while the routed chain runs on the main
+     * one, joined before anything reads ys. Its own scratch (hs1, hs3, ys and
+     * the side's three tensor-core slots); the same kernels, inputs and
+     * order: the same bits (gpu-test.sh graph_bits: DSV4_CUDA_SIDE=1 vs 0). */
+    int fork = p->sw1 && I->side_on, shrc = 0;
+    if (fork) {
+        cudaError_t e = cudaEventRecord(I->ev_fork, I->stream);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(I->side, I->ev_fork, 0);
+        if (e != cudaSuccess) return dsc_fail(err, op, "fork of the side stream", e);
+        shrc = launch_shared(I->side, &I->scratch[DSC_S_XHL2], p, hs1, hs3, ys);
+        e = cudaEventRecord(I->ev_join, I->side);
+        if (e != cudaSuccess) return dsc_fail(err, op, "end of the side stream's work", e);
     }
-    if (p->sw1) {
-        if (launch_shared(I, p, hs1, hs3, ys)) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
-        if (dsc_check_launch(err, op)) return -1;
+    int rc = routed();
+    if (fork) { /* joined whatever happened: a capture left forked cannot end */
+        cudaError_t e = cudaStreamWaitEvent(I->stream, I->ev_join, 0);
+        if (shrc) return dsc_failmsg(err, op, "shared expert: unknown storage kind");
+        if (e != cudaSuccess) return dsc_fail(err, op, "join of the side stream", e);
     }
+    if (rc) return -1;
+    if (p->sw1 && !fork && launch_shared(I->stream, &I->scratch[DSC_S_XHL], p, hs1, hs3, ys))
+        return dsc_failmsg(err, op, "shared expert: unknown storage kind");
+    if (p->sw1 && dsc_check_launch(err, op)) return -1;
     *o = moe_out{y2, ys, slot_pos};
     return 0;
 }
