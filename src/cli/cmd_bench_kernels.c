@@ -44,6 +44,44 @@ static const cli_opt kernels_opts[] = {
     CLI_END,
 };
 
+/* The experts as a prefill meets them: 3 tokens each through up to 64
+ * distinct 2048 x 4096 MXFP4 matrices read from DRAM, all in one batch (one
+ * such matrix is 4 MiB: the single one of bench_prefill's cases stays in the
+ * last-level cache between its tries). Prints GFLOP/s, its ratio to peak and
+ * the weights' GB/s, best of three, each try on fresh spans of the buffer. */
+static int bench_experts_dram(ds_backend *be, const uint8_t *buf, size_t n, const uint8_t *scales, const float *x,
+                              double peak, ds_err *err) {
+    enum { R = 2048, K = 4096, T3 = 3, MAXE = 64 };
+    const size_t mb = (size_t)R * K / 2;
+    int ne = n / mb < MAXE ? (int)(n / mb) : MAXE;
+    if (ne == 0) return 0;
+    ds_weight ws[MAXE];
+    ds_matmul_job js[MAXE];
+    float *ys = malloc(sizeof(float) * R * T3 * (size_t)ne);
+    if (!ys) return ds_fail(err, "out of memory for the experts' case");
+    double t_best = 1e30;
+    for (int k = 0; k < 3; k++) {
+        for (int e = 0; e < ne; e++) {
+            size_t o = ((size_t)(k * ne + e) * mb) % (n - mb + 1) / 64 * 64;
+            ws[e] = (ds_weight){.kind = DS_W_FP4, .rows = R, .cols = K, .data = buf + o, .scale = scales + o / 16};
+            ws[e].scale_cols = K / 32;
+            js[e] = (ds_matmul_job){&ws[e], x, T3, ys + (size_t)e * R * T3};
+        }
+        double t0 = ds_now();
+        if (be->matmul_many(be, js, ne, err)) {
+            free(ys);
+            return 1;
+        }
+        double dt = ds_now() - t0;
+        if (dt < t_best) t_best = dt;
+    }
+    free(ys);
+    double g = 2.0 * R * (double)K * T3 * ne / t_best / 1e9;
+    printf(" | MXFP4 %d x %dx%d from DRAM T=%d %.1f (%.2f, %.1f GB/s)", ne, R, K, T3, g, g / peak,
+           (double)mb * ne / t_best / 1e9);
+    return 0;
+}
+
 /* Prefill's products (the flash model's shapes) at T tokens, and the experts'
  * at 3 tokens (128 tokens x 6 experts over 256: a prefill's mean per
  * expert), from the start of the buffer: GFLOP/s, best of three, against the
@@ -75,41 +113,7 @@ static int bench_prefill(ds_backend *be, uint8_t *buf, size_t n, uint8_t *scales
             double g = 2.0 * pc->rows * (double)pc->cols * t / t_best / 1e9;
             printf(" | %s T=%d %.1f (%.2f)", pc->name, t, g, g / peak);
         }
-        /* the experts as a prefill meets them: 3 tokens each through many
-         * distinct matrices read from DRAM (a 2048x4096 MXFP4 matrix is 4 MiB:
-         * the one above stays in the last-level cache), all in one batch */
-        {
-            const size_t mb = (size_t)2048 * 4096 / 2;
-            int ne = (int)(n / mb) < 64 ? (int)(n / mb) : 64, t = 3;
-            ds_weight *ws = malloc(sizeof *ws * (size_t)(ne ? ne : 1));
-            ds_matmul_job *js = malloc(sizeof *js * (size_t)(ne ? ne : 1));
-            float *ys = malloc(sizeof(float) * 2048 * (size_t)t * (size_t)(ne ? ne : 1));
-            if (!ws || !js || !ys) {
-                free(ws), free(js), free(ys);
-                return ds_fail(err, "out of memory for the experts' case");
-            }
-            double t_best = 1e30;
-            for (int k = 0; k < 3 && ne > 0; k++) {
-                for (int e = 0; e < ne; e++) { /* a fresh span of the buffer each round */
-                    size_t o = ((size_t)(k * ne + e) * mb) % (n - mb + 1) / 64 * 64;
-                    ws[e] = (ds_weight){.kind = DS_W_FP4, .rows = 2048, .cols = 4096, .data = buf + o, .scale = scales + o / 16};
-                    ws[e].scale_cols = 4096 / 32;
-                    js[e] = (ds_matmul_job){&ws[e], x, t, ys + (size_t)e * 2048 * t};
-                }
-                double t0 = ds_now();
-                if (be->matmul_many(be, js, ne, err)) {
-                    free(ws), free(js), free(ys);
-                    return 1;
-                }
-                double dt = ds_now() - t0;
-                if (dt < t_best) t_best = dt;
-            }
-            if (ne > 0)
-                printf(" | MXFP4 %d x 2048x4096 from DRAM T=%d %.1f (%.2f, %.1f GB/s)", ne, t,
-                       2.0 * 2048 * 4096.0 * t * ne / t_best / 1e9, 2.0 * 2048 * 4096.0 * t * ne / t_best / 1e9 / peak,
-                       (double)mb * ne / t_best / 1e9);
-            free(ws), free(js), free(ys);
-        }
+        if (bench_experts_dram(be, buf, n, scales, x, peak, err)) return 1;
         printf("\n");
         fflush(stdout);
     }

@@ -568,6 +568,16 @@ static int c_ep_exchange(const ds_backend *be, int nb, float *const *bufs, const
                     dsc_ep_exchange(be, nb, bufs, widths, n, owner, dest, err));
 }
 
+/* An opt-in switch from the environment: unset, empty or "0" off, "1" on;
+ * anything else is an error naming the variable. */
+static int env_switch(const char *name, const char *what, int *on, ds_err *err) {
+    const char *v = getenv(name);
+    *on = v && !strcmp(v, "1");
+    if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
+        return dsc_failmsg(err, "init", "%s='%s': expected 1 (%s) or 0", name, v, what);
+    return 0;
+}
+
 extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     const char *op = "init";
     memset(be, 0, sizeof *be);
@@ -600,18 +610,11 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         }
         I->piece_ops = (int)v;
     }
-    const char *sd = getenv("DSV4_CUDA_SIDE");
-    if (sd && *sd && strcmp(sd, "0") && strcmp(sd, "1")) {
+    if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", &I->side_on, err) ||
+        env_switch("DSV4_CUDA_HC_TAIL", "hc_pre in the mixes' kernel", &I->hc_tail, err)) {
         free(I);
-        return dsc_failmsg(err, op, "DSV4_CUDA_SIDE='%s': expected 1 (the shared expert on a side stream) or 0", sd);
+        return -1;
     }
-    I->side_on = sd && !strcmp(sd, "1");
-    const char *ht = getenv("DSV4_CUDA_HC_TAIL");
-    if (ht && *ht && strcmp(ht, "0") && strcmp(ht, "1")) {
-        free(I);
-        return dsc_failmsg(err, op, "DSV4_CUDA_HC_TAIL='%s': expected 1 (hc_pre in the mixes' kernel) or 0", ht);
-    }
-    I->hc_tail = ht && !strcmp(ht, "1");
     if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         free(I);
         return dsc_fail(err, op, "stream", e);

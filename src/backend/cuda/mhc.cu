@@ -97,12 +97,18 @@ __device__ __forceinline__ void hc_sum_loop(const float *pre, const float *__res
     }
 }
 
-/* pre_i = sigmoid(mt[i] s0 + b_i) + eps into shared pre (threads < n), then
- * hc_sum_loop over the block's channels. */
+/* pre_i = sigmoid(mt[i] s0 + b_i) + eps into shared pre (threads < n; the
+ * caller synchronizes before reading it). */
+__device__ __forceinline__ void hc_gates(const float *__restrict__ mt, const float *__restrict__ base,
+                                         const float *__restrict__ sc, int n, float eps, float *pre) {
+    if ((int)threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+}
+
+/* hc_gates, then hc_sum_loop over the block's channels. */
 __device__ __forceinline__ void hc_sums_block(const float *__restrict__ mt, const float *__restrict__ base,
                                               const float *__restrict__ sc, const float *__restrict__ Xt, int n,
                                               int D, float eps, float *pre, int k0, int ks, float *__restrict__ x) {
-    if ((int)threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    hc_gates(mt, base, sc, n, eps, pre);
     __syncthreads();
     hc_sum_loop(pre, Xt, n, D, k0, ks, x);
 }
@@ -319,8 +325,7 @@ __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const f
             for (int i = threadIdx.x; i < rows; i += blockDim.x) mt[i] = __ldcg(m + (size_t)t0 * rows + i);
             if (threadIdx.x == 0) tl.cnt[t0] = 0;
             __syncthreads();
-            if ((int)threadIdx.x < tl.n) /* hc_sums_block's gates */
-                pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * tl.sc[0] + tl.base[threadIdx.x]) + tl.eps;
+            hc_gates(mt, tl.base, tl.sc, tl.n, tl.eps, pre);
             __syncthreads();
             const float *Xt = X + (size_t)t0 * K;
             float *xt = tl.x + (size_t)t0 * tl.D;
