@@ -31,7 +31,8 @@ fi
 kout=$("$DSV4" bench --kernels --mib 64 --reps 1 --tokens 8 2>&1)
 [ $? -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: bench --kernels exit status"; }
 for k in "read 1 .* GB/s" "BF16 K=4096 .*(" "FP8 K=1024" "FP8 K=8192" "MXFP4 K=4096 .*(" "prefill .* of 8 tokens" \
-  "peak 1 .* GFLOP/s" "FP8 4096x4096 T=8 [0-9.]* (" "MXFP4 2048x4096 T=3 [0-9.]* (" "BF16 4096x4096 T=8 [0-9.]* ("; do
+  "peak 1 .* GFLOP/s" "FP8 4096x4096 T=8 [0-9.]* (" "MXFP4 2048x4096 T=3 [0-9.]* (" "BF16 4096x4096 T=8 [0-9.]* (" \
+  "experts 1 .* T=1 [0-9.]* / [0-9.]* .* T=4 [0-9.]* / [0-9.]*"; do
   if echo "$kout" | grep -q -- "$k"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: bench --kernels: no '$k'"; fi
 done
 "$DSV4" bench --kernels --reps 0 >/dev/null 2>&1
