@@ -9,14 +9,14 @@
 #      position, bitwise), test_intermediates (per-layer vs the oracle);
 #   3. dsv4 check --backend cuda (random batches and chunkings: one output per
 #      request) and repeatability across processes; CUDA graphs = direct
-#      launches, the shared expert on a side stream = one stream and hc_pre
-#      in the mixes' kernel = its own kernel, bitwise (graph_bits);
+#      launches, the shared expert on the main stream (DSV4_CUDA_SIDE=0) = on
+#      its side stream (the default), bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
-#   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE / _HC_TAIL, a sequence larger than GPU memory;
+#   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
-#      layers, written here), the kernel timings, the opt-in decode paths
-#      (DSV4_CUDA_SIDE, DSV4_CUDA_HC_TAIL) against the default; with 2 GPUs and mpirun
+#      layers, written here), the kernel timings, the shared expert on the
+#      main stream against the side stream (DSV4_CUDA_SIDE); with 2 GPUs and mpirun
 #      also the full 43-layer flash shape expert parallel over both
 #      (-m synth:flash: ~165 GB of host memory in /dev/shm, ~5 minutes);
 # and prints a summary. Variables:
@@ -77,10 +77,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$bin" info -m models/kjv | head -2
 
 if [ "${TESTS:-1}" != 0 ]; then
-# 1. ops (and again with the side stream and the mixes' tail on: their ops
+# 1. ops (and again with the shared expert on the main stream: its ops
 #    against the same references, alone = in batches)
 run test_cuda_ops "$B/test_cuda_ops"
-run test_cuda_ops_side_tail env DSV4_CUDA_SIDE=1 DSV4_CUDA_HC_TAIL=1 "$B/test_cuda_ops"
+run test_cuda_ops_noside env DSV4_CUDA_SIDE=0 "$B/test_cuda_ops"
 # 2. the model on the GPU
 export DSV4_TEST_BACKEND=cuda
 run test_reference "$B/test_reference"
@@ -116,9 +116,9 @@ graph_bits() {
     for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gr1.$i.f32" || ok=0; done
     if [ $ok = 1 ] && grep -q "cuda graphs: [1-9]" "$T/gr.err"; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: graphs = direct launches (bits)"
     else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: graph logits differ (or no graph replayed)"; fi
-    # the opt-in decode paths, each on with direct launches (default: off; docs/cuda.md)
+    # the paths a variable switches, each with direct launches (docs/cuda.md)
     local v
-    for v in "DSV4_CUDA_SIDE=1:the shared expert on a side stream" "DSV4_CUDA_HC_TAIL=1:hc_pre in the mixes' kernel"; do
+    for v in "DSV4_CUDA_SIDE=0:the shared expert on the main stream"; do
       ok=0
       if env "${v%%:*}" DSV4_CUDA_GRAPH=0 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" \
         -o "$T/grv" >/dev/null 2>&1; then
@@ -173,9 +173,6 @@ bad_input() {
   # a bad tuning variable is named, not ignored
   DSV4_CUDA_GRAPH_OPS=eight "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
   if [ $? -eq 1 ] && grep -q "DSV4_CUDA_GRAPH_OPS='eight'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
-  cat "$T/e"
-  DSV4_CUDA_HC_TAIL=2 "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
-  if [ $? -eq 1 ] && grep -q "DSV4_CUDA_HC_TAIL='2'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
   cat "$T/e"
   DSV4_CUDA_SIDE=yes "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
   if [ $? -eq 1 ] && grep -q "DSV4_CUDA_SIDE='yes'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
@@ -236,20 +233,19 @@ if [ -n "${BENCH:-}" ]; then
     run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
   done
   run kernels "$B/test_cuda_ops" --bench
-  # the opt-in decode paths against the default, interleaved in one run of
-  # this script (the same bits: graph_bits): flash 4 layers, three rounds
+  # the shared expert on the main stream against the side stream (the
+  # default; the same bits: graph_bits), interleaved: flash 4 layers, three rounds
   ab() {
-    local r c
+    local r s
     for r in 1 2 3; do
-      for c in "0 0" "1 0" "0 1" "1 1"; do
-        set -- $c
-        echo "== round $r: DSV4_CUDA_SIDE=$1 DSV4_CUDA_HC_TAIL=$2"
-        DSV4_CUDA_SIDE=$1 DSV4_CUDA_HC_TAIL=$2 "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 \
+      for s in 0 1; do
+        echo "== round $r: DSV4_CUDA_SIDE=$s"
+        DSV4_CUDA_SIDE=$s "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 \
           --gen 128 --batch 8,64 2>&1 | grep -E "^(prefill|decode|batch) " || return 1
       done
     done
   }
-  run bench_side_tail ab
+  run bench_side ab
   # the full V4-Flash shape (43 layers, 256 experts, ~156 GB) expert parallel
   # over two GPUs, each rank generating only its share in memory (docs/ep.md)
   if command -v mpirun >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then

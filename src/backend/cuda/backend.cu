@@ -568,11 +568,11 @@ static int c_ep_exchange(const ds_backend *be, int nb, float *const *bufs, const
                     dsc_ep_exchange(be, nb, bufs, widths, n, owner, dest, err));
 }
 
-/* An opt-in switch from the environment: unset, empty or "0" off, "1" on;
- * anything else is an error naming the variable. */
-static int env_switch(const char *name, const char *what, int *on, ds_err *err) {
+/* A switch from the environment: unset or empty gives dflt, "0" off, "1"
+ * on; anything else is an error naming the variable. */
+static int env_switch(const char *name, const char *what, int dflt, int *on, ds_err *err) {
     const char *v = getenv(name);
-    *on = v && !strcmp(v, "1");
+    *on = v && *v ? !strcmp(v, "1") : dflt;
     if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
         return dsc_failmsg(err, "init", "%s='%s': expected 1 (%s) or 0", name, v, what);
     return 0;
@@ -610,8 +610,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         }
         I->piece_ops = (int)v;
     }
-    if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", &I->side_on, err) ||
-        env_switch("DSV4_CUDA_HC_TAIL", "hc_pre in the mixes' kernel", &I->hc_tail, err)) {
+    if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", 1, &I->side_on, err)) {
         free(I);
         return -1;
     }

@@ -97,7 +97,6 @@ enum {
     DSC_S_XHL,                    /* mma.cu, three in a row: activations split into bf16 hi / lo, */
     DSC_S_MMAP, DSC_S_MMAC,       /* the decode kernel's partials and per-tile counters */
     DSC_S_XHL2, DSC_S_MMAP2, DSC_S_MMAC2, /* the same three for products on the side stream (moe.cu) */
-    DSC_S_HCC,                    /* mhc.cu: the mixes' per-token counters (zero between launches) */
     DSC_S_EP0, DSC_S_EP1, DSC_S_EP2, /* expert exchange (ep_nccl.cu): own rows, received rows, row map */
     DSC_S_N
 };
@@ -106,14 +105,12 @@ typedef struct dsc_impl {
     int gpu, n_sm;
     size_t smem_optin;
     cudaStream_t stream;
-    /* the side stream (DSV4_CUDA_SIDE=1; off by default until it is measured on
-     * a GPU: docs/cuda.md "Not yet measured"): the MoE's shared expert
-     * runs there beside the routed experts, forked from and joined back into
-     * `stream` inside the op (the same kernels on the same inputs: the same
-     * bits; a captured step keeps the fork and join as graph edges) */
+    /* the side stream (on unless DSV4_CUDA_SIDE=0: docs/cuda.md "The shared
+     * expert on a side stream"): the MoE's shared expert runs there beside
+     * the routed experts, forked from and joined back into `stream` inside
+     * the op (the same kernels on the same inputs: the same bits; a captured
+     * step keeps the fork and join as graph edges) */
     int side_on;
-    int hc_tail;                /* DSV4_CUDA_HC_TAIL=1 (off by default, as side_on): hc_pre / hc_head inside the
-                                 * mixes' kernel at decode */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
     dsc_buf scratch[DSC_S_N];

@@ -48,71 +48,6 @@ __device__ __forceinline__ void hc_sinkhorn_warp(const float *__restrict__ mt, c
     if (act) comb[lane] = c;
 }
 
-/* The post gates and the comb of one token from its mixes mt (a block; warp
- * 0, or thread 0 past n * n = 32). */
-__device__ __forceinline__ void hc_comb_block(const float *__restrict__ mt, const float *__restrict__ base,
-                                              const float *__restrict__ sc, int n, int iters, float eps,
-                                              float *__restrict__ po, float *__restrict__ C) {
-    if (n == 4) {
-        if (threadIdx.x < 32) hc_sinkhorn_warp<4>(mt, base, sc, n, iters, eps, po, C);
-    } else if (n * n <= 32) {
-        if (threadIdx.x < 32) hc_sinkhorn_warp<0>(mt, base, sc, n, iters, eps, po, C);
-    } else if (threadIdx.x == 0) {
-        for (int i = 0; i < n; i++) po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
-        float c[HC_MAXN * HC_MAXN];
-        for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
-            float mx = -INFINITY, sum = 0.0f;
-            for (int j = 0; j < n; j++) {
-                c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
-                mx = fmaxf(mx, c[i * n + j]);
-            }
-            for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
-            for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int i = 0; i < n; i++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < n; j++) s += c[i * n + j];
-                    for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
-                }
-            for (int j = 0; j < n; j++) {
-                float s = 0.0f;
-                for (int i = 0; i < n; i++) s += c[i * n + j];
-                for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
-            }
-        }
-        for (int i = 0; i < n * n; i++) C[i] = c[i];
-    }
-}
-
-/* x[k] = sum_i pre_i Xt[i][k] (i ascending; each product rounded, then
- * added) for k = k0, k0 + ks, ... < D. */
-__device__ __forceinline__ void hc_sum_loop(const float *pre, const float *__restrict__ Xt, int n, int D, int k0,
-                                            int ks, float *__restrict__ x) {
-    for (int k = k0; k < D; k += ks) {
-        float s = pre[0] * Xt[k];
-        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
-        x[k] = s;
-    }
-}
-
-/* pre_i = sigmoid(mt[i] s0 + b_i) + eps into shared pre (threads < n; the
- * caller synchronizes before reading it). */
-__device__ __forceinline__ void hc_gates(const float *__restrict__ mt, const float *__restrict__ base,
-                                         const float *__restrict__ sc, int n, float eps, float *pre) {
-    if ((int)threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
-}
-
-/* hc_gates, then hc_sum_loop over the block's channels. */
-__device__ __forceinline__ void hc_sums_block(const float *__restrict__ mt, const float *__restrict__ base,
-                                              const float *__restrict__ sc, const float *__restrict__ Xt, int n,
-                                              int D, float eps, float *pre, int k0, int ks, float *__restrict__ x) {
-    hc_gates(mt, base, sc, n, eps, pre);
-    __syncthreads();
-    hc_sum_loop(pre, Xt, n, D, k0, ks, x);
-}
-
 /* m: [T][(2+n)n]; X: [T][n][D]. Blocks y < gridDim.y - 1 of token t: the pre
  * gates and the stream sums of their channels; the last block: the post
  * gates and the comb (its Sinkhorn no longer delays the sums: the same
@@ -124,14 +59,52 @@ __global__ void hc_pre_kernel(const float *__restrict__ m, const float *__restri
     DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
-    const float *mt = m + t * (size_t)((2 + n) * n);
+    int rows = (2 + n) * n;
+    const float *mt = m + t * rows;
     if (blockIdx.y == gridDim.y - 1) {
-        hc_comb_block(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
+        if (n == 4) {
+            if (threadIdx.x < 32) hc_sinkhorn_warp<4>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
+        } else if (n * n <= 32) {
+            if (threadIdx.x < 32) hc_sinkhorn_warp<0>(mt, base, sc, n, iters, eps, post + t * n, comb + t * n * n);
+        } else if (threadIdx.x == 0) {
+            float *po = post + t * n, *C = comb + t * n * n;
+            for (int i = 0; i < n; i++) po[i] = 2.0f * dsc_sigmoid(mt[n + i] * sc[1] + base[n + i]);
+            float c[HC_MAXN * HC_MAXN];
+            for (int i = 0; i < n; i++) { /* row-wise softmax, then + eps */
+                float mx = -INFINITY, sum = 0.0f;
+                for (int j = 0; j < n; j++) {
+                    c[i * n + j] = mt[2 * n + i * n + j] * sc[2] + base[2 * n + i * n + j];
+                    mx = fmaxf(mx, c[i * n + j]);
+                }
+                for (int j = 0; j < n; j++) sum += (c[i * n + j] = expf(c[i * n + j] - mx));
+                for (int j = 0; j < n; j++) c[i * n + j] = c[i * n + j] / sum + eps;
+            }
+            for (int it = 0; it < iters; it++) {
+                if (it > 0)
+                    for (int i = 0; i < n; i++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < n; j++) s += c[i * n + j];
+                        for (int j = 0; j < n; j++) c[i * n + j] /= s + eps;
+                    }
+                for (int j = 0; j < n; j++) {
+                    float s = 0.0f;
+                    for (int i = 0; i < n; i++) s += c[i * n + j];
+                    for (int i = 0; i < n; i++) c[i * n + j] /= s + eps;
+                }
+            }
+            for (int i = 0; i < n * n; i++) C[i] = c[i];
+        }
         return;
     }
+    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(mt[threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    __syncthreads();
+    const float *Xt = X + t * (size_t)n * D;
     int ny = gridDim.y - 1;
-    hc_sums_block(mt, base, sc, X + t * (size_t)n * D, n, D, eps, pre, blockIdx.y * blockDim.x + threadIdx.x,
-                  ny * blockDim.x, x_in + t * D);
+    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += ny * blockDim.x) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        x_in[t * D + k] = s;
+    }
 }
 
 /* m: [R][n] */
@@ -141,8 +114,14 @@ __global__ void hc_head_kernel(const float *__restrict__ m, const float *__restr
     DSC_PDL_WAIT();
     __shared__ float pre[HC_MAXN];
     size_t t = blockIdx.x;
-    hc_sums_block(m + t * n, base, sc, X + t * (size_t)n * D, n, D, eps, pre, blockIdx.y * blockDim.x + threadIdx.x,
-                  gridDim.y * blockDim.x, x + t * D);
+    if (threadIdx.x < n) pre[threadIdx.x] = dsc_sigmoid(m[t * n + threadIdx.x] * sc[0] + base[threadIdx.x]) + eps;
+    __syncthreads();
+    const float *Xt = X + t * (size_t)n * D;
+    for (int k = blockIdx.y * blockDim.x + threadIdx.x; k < D; k += gridDim.y * blockDim.x) {
+        float s = pre[0] * Xt[k];
+        for (int i = 1; i < n; i++) s += pre[i] * Xt[(size_t)i * D + k];
+        x[t * D + k] = s;
+    }
 }
 
 /* Xout[t][j][k] = post_j * y[t][k] + sum_i comb[i][j] X[t][i][k], i
@@ -201,25 +180,9 @@ __global__ void hc_post_kernel(int n, int D, int Tn, const float *__restrict__ X
 #define HC_MAXSEG 64
 #define HC_MIX_NT 8
 #define HC_MIX_THREADS 512 /* 16 warps: a warp per segment of a 16384-value row (not ORDER) */
-/* TAIL (one token a block, the rms fused: decode): the op after the mixes
- * in the same kernel. Each block adds itself to its token's counter after
- * storing its mix (a fence first); the token's last block reads the token's
- * mixes back (from L2), sets the counter to 0 for the next launch and does
- * hc_pre_kernel's work for the token (HC_TAIL_PRE: the comb on warp 0, the
- * sums over every channel) or hc_head_kernel's (HC_TAIL_HEAD): the same
- * functions on the same values, so the bits of the two kernels, without the
- * second launch and its chain of loads (DSV4_CUDA_HC_TAIL=1; off by default: two kernels). */
-enum { HC_TAIL_NONE = 0, HC_TAIL_PRE = 1, HC_TAIL_HEAD = 2 };
-typedef struct hc_tail {
-    const float *base, *sc;
-    int n, D, iters;
-    float eps;
-    float *x, *post, *comb; /* x_in (pre) or x (head); post and comb: pre only */
-    int *cnt;               /* [T], zero between launches */
-} hc_tail;
-template <int KIND, bool FUSE, int TAIL = HC_TAIL_NONE>
+template <int KIND, bool FUSE>
 __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const float *__restrict__ X, int T, int tpb,
-                                                                float eps, float *__restrict__ m, hc_tail tl) {
+                                                                float eps, float *__restrict__ m) {
     DSC_PDL_WAIT();
     __shared__ float seg[HC_MIX_NT][HC_MAXSEG];
     __shared__ float wsum[HC_MIX_NT][8], rs[HC_MIX_NT];
@@ -311,34 +274,6 @@ __global__ void __launch_bounds__(HC_MIX_THREADS) hc_mix_kernel(dsc_w w, const f
             for (int s = 0; s < nseg; s++) y = y + seg[threadIdx.x][s];
             m[(size_t)(t0 + threadIdx.x) * gridDim.x + r] = y;
         }
-        if (TAIL != HC_TAIL_NONE) { /* tpb = 1: token t0 */
-            __shared__ int last;
-            __shared__ float mt[HC_MAXN * (HC_MAXN + 2)], pre[HC_MAXN];
-            if (threadIdx.x == 0) {
-                __threadfence();
-                last = atomicAdd(&tl.cnt[t0], 1) == (int)gridDim.x - 1;
-            }
-            __syncthreads();
-            if (!last) return;
-            __threadfence();
-            int rows = gridDim.x;
-            for (int i = threadIdx.x; i < rows; i += blockDim.x) mt[i] = __ldcg(m + (size_t)t0 * rows + i);
-            if (threadIdx.x == 0) tl.cnt[t0] = 0;
-            __syncthreads();
-            hc_gates(mt, tl.base, tl.sc, tl.n, tl.eps, pre);
-            __syncthreads();
-            const float *Xt = X + (size_t)t0 * K;
-            float *xt = tl.x + (size_t)t0 * tl.D;
-            if (TAIL == HC_TAIL_PRE) { /* warp 0: the comb; the others: the sums */
-                if (threadIdx.x < 32)
-                    hc_comb_block(mt, tl.base, tl.sc, tl.n, tl.iters, tl.eps, tl.post + (size_t)t0 * tl.n,
-                                  tl.comb + (size_t)t0 * tl.n * tl.n);
-                else
-                    hc_sum_loop(pre, Xt, tl.n, tl.D, threadIdx.x - 32, blockDim.x - 32, xt);
-            } else
-                hc_sum_loop(pre, Xt, tl.n, tl.D, threadIdx.x, blockDim.x, xt);
-            return;
-        }
         __syncthreads();
     }
 }
@@ -412,26 +347,11 @@ __global__ void __launch_bounds__(256) hc_mix_rg_kernel(dsc_w w, const float *__
     }
 }
 
-template <int KIND>
-static void launch_mix(cudaStream_t st, dim3 grid, bool fuse, int tail, const dsc_w &w, const float *X, const float *f,
-                       int T, int tpb, float eps, float *m, const hc_tail &tl) {
-    if (!fuse) dsc_launch(hc_mix_kernel<KIND, false>, grid, HC_MIX_THREADS, 0, st, w, f, T, tpb, eps, m, tl);
-    else if (tail == HC_TAIL_PRE)
-        dsc_launch(hc_mix_kernel<KIND, true, HC_TAIL_PRE>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
-    else if (tail == HC_TAIL_HEAD)
-        dsc_launch(hc_mix_kernel<KIND, true, HC_TAIL_HEAD>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
-    else dsc_launch(hc_mix_kernel<KIND, true>, grid, HC_MIX_THREADS, 0, st, w, X, T, tpb, eps, m, tl);
-}
-
-/* m = fn @ (X / rms(X)) (scratch B; scaled fn kinds: f = X / rms(X) in
- * scratch A first). tl (its mode `tail`): the op after the mixes, done in
- * the mixes' kernel where it is fused (one token a block); *done says
- * whether it was (else the caller launches its own kernel). */
-static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, int tail,
-                    hc_tail tl, int *done, ds_err *err, const char *op) {
+/* m = fn @ (X / rms(X)) (scratch B; scaled fn kinds: f = X / rms(X) in scratch A first). */
+static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X, int T, int mrows, ds_err *err,
+                    const char *op) {
     dsc_impl *I = dsc_of(be);
     size_t nd = (size_t)hc->n * hc->D;
-    *done = 0;
     if (hc->n > HC_MAXN || hc->n <= 0) {
         dsc_failmsg(err, op, "hc_mult %d outside 1..%d", hc->n, HC_MAXN);
         return NULL;
@@ -456,20 +376,6 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         dsc_launch_rmsnorm(I->stream, X, NULL, fs, T, (int)nd, hc->rms_eps);
         f = fs;
     }
-    if (!fuse || !I->hc_tail) tail = HC_TAIL_NONE;
-    if (tail != HC_TAIL_NONE) { /* the counters, zeroed when (re)allocated */
-        dsc_buf *cb = &I->scratch[DSC_S_HCC];
-        size_t had = cb->cap;
-        if (dsc_buf_grow(cb, (size_t)T * sizeof(int), 256, I->stream)) {
-            dsc_failmsg(err, op, "out of device memory for the mixes' counters");
-            return NULL;
-        }
-        if (cb->cap != had && cudaMemsetAsync(cb->p, 0, cb->cap, I->stream) != cudaSuccess) {
-            dsc_failmsg(err, op, "the mixes' counters could not be cleared");
-            return NULL;
-        }
-        tl.cnt = (int *)cb->p;
-    }
     float eps = hc->rms_eps;
     /* many tokens, F32 rows in 16-byte chunks: a block per row group (the same bits) */
     if (!fuse && kind == DS_W_F32 && T >= HC_MIX_RG_MIN_T && nd % 4 == 0 && ((uintptr_t)w.data & 15) == 0 &&
@@ -479,9 +385,24 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         dsc_launch(hc_mix_rg_kernel, gr, 256, sm, I->stream, w, f, T, m);
     } else {
         switch (kind) { /* one token tile: the rmsnorm fused (the same values) */
-        case DS_W_F32: launch_mix<DS_W_F32>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
-        case DS_W_BF16: launch_mix<DS_W_BF16>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
-        case DS_W_F16: launch_mix<DS_W_F16>(I->stream, grid, fuse, tail, w, X, f, T, tpb, eps, m, tl); break;
+        case DS_W_F32:
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_F32, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_F32, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
+            break;
+        case DS_W_BF16:
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_BF16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_BF16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
+            break;
+        case DS_W_F16:
+            if (fuse)
+                dsc_launch(hc_mix_kernel<DS_W_F16, true>, grid, HC_MIX_THREADS, 0, I->stream, w, X, T, tpb, eps, m);
+            else
+                dsc_launch(hc_mix_kernel<DS_W_F16, false>, grid, HC_MIX_THREADS, 0, I->stream, w, f, T, tpb, eps, m);
+            break;
         default: /* scaled kinds: the one-warp-per-row product (its own fixed order) */
             if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], hc->fn->kind, w, f, (int)nd, 0, 1 << 30, T, m,
                                   mrows)) {
@@ -491,7 +412,6 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         }
     }
     if (dsc_check_launch(err, op)) return NULL;
-    *done = tail != HC_TAIL_NONE;
     return m;
 }
 
@@ -500,11 +420,8 @@ extern "C" int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_er
     if (dsc_use(be, err, op)) return -1;
     if (p->T <= 0) return 0;
     const ds_hc_params *hc = &p->hc;
-    hc_tail tl = {hc->base, hc->scale, hc->n, hc->D, hc->sinkhorn_iters, hc->hc_eps, p->x_in, p->post, p->comb, NULL};
-    int done = 0;
-    float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, HC_TAIL_PRE, tl, &done, err, op);
+    float *m = mixes(be, hc, p->X, p->T, (2 + hc->n) * hc->n, err, op);
     if (!m) return -1;
-    if (done) return 0;
     /* the channel blocks, then one block for the comb */
     dim3 grid((unsigned)p->T, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64) + 1);
     dsc_launch(hc_pre_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D,
@@ -517,11 +434,8 @@ extern "C" int dsc_hc_head(const ds_backend *be, const ds_hc_head_params *p, ds_
     if (dsc_use(be, err, op)) return -1;
     if (p->R <= 0) return 0;
     const ds_hc_params *hc = &p->hc;
-    hc_tail tl = {hc->base, hc->scale, hc->n, hc->D, 0, hc->hc_eps, p->x, NULL, NULL, NULL};
-    int done = 0;
-    float *m = mixes(be, hc, p->X, p->R, hc->n, HC_TAIL_HEAD, tl, &done, err, op);
+    float *m = mixes(be, hc, p->X, p->R, hc->n, err, op);
     if (!m) return -1;
-    if (done) return 0;
     dim3 grid((unsigned)p->R, (unsigned)((hc->D + 255) / 256 < 64 ? (hc->D + 255) / 256 : 64));
     dsc_launch(hc_head_kernel, grid, 256, 0, dsc_of(be)->stream, m, hc->base, hc->scale, p->X, hc->n, hc->D, hc->hc_eps,
                p->x);
