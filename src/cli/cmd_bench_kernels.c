@@ -149,8 +149,9 @@ int cmd_bench_kernels(int argc, char **argv) {
     long long reps = ka.reps, mib = ka.mib;
     size_t n = (size_t)mib << 20;
     uint8_t *buf = aligned_alloc(64, n), *scales = malloc(n / 16);
-    size_t T = (size_t)ka.tokens, ny = n / 1024 > 32768 * T ? n / 1024 : 32768 * T;
-    float *x = aligned_alloc(64, sizeof(float) * 8192 * T), *y = malloc(sizeof(float) * ny);
+    /* x: T tokens of the longest row (8192), and at least the experts' 4 x 4096 */
+    size_t T = (size_t)ka.tokens, ny = n / 1024 > 32768 * T ? n / 1024 : 32768 * T, nx = 8192 * (T > 2 ? T : 2);
+    float *x = aligned_alloc(64, sizeof(float) * nx), *y = malloc(sizeof(float) * ny);
     if (!buf || !scales || !x || !y) {
         fprintf(stderr, "dsv4 bench --kernels: out of memory for a %lld MiB buffer\n", mib);
         free(buf), free(scales), free(x), free(y);
@@ -165,7 +166,7 @@ int cmd_bench_kernels(int argc, char **argv) {
         buf[i] = i & 1 ? (uint8_t)(0x3c + (b & 1)) : (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
     }
     for (size_t i = 0; i < n / 16; i++) scales[i] = (uint8_t)(120 + i % 8);
-    for (size_t i = 0; i < 8192 * T; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f;
+    for (size_t i = 0; i < nx; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f;
     ds_backend be;
     ds_err err;
     if (ds_backend_open(&bo, &be, &err)) {

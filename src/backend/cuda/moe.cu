@@ -735,11 +735,12 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
         }
         return 0;
     };
-    /* The shared expert needs only x: on the side stream (DSV4_CUDA_SIDE=1) its
-     * products stream their weights while the routed chain runs on the main
-     * one, joined before anything reads ys. Its own scratch (hs1, hs3, ys and
-     * the side's three tensor-core slots); the same kernels, inputs and
-     * order: the same bits (gpu-test.sh graph_bits: DSV4_CUDA_SIDE=1 vs 0). */
+    /* The shared expert needs only x: on the side stream (the default;
+     * DSV4_CUDA_SIDE=0: after the routed chain on the main one) its products
+     * stream their weights while the routed chain runs on the main one,
+     * joined before anything reads ys. Its own scratch (hs1, hs3, ys and the
+     * side's three tensor-core slots); the same kernels, inputs and order:
+     * the same bits (gpu-test.sh graph_bits: DSV4_CUDA_SIDE=0 vs the default). */
     int fork = p->sw1 && I->side_on, shrc = 0;
     if (fork) {
         cudaError_t e = cudaEventRecord(I->ev_fork, I->stream);
