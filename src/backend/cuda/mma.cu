@@ -332,10 +332,17 @@ template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a
     return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
 }
 
-/* Row sp's FP8 scale of group g (1 for BF16). */
-template <int KIND> __device__ __forceinline__ float mma_scale(const dsc_w &w, const uint8_t *sp, int g) {
+/* Row sp's FP8 scale of group g as loaded (F32: its bits, E8M0: the byte;
+ * BF16: nothing), and as a float (1 for BF16): mma_group loads the scales
+ * before its MMAs and decodes them after (the compare of dsc_e8m0 at the
+ * load would hold the warp for the load's round trip). */
+template <int KIND> __device__ __forceinline__ uint32_t mma_scale_raw(const dsc_w &w, const uint8_t *sp, int g) {
+    if (KIND == DS_W_BF16) return 0u;
+    return w.scale_f32 ? __float_as_uint(((const float *)sp)[g]) : (uint32_t)sp[g];
+}
+template <int KIND> __device__ __forceinline__ float mma_scale_val(const dsc_w &w, uint32_t raw) {
     if (KIND == DS_W_BF16) return 1.0f;
-    return w.scale_f32 ? ((const float *)sp)[g] : dsc_e8m0(sp[g]);
+    return w.scale_f32 ? __uint_as_float(raw) : dsc_e8m0((uint8_t)raw);
 }
 
 /* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
@@ -377,9 +384,12 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
                                           int tig, int K, const float *const *xr, const bool *xv, int xal,
                                           float (*acc)[NB][4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    uint32_t sc[2 * MI];
+    uint32_t sc[2 * MI], s8[2 * MI];
 #pragma unroll
-    for (int i = 0; i < 2 * MI; i++) sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
+    for (int i = 0; i < 2 * MI; i++) {
+        sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
+        s8[i] = KIND == DS_W_FP8 ? mma_scale_raw<KIND>(w, sp[i], g) : 0u;
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -444,7 +454,7 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
     if (KIND == DS_W_FP8) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            float s0 = mma_scale<KIND>(w, sp[2 * mi], g), s1 = mma_scale<KIND>(w, sp[2 * mi + 1], g);
+            float s0 = mma_scale_val<KIND>(w, s8[2 * mi]), s1 = mma_scale_val<KIND>(w, s8[2 * mi + 1]);
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
                 acc[mi][ni][0] = __fmul_rn(__fmul_rn(acc[mi][ni][0], xiv[ni][0]), s0);
@@ -724,18 +734,32 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
     }
 }
 
-/* The scales mma_group_s takes for group g of rows sa / sb: FP8 the group's
- * scale (as fp32 bits), FP4 the 32-column group's E8M0 byte (mma_e8_ldg);
- * through the read-only path, loaded with the weights, so no load waits
- * between a group's MMAs. */
+/* The scales mma_group_s takes for group g of rows sa / sb, as loaded: FP8
+ * the group's scale (F32: its bits; E8M0: the byte), FP4 the 32-column
+ * group's E8M0 byte (mma_e8_ldg); through the read-only path. The streaming
+ * kernels load them with the weights into their register ring and decode
+ * FP8's byte (mma_sc_dec) only when the unit is multiplied: decoded at the
+ * load (a compare with 255 on the loaded byte), each warp waited there for
+ * the scale's round trip, the ring's next unit behind it (ncu, wq_b at one
+ * token: 31% of the stall samples on those compares, long scoreboard). */
 template <int KIND>
-__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    if (KIND == DS_W_FP8) {
-        if (w.scale_f32) return __ldg((const unsigned int *)sp + g);
-        return __float_as_uint(dsc_e8m0(__ldg(sp + g)));
-    }
+__device__ __forceinline__ uint32_t mma_sc_raw(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    if (KIND == DS_W_FP8) return w.scale_f32 ? __ldg((const unsigned int *)sp + g) : (uint32_t)__ldg(sp + g);
     if (KIND == DS_W_FP4) return mma_e8_ldg(w, sp, g, tig);
     return 0;
+}
+
+/* FP8: a loaded scale as fp32 bits (dsc_e8m0 of an E8M0 byte); FP4's byte
+ * and BF16's nothing unchanged. */
+template <int KIND> __device__ __forceinline__ uint32_t mma_sc_dec(const dsc_w &w, uint32_t raw) {
+    if (KIND == DS_W_FP8 && !w.scale_f32) return __float_as_uint(dsc_e8m0((uint8_t)raw));
+    return raw;
+}
+
+/* Both: the scale ready for mma_group_s (the tile kernel, loads without a ring). */
+template <int KIND>
+__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    return mma_sc_dec<KIND>(w, mma_sc_raw<KIND>(w, sp, g, tig));
 }
 
 /* The FP8 inverse activation scales a streaming kernel keeps in shared
@@ -838,7 +862,7 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
     for (int j0 = blockIdx.y * 8; j0 < cnt; j0 += gridDim.y * 8) {
         int nt = cnt - j0 < 8 ? cnt - j0 : 8;
         uint4 qa0[UG][CPT], qb0[UG][CPT], qa1[UG][CPT], qb1[UG][CPT];
-        uint32_t ca0[UG], cb0[UG], ca1[UG], cb1[UG]; /* the units' scales (mma_sc_ldg) */
+        uint32_t ca0[UG], cb0[UG], ca1[UG], cb1[UG]; /* the units' scales as loaded (mma_sc_raw) */
         auto ld = [&](int un, uint4(&qa)[UG][CPT], uint4(&qb)[UG][CPT], uint32_t(&ca)[UG], uint32_t(&cb)[UG]) {
 #pragma unroll
             for (int v = 0; v < UG; v++) {
@@ -851,8 +875,8 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
                     qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
                 }
                 bool gk = un < nu && g < ng;
-                ca[v] = gk ? mma_sc_ldg<KIND>(w, sa, g, tig) : 0u;
-                cb[v] = gk ? mma_sc_ldg<KIND>(w, sb, g, tig) : 0u;
+                ca[v] = gk ? mma_sc_raw<KIND>(w, sa, g, tig) : 0u;
+                cb[v] = gk ? mma_sc_raw<KIND>(w, sb, g, tig) : 0u;
             }
         };
         auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT], const uint32_t(&ca)[UG],
@@ -864,8 +888,8 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
                 int g = un * UG + v;
                 if (g >= ng) break;
                 float acc[4];
-                mma_group_s<KIND>(qa[v], qb[v], ca[v], cb[v], g, tig, xr, KIND == DS_W_FP8 ? xi0[g] : 1.0f,
-                                  KIND == DS_W_FP8 ? xi1[g] : 1.0f, acc);
+                mma_group_s<KIND>(qa[v], qb[v], mma_sc_dec<KIND>(w, ca[v]), mma_sc_dec<KIND>(w, cb[v]), g, tig, xr,
+                                  KIND == DS_W_FP8 ? xi0[g] : 1.0f, KIND == DS_W_FP8 ? xi1[g] : 1.0f, acc);
                 float *ps = part + (size_t)g * 128;
                 *(float2 *)(ps + gid * 8 + tig * 2) = make_float2(acc[0], acc[1]);
                 *(float2 *)(ps + (gid + 8) * 8 + tig * 2) = make_float2(acc[2], acc[3]);
@@ -966,8 +990,8 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
             qa[d][c] = okc ? __ldg((const uint4 *)(pa + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
             qb[d][c] = okc ? __ldg((const uint4 *)(pb + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
         }
-        ca[d] = ok ? mma_sc_ldg<KIND>(w, sa, g, tig) : 0u; /* w: the kind-wide fields */
-        cb[d] = ok ? mma_sc_ldg<KIND>(w, sb, g, tig) : 0u;
+        ca[d] = ok ? mma_sc_raw<KIND>(w, sa, g, tig) : 0u; /* w: the kind-wide fields */
+        cb[d] = ok ? mma_sc_raw<KIND>(w, sb, g, tig) : 0u;
         kl++;
         if (++ci == per) {
             ci = 0;
@@ -994,8 +1018,9 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
                     if (k % D == d) {       /* a register copy would wait for its load) */
                         ld((d + D - 1) % D);
                         float acc[4];
-                        mma_group_s<KIND>(qa[d], qb[d], ca[d], cb[d], g, tig, xr, KIND == DS_W_FP8 ? xi0[g] : 1.0f,
-                                          KIND == DS_W_FP8 ? xi1[g] : 1.0f, acc);
+                        mma_group_s<KIND>(qa[d], qb[d], mma_sc_dec<KIND>(w, ca[d]), mma_sc_dec<KIND>(w, cb[d]), g,
+                                          tig, xr, KIND == DS_W_FP8 ? xi0[g] : 1.0f, KIND == DS_W_FP8 ? xi1[g] : 1.0f,
+                                          acc);
                         float *ps = pt + (size_t)g * PS;
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
