@@ -219,7 +219,9 @@ ep_gpu() {
   echo "$n passed, $f failed"
   [ "$f" -eq 0 ]
 }
-if command -v mpirun >/dev/null; then
+if ! "$bin" info -m models/kjv 2>/dev/null | grep -q "^ranks *expert parallelism over MPI"; then
+  summary+=("SKIP ep_gpu (this build has no MPI: configure with -DDSV4_MPI=ON for expert parallelism)")
+elif command -v mpirun >/dev/null; then
   run ep_gpu ep_gpu
 else
   summary+=("SKIP ep_gpu (no mpirun: set PATH / DSV4_MPI_ROOT)")

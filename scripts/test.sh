@@ -3,8 +3,9 @@
 #   build/           Release: every test; the CUDA backend compiles here when nvcc is
 #                    found (it runs only on a GPU machine: scripts/gpu-test.sh)
 #   build-asan/      Release + AddressSanitizer + UndefinedBehaviorSanitizer: every test
-#   build-portable/  Release without SIMD (the portable kernels): the kernel,
-#                    oracle and format tests
+#   build-portable/  Release without SIMD (the portable kernels) and without MPI:
+#                    the kernel, oracle and format tests, and a build without MPI
+#                    started by mpirun (test_nompi)
 #   build-clang/     clang Release: the kernel, oracle, format and text tests
 #   build-fuzz/      clang + libFuzzer + ASan/UBSan: every fuzz target for
 #                    FUZZ_SECONDS (default 20) from its seed corpus (scripts/fuzz.sh)
@@ -36,10 +37,10 @@ run_tree() { # label dir ctest-regex cmake-args...
 
 run_tree "Release" build . -DCMAKE_BUILD_TYPE=Release -DDSV4_WERROR=ON
 run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_WERROR=ON -DDSV4_CUDA=OFF
-# the portable kernels alone (no SIMD): they build, agree with the oracle and
+# the portable kernels alone (no SIMD, no MPI): they build, agree with the oracle and
 # handle every storage kind (the slow whole-model suites run in the trees above)
-run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|pinned_logits)\$" \
-  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON -DDSV4_CUDA=OFF
+run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|pinned_logits|nompi)\$" \
+  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON -DDSV4_CUDA=OFF -DDSV4_MPI=OFF
 # the second compiler: clang builds everything warning-free and agrees on the fast suites
 run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput|pinned_logits|opts|cli_help)\$" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON -DDSV4_CUDA=OFF

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
+#include "dist/ep.h"
 #include "runtime/backend_select.h"
 #include "model/model.h"
 #include "model/state.h"
@@ -13,8 +14,8 @@ int cmd_info(int argc, char **argv) {
     cli_model_arg ma = {0};
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma}};
     const cli_cmd cmd = {"info", "-m DIR",
-                         "Prints the config, the tensors and bytes per dtype, the layer kinds and the backends of this "
-                         "build.\n",
+                         "Prints the config, the tensors and bytes per dtype, the layer kinds, the backends of this "
+                         "build and whether it has MPI (expert parallelism over ranks).\n",
                          NULL, groups, 1};
     int rc;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
@@ -29,6 +30,8 @@ int cmd_info(int argc, char **argv) {
     const ds_config *c = &m->cfg;
     printf("model      %s\n", dir);
     printf("backends   %s (this build)\n", ds_backends_built());
+    printf("ranks      %s\n", ds_ep_built() ? "expert parallelism over MPI ranks (mpirun; this build)"
+                                             : "one process (no MPI in this build)");
     printf("shape      vocab %d, hidden %d, layers %d, heads %d x %d (rope %d), q_lora %d, o_groups %d x %d\n",
            c->vocab_size, c->dim, c->n_layers, c->n_heads, c->head_dim, c->rope_dim, c->q_lora_rank, c->o_groups,
            c->o_lora_rank);

@@ -50,8 +50,45 @@ void ds_ep_session_bcast(void *buf, size_t n) {
 #endif
 }
 
+int ds_ep_built(void) {
+#ifdef DSV4_HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifndef DSV4_HAVE_MPI
+/* A launcher's world size (Open MPI, MPICH / PMI), or 0 when none names one. */
+static long launcher_size(const char **var) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            *var = vars[i];
+            return strtol(v, NULL, 10);
+        }
+    }
+    return 0;
+}
+#endif
+
 int ds_ep_session_start(int *argc, char ***argv) {
     (void)argc, (void)argv;
+#ifndef DSV4_HAVE_MPI
+    /* started by mpirun as one of several ranks, without MPI to join them:
+     * each would run the whole model alone and write the same outputs */
+    const char *var = NULL;
+    long n = launcher_size(&var);
+    if (n > 1) {
+        fprintf(stderr,
+                "dsv4: started as one of %ld MPI ranks (%s=%s), but this build has no MPI: each rank would run the "
+                "whole model alone. Rebuild with -DDSV4_MPI=ON (Debian: libopenmpi-dev) for expert parallelism, or "
+                "run one process\n",
+                n, var, getenv(var));
+        return -1;
+    }
+#endif
 #ifdef DSV4_HAVE_MPI
     /* under mpirun only: a plain run never starts MPI */
     if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) return 0;
@@ -93,6 +130,7 @@ int ds_ep_session_start(int *argc, char ***argv) {
     return 0;
 }
 
+#ifdef DSV4_HAVE_MPI /* the followers' standard error (set aside only under MPI) */
 static void restore_stderr(void) {
     if (S.err_fd != 2 && S.err_fd >= 0) {
         fflush(stderr);
@@ -115,6 +153,7 @@ static void captured_text(char *out, size_t cap, const char *fallback) {
     out[got] = 0;
     while (got && (out[got - 1] == '\n' || out[got - 1] == '\r')) out[--got] = 0;
 }
+#endif
 
 void ds_ep_session_fatal(const char *msg) {
     char line[1200];

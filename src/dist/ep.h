@@ -62,7 +62,11 @@ int ds_load_read(const char *path, int layers, int experts, double *load, ds_err
 
 /* ---- the MPI session -------------------------------------------------- */
 
+/* 1 when this build has MPI (expert parallelism over ranks), else 0. */
+int ds_ep_built(void);
 /* Starts MPI when the process was started by mpirun (else one rank, no MPI).
+ * A build without MPI that a launcher started as one of several ranks
+ * fails (-1) with a message naming the launcher's variable.
  * Followers (rank > 0) send standard output to /dev/null and keep their
  * standard error aside until the load handshake, so rank 0 alone prints. */
 int ds_ep_session_start(int *argc, char ***argv);
