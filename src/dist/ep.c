@@ -59,36 +59,20 @@ int ds_ep_built(void) {
 }
 
 #ifndef DSV4_HAVE_MPI
-/* A launcher's world size (Open MPI, MPICH / PMI), or 0 when none names one. */
-static long launcher_size(const char **var) {
+/* The variable a launcher names its world size in (Open MPI, MPICH / PMI,
+ * MVAPICH) and its value, or NULL when none is set. */
+static const char *launcher_size(const char **value) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) {
-            *var = vars[i];
-            return strtol(v, NULL, 10);
-        }
+        *value = getenv(vars[i]);
+        if (*value && **value) return vars[i];
     }
-    return 0;
+    return NULL;
 }
 #endif
 
 int ds_ep_session_start(int *argc, char ***argv) {
     (void)argc, (void)argv;
-#ifndef DSV4_HAVE_MPI
-    /* started by mpirun as one of several ranks, without MPI to join them:
-     * each would run the whole model alone and write the same outputs */
-    const char *var = NULL;
-    long n = launcher_size(&var);
-    if (n > 1) {
-        fprintf(stderr,
-                "dsv4: started as one of %ld MPI ranks (%s=%s), but this build has no MPI: each rank would run the "
-                "whole model alone. Rebuild with -DDSV4_MPI=ON (Debian: libopenmpi-dev) for expert parallelism, or "
-                "run one process\n",
-                n, var, getenv(var));
-        return -1;
-    }
-#endif
 #ifdef DSV4_HAVE_MPI
     /* under mpirun only: a plain run never starts MPI */
     if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK")) return 0;
@@ -125,6 +109,19 @@ int ds_ep_session_start(int *argc, char ***argv) {
             dup2(fileno(S.captured), 2);
         else
             S.err_fd = 2;
+    }
+#else
+    /* started by mpirun as one of several ranks, without MPI to join them:
+     * each would run the whole model alone and write the same outputs */
+    const char *value = NULL, *var = launcher_size(&value);
+    long n = var ? strtol(value, NULL, 10) : 0;
+    if (n > 1) {
+        fprintf(stderr,
+                "dsv4: started as one of %ld MPI ranks (%s=%s), but this build has no MPI: each rank would run the "
+                "whole model alone. Rebuild with -DDSV4_MPI=ON (Debian: libopenmpi-dev) for expert parallelism, or "
+                "run one process\n",
+                n, var, value);
+        return -1;
     }
 #endif
     return 0;
