@@ -35,7 +35,6 @@ static int trip(const ds_backend *be, const char *op, ds_err *err) {
 WRAP(begin_step, ds_step_desc)
 WRAP(embed, ds_embed_params)
 WRAP(matmul_grouped, ds_matmul_grouped)
-WRAP(rmsnorm, ds_rmsnorm_params)
 WRAP(rope, ds_rope_params)
 WRAP(hc_pre, ds_hc_pre_params)
 WRAP(hc_post, ds_hc_post_params)
@@ -51,6 +50,10 @@ WRAP(moe, ds_moe_params)
 static int w_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err) {
     const faulty *f = (const faulty *)(const void *)be;
     return trip(be, "matmul_many", err) ? -1 : f->cpu->matmul_many(f->cpu, jobs, n, err);
+}
+static int w_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err) {
+    const faulty *f = (const faulty *)(const void *)be;
+    return trip(be, "rmsnorm", err) ? -1 : f->cpu->rmsnorm(f->cpu, jobs, n, err);
 }
 static int w_download(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
     const faulty *f = (const faulty *)(const void *)be;

@@ -91,13 +91,18 @@ typedef struct ds_matmul_grouped {
     float *y;                   /* [T][G*Rg] */
 } ds_matmul_grouped;
 
-/* out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps); w = NULL: unweighted. */
+/* out[t] = w * x[t] / sqrt(mean(x[t]^2) + eps); w = NULL: unweighted.
+ * rope_inv_freq set: then out[t]'s last 2*rope_half channels get rope's
+ * interleaved RoPE at row t's position (T is the step's rows; the row is one
+ * head: rope with H = 1, d = n, norm = 0): the bits of rmsnorm then rope. */
 typedef struct ds_rmsnorm_params {
     const float *x;             /* [T][n] */
     const float *w;             /* [n] or NULL */
     float *out;                 /* [T][n], may be x */
     int T, n;
     float eps;
+    const float *rope_inv_freq; /* [rope_half] or NULL */
+    int rope_half;
 } ds_rmsnorm_params;
 
 /* Per head of x[t] (in place): optional unweighted RMSNorm, then interleaved
@@ -207,6 +212,11 @@ typedef struct ds_attention_params {
     int topk;
     float scale;
     float *out;                 /* [T][H][d] */
+    /* set: each head of out then rotated back at its row's position (rope
+     * with inverse = 1, norm = 0 on the last 2*out_rope_half channels): the
+     * bits of attention then that rope */
+    const float *out_inv_freq;  /* [out_rope_half] or NULL */
+    int out_rope_half;
 } ds_attention_params;
 
 /* Stores the step's last (up to W) rows of every sequence in its ring. */
@@ -334,7 +344,9 @@ struct ds_backend {
      * each output has the bits a batch of one would give it. */
     int (*matmul_many)(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
     int (*matmul_grouped)(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
-    int (*rmsnorm)(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+    /* Independent rmsnorms (rows of any widths), run together; each output
+     * has the bits it would have alone. */
+    int (*rmsnorm)(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err);
     int (*rope)(const ds_backend *be, const ds_rope_params *p, ds_err *err);
     int (*hc_pre)(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);
     int (*hc_post)(const ds_backend *be, const ds_hc_post_params *p, ds_err *err);

@@ -14,11 +14,6 @@ static int heads_rope(const ds_step *S, const float *inv, float *x, int H, int d
     return S->be->rope(S->be, &p, err);
 }
 
-static int norm_rows(const ds_step *S, float *x, const float *w, int n, ds_err *err) {
-    ds_rmsnorm_params p = {x, w, x, S->T, n, S->m->cfg.rms_eps};
-    return S->be->rmsnorm(S->be, &p, err);
-}
-
 int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     const ds_model *m = S->m;
     const ds_config *c = &m->cfg;
@@ -29,11 +24,13 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     const float *inv = ly->ratio ? m->inv_freq_compress : m->inv_freq_main;
 
     /* queries q = norm_h(wq_b @ RMSNorm(wq_a @ x)) and the single K=V head
-     * kv = RMSNorm(wkv @ x), both with RoPE on the last r channels */
+     * kv = RMSNorm(wkv @ x), both with RoPE on the last r channels (kv's in
+     * its norm's op: one head) */
     ds_matmul_job jqkv[2] = {{&ly->wq_a, xn, T, rs->qr}, {&ly->wkv, xn, T, rs->kv}};
-    if (be->matmul_many(be, jqkv, 2, err) || norm_rows(S, rs->qr, ly->q_norm, QL, err) ||
-        ds_matmul(be, &ly->wq_b, rs->qr, T, rs->q, err) || heads_rope(S, inv, rs->q, H, d, 1, 0, err) ||
-        norm_rows(S, rs->kv, ly->kv_norm, d, err) || heads_rope(S, inv, rs->kv, 1, d, 0, 0, err))
+    ds_rmsnorm_params nqkv[2] = {{rs->qr, ly->q_norm, rs->qr, T, QL, c->rms_eps, NULL, 0},
+                                 {rs->kv, ly->kv_norm, rs->kv, T, d, c->rms_eps, inv, c->rope_dim / 2}};
+    if (be->matmul_many(be, jqkv, 2, err) || be->rmsnorm(be, nqkv, 2, err) ||
+        ds_matmul(be, &ly->wq_b, rs->qr, T, rs->q, err) || heads_rope(S, inv, rs->q, H, d, 1, 0, err))
         return -1;
     if (ds_step_dump(S, "q", li, rs->q, T, H * d, err) || ds_step_dump(S, "kv", li, rs->kv, T, d, err)) return -1;
 
@@ -41,13 +38,12 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     if (ly->ratio && ds_compress_tokens(S, li, &ly->comp, 0, xn, err)) return -1;
     if (ly->is_csa && ds_indexer_select(S, li, xn, rs->qr, err)) return -1;
 
-    /* the window (ascending positions), then the compressed entries */
+    /* the window (ascending positions), then the compressed entries; values
+     * carried their keys' rotation: the op undoes it at the query position */
     ds_attention_params ap = {li,      T,        H, d, c->window, ly->ratio, rs->q, rs->kv, ly->attn_sink,
                               ly->is_csa ? rs->sel : NULL, ly->is_csa ? rs->n_sel : NULL, c->index_topk,
-                              1.0f / sqrtf((float)d), rs->o};
+                              1.0f / sqrtf((float)d), rs->o, inv, c->rope_dim / 2};
     if (be->attention(be, &ap, err)) return -1;
-    /* values carried their keys' rotation: undo it at the query position */
-    if (heads_rope(S, inv, rs->o, H, d, 0, 1, err)) return -1;
     if (ds_step_dump(S, "attn_o", li, rs->o, T, H * d, err)) return -1;
 
     /* grouped output projection: group g of heads through its block of wo_a */

@@ -53,12 +53,12 @@ static int layer(const ds_step *S, int li, ds_err *err) {
     int T = S->T, D = c->dim, nD = c->hc_mult * c->dim;
     /* data parallel: the MoE's inputs go straight into every rank's table */
     float *fxn = S->dp ? rs->g_xn + (size_t)S->dp->off * D : rs->xn, *tmp;
-    ds_rmsnorm_params an = {rs->x_in, ly->attn_norm, rs->xn, T, D, c->rms_eps};
-    ds_rmsnorm_params fn = {rs->x_in, ly->ffn_norm, fxn, T, D, c->rms_eps};
+    ds_rmsnorm_params an = {rs->x_in, ly->attn_norm, rs->xn, T, D, c->rms_eps, NULL, 0};
+    ds_rmsnorm_params fn = {rs->x_in, ly->ffn_norm, fxn, T, D, c->rms_eps, NULL, 0};
     if (T == 0) /* data parallel, no rows here: this rank still serves its experts */
         return ds_moe(S, li, NULL, NULL, err) ? ds_fail_prefix(err, "layer %d MoE", li) : 0;
     if (ds_mhc_pre(S, &ly->hc_attn, rs->X, rs->x_in, err) || ds_step_dump(S, "attn_in", li, rs->x_in, T, D, err) ||
-        S->be->rmsnorm(S->be, &an, err) || ds_step_dump(S, "attn_norm", li, rs->xn, T, D, err))
+        S->be->rmsnorm(S->be, &an, 1, err) || ds_step_dump(S, "attn_norm", li, rs->xn, T, D, err))
         return -1;
     if (ds_attention(S, li, rs->xn, rs->y, err)) return ds_fail_prefix(err, "layer %d attention", li);
     if (ds_step_dump(S, "attn_out", li, rs->y, T, D, err) || ds_mhc_post(S, rs->X, rs->y, rs->X2, err)) return -1;
@@ -66,7 +66,7 @@ static int layer(const ds_step *S, int li, ds_err *err) {
     if (ds_step_dump(S, "attn_res", li, rs->X, T, nD, err)) return -1;
 
     if (ds_mhc_pre(S, &ly->hc_ffn, rs->X, rs->x_in, err) || ds_step_dump(S, "ffn_in", li, rs->x_in, T, D, err) ||
-        S->be->rmsnorm(S->be, &fn, err) || ds_step_dump(S, "ffn_norm", li, fxn, T, D, err))
+        S->be->rmsnorm(S->be, &fn, 1, err) || ds_step_dump(S, "ffn_norm", li, fxn, T, D, err))
         return -1;
     if (ds_moe(S, li, fxn, rs->y, err)) return ds_fail_prefix(err, "layer %d MoE", li);
     if (ds_step_dump(S, "ffn_out", li, rs->y, T, D, err) || ds_mhc_post(S, rs->X, rs->y, rs->X2, err)) return -1;
@@ -97,9 +97,9 @@ static int head_norm(const ds_step *S, const ds_batch_item *items, const unsigne
         for (int j = items[i].n_tokens - rows; j < items[i].n_tokens; j++) rs->hrow[r++] = rs->seq_row0[s] + j;
     }
     ds_gather_params g = {rs->X, rs->hrow, R, c->hc_mult * D, rs->X2};
-    ds_rmsnorm_params fn = {rs->x_in, m->norm, xn, R, D, c->rms_eps};
+    ds_rmsnorm_params fn = {rs->x_in, m->norm, xn, R, D, c->rms_eps, NULL, 0};
     if (be->gather(be, &g, err) || ds_mhc_head(S, rs->X2, R, rs->x_in, err) ||
-        ds_step_dump(S, "head_in", -1, rs->x_in, R, D, err) || be->rmsnorm(be, &fn, err) ||
+        ds_step_dump(S, "head_in", -1, rs->x_in, R, D, err) || be->rmsnorm(be, &fn, 1, err) ||
         ds_step_dump(S, "final_norm", -1, xn, R, D, err))
         return ds_fail_prefix(err, "head");
     return 0;

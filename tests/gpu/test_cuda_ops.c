@@ -636,8 +636,8 @@ static void test_rmsnorm_bits(ctx *C, int n, int weighted) {
     }
     float *dx = dput(C, x, sizeof(float) * T * n), *dw = dput(C, w, sizeof(float) * n);
     float *dy = dput(C, NULL, sizeof(float) * T * n);
-    ds_rmsnorm_params rp = {dx, weighted ? dw : NULL, dy, T, n, 1e-6f};
-    die_if(C, C->be.rmsnorm(&C->be, &rp, &C->err), "rmsnorm");
+    ds_rmsnorm_params rp = {dx, weighted ? dw : NULL, dy, T, n, 1e-6f, NULL, 0};
+    die_if(C, C->be.rmsnorm(&C->be, &rp, 1, &C->err), "rmsnorm");
     float *y = fget(C, dy, (size_t)T * n);
     check(C, !memcmp(y, want, sizeof(float) * T * n), "rmsnorm n = %d%s: the documented order's bits (host emulation)", n,
           weighted ? ", weighted" : "");
@@ -654,8 +654,8 @@ static void test_norm_rope(ctx *C) {
     int T = 5, n = 700;
     float *x = frandv(C, (size_t)T * n, 2.0f), *w = frandv(C, n, 1.0f);
     float *dx = dput(C, x, sizeof(float) * T * n), *dw = dput(C, w, sizeof(float) * n);
-    ds_rmsnorm_params rp = {dx, dw, dx, T, n, 1e-6f};
-    die_if(C, C->be.rmsnorm(&C->be, &rp, &C->err), "rmsnorm");
+    ds_rmsnorm_params rp = {dx, dw, dx, T, n, 1e-6f, NULL, 0};
+    die_if(C, C->be.rmsnorm(&C->be, &rp, 1, &C->err), "rmsnorm");
     float *y = fget(C, dx, (size_t)T * n);
     int bad = 0;
     for (int t = 0; t < T; t++) {
@@ -714,6 +714,46 @@ static void test_norm_rope(ctx *C) {
                 if (fabs(o2[((size_t)t * H + h) * d + i] - xi[i] * r) > 1e-5) bad++;
         }
     check(C, !bad, "inverse rope undoes rope (abs 1e-5; %d bad)", bad);
+
+    /* rmsnorms of several widths in one call, some with the rope (the kv
+     * head's norm + rope): each output = its rmsnorm alone (then the rope op
+     * on the row as one head), bitwise. Five jobs: two launches of at most
+     * four; rows of 700 and 96 (the register kernel) beside one of 16,500
+     * (the loop kernel, which then takes the launch's every job) */
+    enum { NJ = 5 };
+    int jn[NJ] = {700, 96, 16500, 96, 700}, jrope[NJ] = {0, 1, 1, 1, 0}, jT[NJ] = {T, T, 2, T, 3};
+    float *jx[NJ], *dj[NJ], *dsep[NJ], *dwj;
+    float *wj = frandv(C, 16500, 1.0f);
+    dwj = dput(C, wj, sizeof(float) * 16500);
+    ds_rmsnorm_params jobs[NJ];
+    for (int j = 0; j < NJ; j++) {
+        size_t nb = sizeof(float) * jT[j] * jn[j];
+        jx[j] = frandv(C, (size_t)jT[j] * jn[j], 2.0f);
+        float *dxj = dput(C, jx[j], nb);
+        dj[j] = dput(C, NULL, nb);
+        dsep[j] = dput(C, jx[j], nb);
+        jobs[j] = (ds_rmsnorm_params){dxj, j == 3 ? NULL : dwj, dj[j], jT[j], jn[j], 1e-6f, jrope[j] ? dinv : NULL,
+                                      jrope[j] ? half : 0};
+        ds_rmsnorm_params one = {dsep[j], j == 3 ? NULL : dwj, dsep[j], jT[j], jn[j], 1e-6f, NULL, 0};
+        die_if(C, C->be.rmsnorm(&C->be, &one, 1, &C->err), "rmsnorm");
+        ds_rope_params rj = {dsep[j], jT[j], 1, jn[j], half, dinv, 0, 0, 1e-6f};
+        if (jrope[j]) die_if(C, C->be.rope(&C->be, &rj, &C->err), "rope");
+    }
+    die_if(C, C->be.rmsnorm(&C->be, jobs, NJ, &C->err), "rmsnorm jobs");
+    for (int j = 0; j < NJ; j++) {
+        float *a = fget(C, dj[j], (size_t)jT[j] * jn[j]), *b = fget(C, dsep[j], (size_t)jT[j] * jn[j]);
+        check(C, !memcmp(a, b, sizeof(float) * jT[j] * jn[j]),
+              "rmsnorm job %d of %d (%d rows of %d%s) = its rmsnorm alone%s, bitwise", j, NJ, jT[j], jn[j],
+              j == 3 ? ", unweighted" : "", jrope[j] ? " then rope" : "");
+        free(a);
+        free(b);
+        free(jx[j]);
+        C->be.free(&C->be, (void *)jobs[j].x);
+        C->be.free(&C->be, dj[j]);
+        C->be.free(&C->be, dsep[j]);
+    }
+    free(wj);
+    C->be.free(&C->be, dwj);
     free(x);
     free(w);
     free(q);
@@ -900,8 +940,11 @@ static int csa_sel(int64_t p, int *sel) {
     return ns;
 }
 
-/* Runs the sequences in order as one step; returns out rows [T][H][d]. */
-static float *attn_run(ctx *C, aseq **ss, int ns, int csa, const float *dsink) {
+/* Runs the sequences in order as one step; returns out rows [T][H][d].
+ * orope: 0 none, 1 the op's output rope (out_inv_freq = dinv, half), 2 the
+ * op, then the rope op (inverse) on its output. */
+static float *attn_run_rope(ctx *C, aseq **ss, int ns, int csa, const float *dsink, int orope, const float *dinv,
+                            int half) {
     step s = {0};
     s.L = 1;
     for (int i = 0; i < ns; i++) step_add(&s, ss[i]->n, ss[i]->pos0, &ss[i]->mem);
@@ -918,9 +961,11 @@ static float *attn_run(ctx *C, aseq **ss, int ns, int csa, const float *dsink) {
     float *dq = dput(C, q, sizeof(float) * T * AH * AD), *dkv = dput(C, kv, sizeof(float) * T * AD);
     int *dsel = dput(C, sel, sizeof(int) * T * ATOPK), *dnsel = dput(C, nsel, sizeof(int) * T);
     float *dout = dput(C, NULL, sizeof(float) * T * AH * AD);
-    ds_attention_params ap = {0, T, AH, AD, AW, AR, dq, dkv, dsink, csa ? dsel : NULL, csa ? dnsel : NULL, ATOPK,
-                              1.0f / sqrtf((float)AD), dout};
+    ds_attention_params ap = {0,     T,    AH,   AD,  AW, AR, dq, dkv, dsink, csa ? dsel : NULL, csa ? dnsel : NULL,
+                              ATOPK, 1.0f / sqrtf((float)AD), dout, orope == 1 ? dinv : NULL, orope == 1 ? half : 0};
     die_if(C, C->be.attention(&C->be, &ap, &C->err), "attention");
+    ds_rope_params ri = {dout, T, AH, AD, half, dinv, 0, 1, 1e-6f};
+    if (orope == 2) die_if(C, C->be.rope(&C->be, &ri, &C->err), "rope");
     float *out = fget(C, dout, (size_t)T * AH * AD);
     void *ps[] = {dq, dkv, dsel, dnsel, dout};
     for (int i = 0; i < 5; i++) C->be.free(&C->be, ps[i]);
@@ -929,6 +974,10 @@ static float *attn_run(ctx *C, aseq **ss, int ns, int csa, const float *dsink) {
     free(sel);
     free(nsel);
     return out;
+}
+
+static float *attn_run(ctx *C, aseq **ss, int ns, int csa, const float *dsink) {
+    return attn_run_rope(C, ss, ns, csa, dsink, 0, NULL, 0);
 }
 
 static int attn_ref_check(const aseq *a, const float *out, const float *sink, int csa) {
@@ -983,6 +1032,25 @@ static void test_attention(ctx *C) {
         aseq *one5[1] = {&A5};
         float *alone5 = attn_run(C, one5, 1, csa, dsink);
         check(C, !attn_ref_check(&A5, alone5, sink, csa), "attention %s 70-row prefill vs reference (abs 2e-5)", kind);
+        /* the output's inverse rope in the op = the rope op after it, bitwise
+         * (half 16: the rotated span starts at a chunk; 15: inside one) */
+        for (int half = 15; half <= 16; half++) {
+            float inv[16];
+            for (int i = 0; i < half; i++) inv[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (2 * half));
+            float *dinv = dput(C, inv, sizeof(float) * half);
+            for (int which = 0; which < 2; which++) {
+                aseq **sq = which ? one5 : one;
+                int nr = which ? 70 : 1;
+                float *fz = attn_run_rope(C, sq, 1, csa, dsink, 1, dinv, half);
+                float *sp = attn_run_rope(C, sq, 1, csa, dsink, 2, dinv, half);
+                check(C, !memcmp(fz, sp, sizeof(float) * nr * AH * AD),
+                      "attention %s %s, output rope (half %d) in the op = the rope op after it, bitwise", kind,
+                      which ? "70-row prefill" : "decode row", half);
+                free(fz);
+                free(sp);
+            }
+            C->be.free(&C->be, dinv);
+        }
         size_t rb = sizeof(float) * AH * AD;
         /* batch of 2: B[1] row 0 only is awkward; use B[2] with 1 row */
         B[2].n = 1;

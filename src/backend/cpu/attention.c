@@ -42,6 +42,7 @@ typedef struct {
     const float *const *keys; /* per row: its key pointers, from key0[t] */
     const size_t *key0;       /* [T+1] */
     float *scores;            /* per (row, head): from H * key0[t] + h * n_keys */
+    const int64_t *pos;       /* the step's positions (the output's inverse rope) */
     int path;
 } attn_job;
 
@@ -69,6 +70,7 @@ static void attend_one(void *ctx, int i) {
     float *o = P->out + (size_t)i * d;
     for (int c = 0; c < d; c++) o[c] = 0.0f;
     for (int j = 0; j < n; j++) axpy(o, s[j] * inv, keys[j], d, J->path);
+    if (P->out_inv_freq) ds_cpu_rope(o, d, P->out_inv_freq, P->out_rope_half, J->pos[t], 1);
 }
 
 /* Row t's keys: positions lo..p, then its compressed entries. */
@@ -87,6 +89,9 @@ int ds_cpu_attention(const ds_backend *be, const ds_attention_params *P, ds_err 
     const ds_cpu *c = ds_cpu_of(be);
     const ds_step_desc *st = &c->step;
     int T = P->T, d = P->d, W = P->window;
+    if (P->out_inv_freq && 2 * P->out_rope_half > d)
+        return ds_fail(err, "cpu attention (layer %d): output rope width %d > head dim %d", P->layer,
+                       2 * P->out_rope_half, d);
     size_t total = 0;
     for (int t = 0; t < T; t++) total += n_keys(P, st, t);
     size_t bytes = (size_t)(T + 1) * sizeof(size_t) + total * sizeof(float *) + total * (size_t)P->H * sizeof(float);
@@ -113,7 +118,7 @@ int ds_cpu_attention(const ds_backend *be, const ds_attention_params *P, ds_err 
         total = (size_t)(k - keys);
     }
     key0[T] = total;
-    attn_job J = {P, keys, key0, scores, c->path};
+    attn_job J = {P, keys, key0, scores, st->tok_pos, c->path};
     ds_cpu_parallel_for(be, T * P->H, attend_one, &J);
     if (be->profile) be->profile->attend_seconds += ds_now() - t_start;
     return 0;

@@ -127,7 +127,7 @@ float ds_cpu_row_dot(const ds_weight *w, int r, const float *x);
 
 /* The other ops, by file. */
 int ds_cpu_embed(const ds_backend *be, const ds_embed_params *p, ds_err *err);
-int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err);
 int ds_cpu_rope_op(const ds_backend *be, const ds_rope_params *p, ds_err *err);
 int ds_cpu_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err);
 int ds_cpu_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);

@@ -17,8 +17,8 @@ static float *mixes(const ds_backend *be, const ds_hc_params *hc, const float *X
         return NULL;
     }
     float *m = f + (size_t)T * nd;
-    ds_rmsnorm_params np = {X, NULL, f, T, nd, hc->rms_eps};
-    ds_cpu_rmsnorm_op(be, &np, err);
+    ds_rmsnorm_params np = {X, NULL, f, T, nd, hc->rms_eps, NULL, 0};
+    ds_cpu_rmsnorm_op(be, &np, 1, err);
     return ds_matmul(be, hc->fn, f, T, m, err) ? NULL : m;
 }
 

@@ -26,14 +26,29 @@ void ds_cpu_rope(float *x, int dim, const float *inv_freq, int half, int64_t pos
     }
 }
 
+typedef struct {
+    const ds_rmsnorm_params *p;
+    const int64_t *pos;
+} norm_job;
+
 static void norm_row(void *ctx, int t) {
-    const ds_rmsnorm_params *P = ctx;
-    ds_cpu_rmsnorm(P->out + (size_t)t * P->n, P->x + (size_t)t * P->n, P->w, P->n, P->eps);
+    const norm_job *J = ctx;
+    const ds_rmsnorm_params *P = J->p;
+    float *o = P->out + (size_t)t * P->n;
+    ds_cpu_rmsnorm(o, P->x + (size_t)t * P->n, P->w, P->n, P->eps);
+    if (P->rope_inv_freq) ds_cpu_rope(o, P->n, P->rope_inv_freq, P->rope_half, J->pos[t], 0);
 }
 
-int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err) {
-    (void)err;
-    ds_cpu_parallel_for(be, p->T, norm_row, (void *)p);
+int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err) {
+    const ds_step_desc *st = &ds_cpu_of(be)->step;
+    for (int i = 0; i < n; i++) {
+        const ds_rmsnorm_params *p = &jobs[i];
+        if (p->rope_inv_freq && (p->T > st->T || 2 * p->rope_half > p->n))
+            return ds_fail(err, "rmsnorm + rope: %d rows of %d (rope width %d) in a step of %d rows", p->T, p->n,
+                           2 * p->rope_half, st->T);
+        norm_job J = {p, st->tok_pos};
+        ds_cpu_parallel_for(be, p->T, norm_row, &J);
+    }
     return 0;
 }
 

@@ -14,7 +14,8 @@
  *   merge (one warp per (row, head)), blocks ascending from M = -inf, L = O = 0:
  *     M' = max(M, m_b), a = expf(M - M'), c = expf(m_b - M');
  *     L = L a + l_b c; O = fmaf(c, o_b, O a); M = M'
- *   end: S = max(M, sink); out = O * (expf(M - S) / (L expf(M - S) + expf(sink - S))).
+ *   end: S = max(M, sink); out = O * (expf(M - S) / (L expf(M - S) + expf(sink - S))),
+ *   then (out_inv_freq) the inverse rope on its pairs, dsc_rope_pair's operations.
  * The split is by block index, never by T: decode and prefill run the same
  * two kernels. Rows are processed in chunks so the partials stay bounded.
  * A key's contribution is the same whether it came from the ring or from
@@ -32,6 +33,8 @@ struct att_args {
     const ds_layer_mem *mem;
     int t0, nrows, nblk;        /* the chunk: rows [t0, t0 + nrows), blocks per (row, head) */
     float *part;                /* [nrows*H][nblk][2 + d]: m, l, o */
+    const float *oinv;          /* the output's inverse rope (out_inv_freq), or NULL */
+    int ohalf;
 };
 
 /* The keys of row t, in order. */
@@ -251,10 +254,21 @@ __global__ void __launch_bounds__(DSC_ATT_WARPS * 32) attn_merge_kernel(att_args
     float al = expf(M - S);
     float inv = al / (L * al + expf(sink - S));
     float4 *o4 = (float4 *)(a.out + ((size_t)t * a.H + h) * (size_t)d);
+    /* the inverse rope on the last 2 * ohalf channels: pairs (x, y), (z, w)
+     * of a chunk (the span starts at an even channel), rope's operations */
+    const int rb = d - 2 * a.ohalf;
+    const float fp = (float)a.tok_pos[t];
 #pragma unroll
     for (int c = 0; c < NC; c++) {
         int ch = lane + 32 * c;
-        if (ch < d4) o4[ch] = make_float4(O[c].x * inv, O[c].y * inv, O[c].z * inv, O[c].w * inv);
+        if (ch < d4) {
+            float4 v = make_float4(O[c].x * inv, O[c].y * inv, O[c].z * inv, O[c].w * inv);
+            if (a.oinv && 4 * ch + 4 > rb) {
+                if (4 * ch >= rb) dsc_rope_pair(v.x, v.y, a.oinv[(4 * ch - rb) / 2], fp, 1);
+                dsc_rope_pair(v.z, v.w, a.oinv[(4 * ch + 2 - rb) / 2], fp, 1);
+            }
+            o4[ch] = v;
+        }
     }
 }
 
@@ -289,6 +303,8 @@ extern "C" int dsc_attention(const ds_backend *be, const ds_attention_params *p,
     if (p->window <= 0) return dsc_failmsg(err, op, "window %d", p->window);
     if (((uintptr_t)p->q | (uintptr_t)p->kv | (uintptr_t)p->out) & 15)
         return dsc_failmsg(err, op, "q, kv and out must be 16-byte aligned");
+    if (p->out_inv_freq && (p->out_rope_half < 0 || 2 * p->out_rope_half > p->d))
+        return dsc_failmsg(err, op, "output rope width %d > head dim %d", 2 * p->out_rope_half, p->d);
     double t0 = 0;
     if (be->profile) {
         cudaStreamSynchronize(I->stream);
@@ -312,7 +328,7 @@ extern "C" int dsc_attention(const ds_backend *be, const ds_attention_params *p,
         int nr = p->T - r0 < (int)rows ? p->T - r0 : (int)rows;
         att_args a = {p->layer, st->n_layers, p->T, p->H, p->d, p->window, p->ratio, p->topk, p->q, p->kv, p->sink,
                       p->sel, p->n_sel, p->scale, p->out, st->tok_seq, st->seq_row0, st->tok_pos, st->seq_pos0, st->mem,
-                      r0, nr, (int)nblk, part};
+                      r0, nr, (int)nblk, part, p->out_inv_freq, p->out_rope_half};
         if (nc <= 1) attn_launch<1>(a, I->stream);
         else if (nc <= 2) attn_launch<2>(a, I->stream);
         else if (nc <= 4) attn_launch<4>(a, I->stream);

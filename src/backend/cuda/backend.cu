@@ -12,7 +12,7 @@
 extern "C" {
 int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
 int dsc_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
-int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *p, ds_err *err);
+int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err);
 int dsc_rope(const ds_backend *be, const ds_rope_params *p, ds_err *err);
 int dsc_hc_pre(const ds_backend *be, const ds_hc_pre_params *p, ds_err *err);
 int dsc_hc_post(const ds_backend *be, const ds_hc_post_params *p, ds_err *err);

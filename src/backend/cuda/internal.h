@@ -517,6 +517,19 @@ template <int U = 16> __device__ __forceinline__ float dsc_sumsq_part(const floa
     return s;
 }
 
+/* RoPE on one channel pair (a, b) = (x[2i], x[2i+1]) of a rotated span:
+ * the angle inv_freq_i * pos in fp32, then (a cos - b sin, b cos + a sin);
+ * inverse: -sin. Every kernel that rotates (rope, the norms' rope, the
+ * attention output's inverse rope) calls this one: the same bits. */
+__device__ __forceinline__ void dsc_rope_pair(float &a, float &b, float inv_freq_i, float pos, int inverse) {
+    float ang = inv_freq_i * pos;
+    float cs = cosf(ang), sn = sinf(ang);
+    if (inverse) sn = -sn;
+    float a0 = a, b0 = b;
+    a = a0 * cs - b0 * sn;
+    b = b0 * cs + a0 * sn;
+}
+
 /* Block sum for blockDim.x == DSC_ROW_THREADS: warp trees, then warp 0 sums
  * the 8 warp results by the same tree. sh: 32 floats. All threads get it. */
 __device__ __forceinline__ float dsc_block_sum(float v, float *sh) {
