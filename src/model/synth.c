@@ -188,6 +188,52 @@ static uint64_t spec_bytes(const ds_tensor_spec *s) {
 
 static float unif(uint64_t r) { return (float)((double)(r >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 
+/* bytes [offset, offset + len) of tensor t into buf: 8 bytes from one draw
+ * (FP8, FP4: offset a multiple of 8, as every chunk and span is) or each
+ * element from its own (BF16, F32, tid2eid); scales are one value */
+static void fill_span(const synth *S, const stensor *t, uint64_t key, uint64_t offset, uint8_t *buf, uint64_t len) {
+    if (t->fill == F_SCALE) {
+        memset(buf, 127 + ilogbf(t->a), len);
+        return;
+    }
+    if (t->fill == F_FP4 || t->fill == F_FP8) {
+        for (uint64_t i = 0; i < len; i += 8) {
+            uint64_t r = mix64(key ^ ((offset + i) >> 3));
+            uint8_t b[8];
+            memcpy(b, &r, 8);
+            uint64_t m = len - i < 8 ? len - i : 8;
+            if (t->fill == F_FP8) /* sign, exponent 5..8, mantissa */
+                for (uint64_t j = 0; j < 8; j++) b[j] = (uint8_t)((b[j] & 0x80) | ((5 + ((b[j] >> 3) & 3)) << 3) | (b[j] & 7));
+            memcpy(buf + i, b, m);
+        }
+        return;
+    }
+    uint64_t esz = ds_dtype_size(t->spec.dtype);
+    for (uint64_t i = 0; i < len; i++) {
+        uint64_t pos = offset + i, el = pos / esz; /* element index: regenerate per element */
+        uint64_t re = mix64(key ^ (el | 0x8000000000000000ull));
+        uint8_t *o = buf + i;
+        if (t->fill == F_TID2EID) {
+            int k = S->cfg->n_active_experts, E = S->cfg->n_routed_experts;
+            int64_t tok = (int64_t)(el / (uint64_t)k), slot = (int64_t)(el % (uint64_t)k);
+            /* k distinct experts per token: a rotation by a token-dependent offset */
+            int64_t base = (int64_t)(mix64(key ^ (uint64_t)tok) % (uint64_t)E);
+            int64_t step = E > k ? 1 + (int64_t)(mix64(key + (uint64_t)tok) % (uint64_t)(E / k)) : 1;
+            int64_t v = (base + slot * step) % E;
+            *o = (uint8_t)((uint64_t)v >> (8 * (pos % 8)));
+        } else {
+            float f = t->a + t->b * unif(re);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            *o = t->fill == F_BF16 ? (uint8_t)((u >> 16) >> (8 * (pos % 2))) : (uint8_t)(u >> (8 * (pos % 4)));
+        }
+    }
+}
+
+/* The writer's fill: a chunk in spans of FILL_SPAN bytes over the threads
+ * (each byte is a function of the seed, the tensor and its offset alone, so
+ * the bytes do not depend on the split). */
+#define FILL_SPAN ((uint64_t)1 << 20)
 static int fill(void *ctx, int index, uint64_t offset, uint8_t *buf, uint64_t len, ds_err *err) {
     synth *S = ctx;
     (void)err;
@@ -197,46 +243,11 @@ static int fill(void *ctx, int index, uint64_t offset, uint8_t *buf, uint64_t le
         return 1;
     }
     uint64_t key = mix64(S->o->seed * 0x100000001b3ull + (uint64_t)index);
-    uint64_t esz = ds_dtype_size(t->spec.dtype);
-    for (uint64_t i = 0; i < len; i += 8) {
-        uint64_t r = mix64(key ^ ((offset + i) >> 3));
-        uint8_t b[8];
-        memcpy(b, &r, 8);
-        uint64_t m = len - i < 8 ? len - i : 8;
-        for (uint64_t j = 0; j < m; j++) {
-            uint64_t pos = offset + i + j;
-            uint8_t *o = buf + i + j;
-            switch (t->fill) {
-            case F_FP8: /* sign, exponent 5..8, mantissa */
-                *o = (uint8_t)((b[j] & 0x80) | ((5 + ((b[j] >> 3) & 3)) << 3) | (b[j] & 7));
-                break;
-            case F_FP4: *o = b[j]; break;
-            case F_SCALE: *o = (uint8_t)(127 + ilogbf(t->a)); break;
-            default: {
-                uint64_t el = pos / esz; /* element index: regenerate per element */
-                uint64_t re = mix64(key ^ (el | 0x8000000000000000ull));
-                if (t->fill == F_TID2EID) {
-                    int k = S->cfg->n_active_experts, E = S->cfg->n_routed_experts;
-                    int64_t tok = (int64_t)(el / (uint64_t)k), slot = (int64_t)(el % (uint64_t)k);
-                    /* k distinct experts per token: a rotation by a token-dependent offset */
-                    int64_t base = (int64_t)(mix64(key ^ (uint64_t)tok) % (uint64_t)E);
-                    int64_t step = E > k ? 1 + (int64_t)(mix64(key + (uint64_t)tok) % (uint64_t)(E / k)) : 1;
-                    int64_t v = (base + slot * step) % E;
-                    *o = (uint8_t)((uint64_t)v >> (8 * (pos % 8)));
-                } else if (t->fill == F_BF16) {
-                    float f = t->a + t->b * unif(re);
-                    uint32_t u;
-                    memcpy(&u, &f, 4);
-                    *o = (uint8_t)((u >> 16) >> (8 * (pos % 2)));
-                } else {
-                    float f = t->a + t->b * unif(re);
-                    uint32_t u;
-                    memcpy(&u, &f, 4);
-                    *o = (uint8_t)(u >> (8 * (pos % 4)));
-                }
-            }
-            }
-        }
+    long nspan = (long)((len + FILL_SPAN - 1) / FILL_SPAN);
+#pragma omp parallel for schedule(static) if (nspan > 1)
+    for (long k = 0; k < nspan; k++) {
+        uint64_t o = (uint64_t)k * FILL_SPAN, n = len - o < FILL_SPAN ? len - o : FILL_SPAN;
+        fill_span(S, t, key, offset + o, buf + o, n);
     }
     S->done_bytes += (double)len;
     if (S->o->progress && S->total_bytes > 1e9 && S->done_bytes >= S->next_report) {
