@@ -9,7 +9,8 @@
 # -m synth:flash:4 builds on every run.
 # Environment:
 #   AB_MODEL     the model (default: flash 4 layers, written once to AB_DIR)
-#   AB_DIR       where that model is written (default /dev/shm/dsv4-ab-flash4)
+#   AB_DIR       where that model is written (default /dev/shm/dsv4-ab-flash4 where
+#                /dev/shm has 20 GB free, else $TMPDIR or /tmp)
 #   AB_BACKEND   cuda (default) or cpu
 #   AB_BENCH     bench's arguments (default: --prompt 512 --gen 128 --batch 8)
 #   AB_TIMEOUT   seconds a run of dsv4 may take (default 120; the synth: 600)
@@ -19,10 +20,13 @@
 # and the summary gives each binary's batch-1 ms/token (each run, the mean).
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: gpu-ab.sh BASE NEW [ROUNDS]" >&2; exit 2; }
-BASE=$1 NEW=$2 ROUNDS=${3:-3}
-for d in "$BASE" "$NEW"; do
+ROUNDS=${3:-3}
+for d in "$1" "$2"; do
   [ -x "$d/dsv4" ] || { echo "gpu-ab: $d/dsv4 missing (a gpu-pack.sh folder: dsv4 and lib/)" >&2; exit 2; }
 done
+BASE=$(cd "$1" && pwd) NEW=$(cd "$2" && pwd)
+MODEL=${AB_MODEL:-}
+[ -z "$MODEL" ] || MODEL=$(realpath "$MODEL")
 case "$ROUNDS" in '' | *[!0-9]*) echo "gpu-ab: ROUNDS must be a number, not '$ROUNDS'" >&2; exit 2 ;; esac
 BACKEND=${AB_BACKEND:-cuda}
 BENCH=${AB_BENCH:---prompt 512 --gen 128 --batch 8}
@@ -33,10 +37,15 @@ trap 'rm -rf "$W"' EXIT
 LDP=${LD_LIBRARY_PATH:-}
 run() { local d=$1; shift; LD_LIBRARY_PATH="$d/lib:/usr/local/cuda/lib64:$LDP" timeout "$TMO" "$d/dsv4" "$@"; }
 
-MODEL=${AB_MODEL:-}
 if [ -z "$MODEL" ]; then
-  MODEL=${AB_DIR:-/dev/shm/dsv4-ab-flash4}
-  if [ ! -f "$MODEL/config.json" ]; then
+  # /dev/shm where it has room for the ~16 GB (a container's may be small), else /tmp
+  room=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+  def=/dev/shm/dsv4-ab-flash4
+  [ -f "$def/model.safetensors.index.json" ] || [ "${room:-0}" -ge $((20 * 1024 * 1024)) ] ||
+    def=${TMPDIR:-/tmp}/dsv4-ab-flash4
+  MODEL=${AB_DIR:-$def}
+  # the index is the writer's last file: without it the model is incomplete
+  if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
     echo "gpu-ab: writing the flash 4-layer synth to $MODEL"
     TMO=600 run "$NEW" synth --like flash --layers 4 -o "$MODEL" || { echo "gpu-ab: dsv4 synth failed" >&2; exit 1; }
   fi
