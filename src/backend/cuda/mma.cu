@@ -332,24 +332,40 @@ template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a
     return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
 }
 
-/* Row sp's FP8 scale of group g as loaded (F32: its bits, E8M0: the byte;
- * BF16: nothing), and as a float (1 for BF16): mma_group loads the scales
- * before its MMAs and decodes them after (the compare of dsc_e8m0 at the
- * load would hold the warp for the load's round trip). */
-template <int KIND> __device__ __forceinline__ uint32_t mma_scale_raw(const dsc_w &w, const uint8_t *sp, int g) {
-    if (KIND == DS_W_BF16) return 0u;
-    return w.scale_f32 ? __float_as_uint(((const float *)sp)[g]) : (uint32_t)sp[g];
-}
-template <int KIND> __device__ __forceinline__ float mma_scale_val(const dsc_w &w, uint32_t raw) {
-    if (KIND == DS_W_BF16) return 1.0f;
-    return w.scale_f32 ? __uint_as_float(raw) : dsc_e8m0((uint8_t)raw);
-}
-
 /* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
  * group g of a row (127, scale 1, past K: zero codes there). */
 __device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
     int i = g * 4 + tig;
     return i < w.scale_cols ? (uint32_t)__ldg(sp + i) : 127u;
+}
+
+/* The scales of group g of row sp, as loaded: FP8 the group's scale (F32:
+ * its bits; E8M0: the byte), FP4 the 32-column group's E8M0 byte
+ * (mma_e8_ldg); through the read-only path. The streaming kernels load them
+ * with the weights into their register ring, mma_group before its MMAs, and
+ * both decode FP8's byte (mma_sc_dec) only when the unit is multiplied:
+ * decoded at the load (a compare with 255 on the loaded byte), each warp
+ * waited there for the scale's round trip, the ring's next unit behind it
+ * (ncu, wq_b at one token: 31% of the stall samples on those compares, long
+ * scoreboard). */
+template <int KIND>
+__device__ __forceinline__ uint32_t mma_sc_raw(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    if (KIND == DS_W_FP8) return w.scale_f32 ? __ldg((const unsigned int *)sp + g) : (uint32_t)__ldg(sp + g);
+    if (KIND == DS_W_FP4) return mma_e8_ldg(w, sp, g, tig);
+    return 0;
+}
+
+/* FP8: a loaded scale as fp32 bits (dsc_e8m0 of an E8M0 byte); FP4's byte
+ * and BF16's nothing unchanged. */
+template <int KIND> __device__ __forceinline__ uint32_t mma_sc_dec(const dsc_w &w, uint32_t raw) {
+    if (KIND == DS_W_FP8 && !w.scale_f32) return __float_as_uint(dsc_e8m0((uint8_t)raw));
+    return raw;
+}
+
+/* Both: the scale ready for mma_group_s (the tile kernel, loads without a ring). */
+template <int KIND>
+__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+    return mma_sc_dec<KIND>(w, mma_sc_raw<KIND>(w, sp, g, tig));
 }
 
 /* A warp's FP4 scale bytes s[0..N) (each lane its own rows') as afrag's m2,
@@ -388,7 +404,7 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
 #pragma unroll
     for (int i = 0; i < 2 * MI; i++) {
         sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
-        s8[i] = KIND == DS_W_FP8 ? mma_scale_raw<KIND>(w, sp[i], g) : 0u;
+        s8[i] = KIND == DS_W_FP8 ? mma_sc_raw<KIND>(w, sp[i], g, tig) : 0u;
     }
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -454,7 +470,8 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
     if (KIND == DS_W_FP8) {
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            float s0 = mma_scale_val<KIND>(w, s8[2 * mi]), s1 = mma_scale_val<KIND>(w, s8[2 * mi + 1]);
+            float s0 = __uint_as_float(mma_sc_dec<KIND>(w, s8[2 * mi])),
+                  s1 = __uint_as_float(mma_sc_dec<KIND>(w, s8[2 * mi + 1]));
 #pragma unroll
             for (int ni = 0; ni < NB; ni++) {
                 acc[mi][ni][0] = __fmul_rn(__fmul_rn(acc[mi][ni][0], xiv[ni][0]), s0);
@@ -732,34 +749,6 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
         acc[2] = __fmul_rn(__fmul_rn(acc[2], xi0), s1);
         acc[3] = __fmul_rn(__fmul_rn(acc[3], xi1), s1);
     }
-}
-
-/* The scales mma_group_s takes for group g of rows sa / sb, as loaded: FP8
- * the group's scale (F32: its bits; E8M0: the byte), FP4 the 32-column
- * group's E8M0 byte (mma_e8_ldg); through the read-only path. The streaming
- * kernels load them with the weights into their register ring and decode
- * FP8's byte (mma_sc_dec) only when the unit is multiplied: decoded at the
- * load (a compare with 255 on the loaded byte), each warp waited there for
- * the scale's round trip, the ring's next unit behind it (ncu, wq_b at one
- * token: 31% of the stall samples on those compares, long scoreboard). */
-template <int KIND>
-__device__ __forceinline__ uint32_t mma_sc_raw(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    if (KIND == DS_W_FP8) return w.scale_f32 ? __ldg((const unsigned int *)sp + g) : (uint32_t)__ldg(sp + g);
-    if (KIND == DS_W_FP4) return mma_e8_ldg(w, sp, g, tig);
-    return 0;
-}
-
-/* FP8: a loaded scale as fp32 bits (dsc_e8m0 of an E8M0 byte); FP4's byte
- * and BF16's nothing unchanged. */
-template <int KIND> __device__ __forceinline__ uint32_t mma_sc_dec(const dsc_w &w, uint32_t raw) {
-    if (KIND == DS_W_FP8 && !w.scale_f32) return __float_as_uint(dsc_e8m0((uint8_t)raw));
-    return raw;
-}
-
-/* Both: the scale ready for mma_group_s (the tile kernel, loads without a ring). */
-template <int KIND>
-__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    return mma_sc_dec<KIND>(w, mma_sc_raw<KIND>(w, sp, g, tig));
 }
 
 /* The FP8 inverse activation scales a streaming kernel keeps in shared

@@ -118,7 +118,6 @@ extern "C" int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *jobs, 
     int nj = 0;
     for (int i = 0; i < n; i++) {
         const ds_rmsnorm_params *p = &jobs[i];
-        if (p->T > 65535) return dsc_failmsg(err, op, "%d rows exceed the grid", p->T);
         if (p->rope_inv_freq && (p->T > I->step.T || 2 * p->rope_half > p->n))
             return dsc_failmsg(err, op, "rope on %d rows of %d (width %d) in a step of %d rows", p->T, p->n,
                                2 * p->rope_half, I->step.T);
