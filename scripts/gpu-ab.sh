@@ -14,6 +14,9 @@
 #   AB_BACKEND   cuda (default) or cpu
 #   AB_BENCH     bench's arguments (default: --prompt 512 --gen 128 --batch 8)
 #   AB_TIMEOUT   seconds a run of dsv4 may take (default 120; the synth: 600)
+#   AB_ENV_BASE, AB_ENV_NEW  VAR=value words for BASE's / NEW's runs: one build
+#                against itself under two settings, e.g. BASE = NEW and
+#                AB_ENV_BASE=DSV4_CUDA_STRM_PIECES=1
 # Bits: the logits of two sequences token by token (graphs), in chunks of 7 and
 # whole, and of the bundled model, cmp'ed; "same bits" or "DIFFERENT" each.
 # Speed: each round runs BASE then NEW (odd rounds) or NEW then BASE (even),
@@ -35,7 +38,13 @@ cd "$(dirname "$0")/.."
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 LDP=${LD_LIBRARY_PATH:-}
-run() { local d=$1; shift; LD_LIBRARY_PATH="$d/lib:/usr/local/cuda/lib64:$LDP" timeout "$TMO" "$d/dsv4" "$@"; }
+EB=${AB_ENV_BASE:-} EN=${AB_ENV_NEW:-}
+for w in $EB $EN; do
+  [[ "$w" == [A-Za-z_]*=* ]] || { echo "gpu-ab: AB_ENV_BASE / AB_ENV_NEW take VAR=value words, not '$w'" >&2; exit 2; }
+done
+# run DIR VARS dsv4-args...: VARS (unquoted: VAR=value words) for that run only
+# shellcheck disable=SC2086
+run() { local d=$1 e=$2; shift 2; env $e LD_LIBRARY_PATH="$d/lib:/usr/local/cuda/lib64:$LDP" timeout "$TMO" "$d/dsv4" "$@"; }
 
 if [ -z "$MODEL" ]; then
   # /dev/shm where it has room for the ~16 GB (a container's may be small), else /tmp
@@ -47,10 +56,11 @@ if [ -z "$MODEL" ]; then
   # the index is the writer's last file: without it the model is incomplete
   if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
     echo "gpu-ab: writing the flash 4-layer synth to $MODEL"
-    TMO=600 run "$NEW" synth --like flash --layers 4 -o "$MODEL" || { echo "gpu-ab: dsv4 synth failed" >&2; exit 1; }
+    TMO=600 run "$NEW" "" synth --like flash --layers 4 -o "$MODEL" || { echo "gpu-ab: dsv4 synth failed" >&2; exit 1; }
   fi
 fi
 echo "gpu-ab: model $MODEL, backend $BACKEND, $(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+echo "gpu-ab: base $BASE${EB:+ with $EB}, new $NEW${EN:+ with $EN}"
 
 # ---- bits
 # 40 tokens spread over the model's vocabulary (at most 6000: the bundled model's)
@@ -58,11 +68,11 @@ toks() { python3 -c "import json,sys; v=min(6000,json.load(open(sys.argv[1]+'/co
 tm=$(toks "$MODEL") tk=$(toks models/kjv) || { echo "gpu-ab: cannot read the models' config.json" >&2; exit 1; }
 fail=0
 for v in base new; do
-  d=$BASE; [ $v = new ] && d=$NEW
-  run "$d" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 --prefill-chunk 1 -o "$W/$v.c1" >/dev/null 2>"$W/$v.err" &&
-    run "$d" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 --prefill-chunk 7 -o "$W/$v.c7" >/dev/null 2>>"$W/$v.err" &&
-    run "$d" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 -o "$W/$v.whole" >/dev/null 2>>"$W/$v.err" &&
-    run "$d" logits -m models/kjv --backend "$BACKEND" --tokens "$tk" -o "$W/$v.kjv" >/dev/null 2>>"$W/$v.err" ||
+  d=$BASE e=$EB; [ $v = new ] && d=$NEW e=$EN
+  run "$d" "$e" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 --prefill-chunk 1 -o "$W/$v.c1" >/dev/null 2>"$W/$v.err" &&
+    run "$d" "$e" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 --prefill-chunk 7 -o "$W/$v.c7" >/dev/null 2>>"$W/$v.err" &&
+    run "$d" "$e" logits -m "$MODEL" --backend "$BACKEND" --tokens "$tm" --tokens 5,6,7,8,9 -o "$W/$v.whole" >/dev/null 2>>"$W/$v.err" &&
+    run "$d" "$e" logits -m models/kjv --backend "$BACKEND" --tokens "$tk" -o "$W/$v.kjv" >/dev/null 2>>"$W/$v.err" ||
     { echo "gpu-ab: $v's logits failed:"; tail -3 "$W/$v.err"; fail=1; }
 done
 if [ $fail = 0 ]; then
@@ -75,9 +85,9 @@ fi
 for r in $(seq 1 "$ROUNDS"); do
   order="base new"; [ $((r % 2)) = 0 ] && order="new base"
   for v in $order; do
-    d=$BASE; [ $v = new ] && d=$NEW
+    d=$BASE e=$EB; [ $v = new ] && d=$NEW e=$EN
     # shellcheck disable=SC2086
-    out=$(run "$d" bench -m "$MODEL" --backend "$BACKEND" $BENCH 2>&1)
+    out=$(run "$d" "$e" bench -m "$MODEL" --backend "$BACKEND" $BENCH 2>&1)
     line=$(printf '%s\n' "$out" | grep -E '^decode .* ms/token' | head -1)
     [ -n "$line" ] || { echo "gpu-ab: round $r $v: no decode line"; printf '%s\n' "$out" | tail -3; continue; }
     printf 'round %d %-4s %s\n' "$r" "$v" "$line"
