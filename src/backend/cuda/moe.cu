@@ -36,13 +36,16 @@ struct route_args {
 
 __global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args a) {
     DSC_PDL_WAIT();
-    extern __shared__ float rsm[]; /* [warps][E] scores, then [warps][E] taken flags */
+    /* [warps][E] scores, [warps][E] score + bias, [warps][E] taken flags,
+     * [warps][k] the chosen experts in slot order */
+    extern __shared__ float rsm[];
     int lane = threadIdx.x & 31, wl = threadIdx.x >> 5;
     int t = blockIdx.x * DSC_ROUTE_WARPS + wl;
     if (t >= a.T) return;
     int E = a.E, k = a.k;
-    float *sc = rsm + (size_t)wl * E;
-    int *tk = (int *)(rsm + (size_t)DSC_ROUTE_WARPS * E) + (size_t)wl * E;
+    float *sc = rsm + (size_t)wl * E, *vb = rsm + (size_t)(DSC_ROUTE_WARPS + wl) * E;
+    int *tk = (int *)(rsm + (size_t)2 * DSC_ROUTE_WARPS * E) + (size_t)wl * E;
+    int *sel = (int *)(rsm + (size_t)3 * DSC_ROUTE_WARPS * E) + (size_t)wl * k;
     const float *lg = a.logits + (size_t)t * E;
     if (a.score_func == DS_ROUTE_SOFTMAX) {
         float mx = -INFINITY, part = 0.0f;
@@ -65,17 +68,21 @@ __global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args 
         }
     }
     for (int e = lane; e < E; e += 32) tk[e] = 0;
+    /* the bias read once (its loads in flight together), not in each of the
+     * k rounds: the same sums */
+    if (!a.tid2eid)
+        for (int e = lane; e < E; e += 32) vb[e] = sc[e] + a.bias[e];
     __syncwarp();
     int32_t *idx = a.idx + (size_t)t * k;
     if (a.tid2eid) {
         if (lane == 0)
-            for (int j = 0; j < k; j++) idx[j] = a.tid2eid[(size_t)a.tok_id[t] * k + j];
+            for (int j = 0; j < k; j++) idx[j] = sel[j] = a.tid2eid[(size_t)a.tok_id[t] * k + j];
     } else {
         for (int j = 0; j < k; j++) {
             int best = -1;
             float bv = 0.0f;
             for (int e = lane; e < E; e += 32) {
-                float v = sc[e] + a.bias[e];
+                float v = vb[e];
                 if (!tk[e] && (best < 0 || v > bv)) {
                     best = e;
                     bv = v;
@@ -100,19 +107,19 @@ __global__ void __launch_bounds__(DSC_ROUTE_WARPS * 32) route_kernel(route_args 
             int e = e0 + lane, f = e < E && tk[e];
             unsigned m = __ballot_sync(0xffffffffu, f);
             int pos = j0 + __popc(m & ((1u << lane) - 1u));
-            if (f && pos < k) idx[pos] = e;
+            if (f && pos < k) idx[pos] = sel[pos] = e;
             j0 += __popc(m);
         }
     }
     __syncwarp();
-    if (lane == 0) {
+    if (lane == 0) { /* sel: idx as written (shared memory, not a global round trip a slot) */
         float sum = 0.0f;
         for (int j = 0; j < k; j++) {
-            int e = idx[j];
+            int e = sel[j];
             sum += (e >= 0 && e < E) ? sc[e] : 0.0f;
         }
         for (int j = 0; j < k; j++) {
-            int e = idx[j];
+            int e = sel[j];
             a.wts[(size_t)t * k + j] = ((e >= 0 && e < E) ? sc[e] : 0.0f) / (sum + 1e-20f) * a.route_scale;
         }
     }
@@ -126,7 +133,7 @@ extern "C" int dsc_route(const ds_backend *be, const ds_route_params *p, ds_err 
     if (p->k <= 0 || p->k > p->E) return dsc_failmsg(err, op, "top-%d of %d experts", p->k, p->E);
     if (!p->tid2eid && !p->bias) return dsc_failmsg(err, op, "neither a bias nor a hash table");
     if (p->tid2eid && p->T > I->step.T) return dsc_failmsg(err, op, "%d rows but the step has %d", p->T, I->step.T);
-    size_t smem = (size_t)DSC_ROUTE_WARPS * p->E * (sizeof(float) + sizeof(int));
+    size_t smem = (size_t)DSC_ROUTE_WARPS * ((size_t)p->E * (2 * sizeof(float) + sizeof(int)) + (size_t)p->k * sizeof(int));
     if (smem > 48 * 1024) return dsc_failmsg(err, op, "%d experts exceed the shared-memory tile", p->E);
     route_args a = {p->logits, p->bias, p->T, p->E, p->k, p->score_func, p->tid2eid, I->step.tok_id,
                     p->route_scale, p->idx, p->wts};
@@ -446,22 +453,31 @@ __global__ void moe_combine_kernel(const int32_t *__restrict__ idx, const float 
                                    const int *__restrict__ slot_pos, const float *__restrict__ y2,
                                    const float *__restrict__ shared, int k, int D, int E, float *__restrict__ out) {
     DSC_PDL_WAIT();
+    /* the token's slots in (expert id, slot) order, once a block: slot j's
+     * place is the number of slots before it (a stable sort; was an insertion
+     * sort in every thread through dependent loads); its row of y2 (-1: a bad
+     * id, no expert ran it) and its weight */
+    __shared__ int s_row[32];
+    __shared__ float s_w[32];
     int t = blockIdx.y;
-    int order[32];
-    const int32_t *id = idx + (size_t)t * k;
-    for (int j = 0; j < k; j++) order[j] = j;
-    for (int i = 1; i < k; i++) /* insertion sort by (expert id, slot) */
-        for (int b = i; b > 0 && id[order[b - 1]] > id[order[b]]; b--) {
-            int tmp = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = tmp;
+    if ((int)threadIdx.x < k) {
+        const int32_t *id = idx + (size_t)t * k;
+        int j = threadIdx.x, e = id[j], r = 0;
+        for (int i = 0; i < k; i++) {
+            int f = id[i];
+            r += f < e || (f == e && i < j);
         }
+        size_t pr = (size_t)t * k + j;
+        s_row[r] = e >= 0 && e < E ? slot_pos[pr] : -1;
+        s_w[r] = wts[pr];
+    }
+    __syncthreads();
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < D; c += gridDim.x * blockDim.x) {
         float y = 0.0f;
-        for (int j = 0; j < k; j++) {
-            size_t pr = (size_t)t * k + order[j];
-            if (id[order[j]] < 0 || id[order[j]] >= E) continue; /* bad id: no expert ran it */
-            y = y + y2[(size_t)slot_pos[pr] * D + c] * wts[pr];
+        for (int r = 0; r < k; r++) {
+            int row = s_row[r];
+            if (row < 0) continue;
+            y = y + y2[(size_t)row * D + c] * s_w[r];
         }
         if (shared) y = y + shared[(size_t)t * D + c];
         out[(size_t)t * D + c] = y;
