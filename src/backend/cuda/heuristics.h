@@ -145,7 +145,10 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
 /* mma_strm_kernel: blocks per SM its registers allow and the grid gives, by
  * kind (not ORDER). FP4 at 4 (64 registers, no spills); FP8, whose ring holds
  * twice the bytes, at 3 (at 4: 64 registers and ~70 B of spills). wq_b with
- * the kernel before its load cursor: 2 blocks 22.0 us, 3 20.4, 4 20.5. */
+ * the kernel before its load cursor: 2 blocks 22.0 us, 3 20.4, 4 20.5. FP8 at
+ * 4 again (2026-12-05, ncu on an H100, one token): wq_b 15.9 -> 21.6 us, wo_a
+ * 19.8 -> 20.9 (then one tile a block instead of 1-2), batch 1 1.386 -> 1.412
+ * ms/token: a block's tiles are not what holds these products. */
 static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP8 ? 3 : 4; }
 #define DSC_MMA_STRM_XSMEM (56 * 1024) /* mma_strm_kernel for the experts: an expert's tokens in
                                  * passes of the most whose split activations and partials fit
