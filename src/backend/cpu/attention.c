@@ -89,9 +89,9 @@ int ds_cpu_attention(const ds_backend *be, const ds_attention_params *P, ds_err 
     const ds_cpu *c = ds_cpu_of(be);
     const ds_step_desc *st = &c->step;
     int T = P->T, d = P->d, W = P->window;
-    if (P->out_inv_freq && 2 * P->out_rope_half > d)
-        return ds_fail(err, "cpu attention (layer %d): output rope width %d > head dim %d", P->layer,
-                       2 * P->out_rope_half, d);
+    if (P->out_inv_freq && (P->out_rope_half < 0 || 2 * P->out_rope_half > d))
+        return ds_fail(err, "cpu attention (layer %d): out_rope_half %d outside a head of %d", P->layer,
+                       P->out_rope_half, d);
     size_t total = 0;
     for (int t = 0; t < T; t++) total += n_keys(P, st, t);
     size_t bytes = (size_t)(T + 1) * sizeof(size_t) + total * sizeof(float *) + total * (size_t)P->H * sizeof(float);

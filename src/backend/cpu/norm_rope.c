@@ -41,11 +41,15 @@ static void norm_row(void *ctx, int t) {
 
 int ds_cpu_rmsnorm_op(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err) {
     const ds_step_desc *st = &ds_cpu_of(be)->step;
+    /* every job checked before any runs: a bad one leaves no output written */
     for (int i = 0; i < n; i++) {
         const ds_rmsnorm_params *p = &jobs[i];
-        if (p->rope_inv_freq && (p->T > st->T || 2 * p->rope_half > p->n))
-            return ds_fail(err, "rmsnorm + rope: %d rows of %d (rope width %d) in a step of %d rows", p->T, p->n,
-                           2 * p->rope_half, st->T);
+        if (p->rope_inv_freq && (p->T > st->T || p->rope_half < 0 || 2 * p->rope_half > p->n))
+            return ds_fail(err, "cpu rmsnorm job %d: rope_half %d on %d rows of %d in a step of %d rows", i,
+                           p->rope_half, p->T, p->n, st->T);
+    }
+    for (int i = 0; i < n; i++) {
+        const ds_rmsnorm_params *p = &jobs[i];
         norm_job J = {p, st->tok_pos};
         ds_cpu_parallel_for(be, p->T, norm_row, &J);
     }

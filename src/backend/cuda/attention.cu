@@ -304,7 +304,7 @@ extern "C" int dsc_attention(const ds_backend *be, const ds_attention_params *p,
     if (((uintptr_t)p->q | (uintptr_t)p->kv | (uintptr_t)p->out) & 15)
         return dsc_failmsg(err, op, "q, kv and out must be 16-byte aligned");
     if (p->out_inv_freq && (p->out_rope_half < 0 || 2 * p->out_rope_half > p->d))
-        return dsc_failmsg(err, op, "output rope width %d > head dim %d", 2 * p->out_rope_half, p->d);
+        return dsc_failmsg(err, op, "out_rope_half %d outside a head of %d", p->out_rope_half, p->d);
     double t0 = 0;
     if (be->profile) {
         cudaStreamSynchronize(I->stream);

@@ -115,12 +115,16 @@ extern "C" int dsc_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *jobs, 
     dsc_impl *I = dsc_of(be);
     norm_jobs a = {};
     a.pos = I->step.tok_pos;
+    /* every job checked before any is launched: a bad one leaves no output written */
+    for (int i = 0; i < n; i++) {
+        const ds_rmsnorm_params *p = &jobs[i];
+        if (p->rope_inv_freq && (p->T > I->step.T || p->rope_half < 0 || 2 * p->rope_half > p->n))
+            return dsc_failmsg(err, op, "job %d: rope_half %d on %d rows of %d in a step of %d rows", i, p->rope_half,
+                               p->T, p->n, I->step.T);
+    }
     int nj = 0;
     for (int i = 0; i < n; i++) {
         const ds_rmsnorm_params *p = &jobs[i];
-        if (p->rope_inv_freq && (p->T > I->step.T || 2 * p->rope_half > p->n))
-            return dsc_failmsg(err, op, "rope on %d rows of %d (width %d) in a step of %d rows", p->T, p->n,
-                               2 * p->rope_half, I->step.T);
         if (p->T <= 0) continue;
         a.j[nj++] = {p->x, p->w, p->out, p->T, p->n, p->eps, p->rope_inv_freq, p->rope_half};
         if (nj == DSC_NORM_JOBS) {
