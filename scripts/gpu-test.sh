@@ -10,9 +10,10 @@
 #   3. dsv4 check --backend cuda (random batches and chunkings: one output per
 #      request) and repeatability across processes; CUDA graphs = direct
 #      launches, the shared expert on the main stream (DSV4_CUDA_SIDE=0) = on
-#      its side stream (the default), bitwise (graph_bits);
+#      its side stream (the default), the compressors and indexer in issue
+#      order (DSV4_CUDA_LANES=0) = on the side lane, bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
-#   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE, a sequence larger than GPU memory;
+#   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE / _LANES, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
 #      layers, written here), the kernel timings, the shared expert on the
@@ -118,7 +119,8 @@ graph_bits() {
     else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: graph logits differ (or no graph replayed)"; fi
     # the paths a variable switches, each with direct launches (docs/cuda.md)
     local v
-    for v in "DSV4_CUDA_SIDE=0:the shared expert on the main stream"; do
+    for v in "DSV4_CUDA_SIDE=0:the shared expert on the main stream" \
+      "DSV4_CUDA_LANES=0:the compressors and indexer in issue order"; do
       ok=0
       if env "${v%%:*}" DSV4_CUDA_GRAPH=0 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" \
         -o "$T/grv" >/dev/null 2>&1; then
@@ -174,9 +176,12 @@ bad_input() {
   DSV4_CUDA_GRAPH_OPS=eight "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
   if [ $? -eq 1 ] && grep -q "DSV4_CUDA_GRAPH_OPS='eight'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
   cat "$T/e"
-  DSV4_CUDA_SIDE=yes "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
-  if [ $? -eq 1 ] && grep -q "DSV4_CUDA_SIDE='yes'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
-  cat "$T/e"
+  local sw
+  for sw in SIDE LANES; do
+    env "DSV4_CUDA_$sw=yes" "$bin" logits -m tests/fixtures/q128 --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
+    if [ $? -eq 1 ] && grep -q "DSV4_CUDA_$sw='yes'" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi
+    cat "$T/e"
+  done
   # a model larger than the GPU's memory (DSV4_CUDA_FREE_MIB leaves 8 MiB free)
   DSV4_CUDA_FREE_MIB=8 "$bin" logits -m models/kjv --tokens 1,2 -o "$T/x" --backend cuda >"$T/e" 2>&1
   if [ $? -eq 1 ] && grep -q "map_weights: the weights need" "$T/e"; then n=$((n + 1)); else f=$((f + 1)); fi

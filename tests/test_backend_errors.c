@@ -4,6 +4,8 @@
  *    n a step makes: the step returns an error naming the op and the layer;
  * 2. the CPU backend running out of memory at its n-th scratch allocation,
  *    for every n a step makes: the step says "out of memory";
+ * 3. the model's lanes (be->lane): the side lane gets only the ops it may run,
+ *    every branch is joined before the step's downloads;
  * and after each failure a step without faults gives the normal logits bit
  * for bit (the arena and scratch stay usable). No crash; under ASan no leak. */
 #include <stdlib.h>
@@ -18,10 +20,18 @@ typedef struct {
     ds_backend be; /* first: the model code sees only this */
     const ds_backend *cpu;
     int calls, fail_at;
+    int lane, branch, sides, open_dl; /* be->lane's protocol (backend.h), as the model uses it */
 } faulty;
 
 static int trip(const ds_backend *be, const char *op, ds_err *err) {
     faulty *f = (faulty *)(void *)be; /* test-only: the counter lives beside the backend */
+    if (!strcmp(op, "begin_step")) f->lane = f->branch = 0; /* a failed step may leave a branch open */
+    /* the side lane runs only these ops; a step's download comes after its joins */
+    if (f->lane == DS_LANE_SIDE)
+        CHECK(!strcmp(op, "matmul_many") || !strcmp(op, "compress") || !strcmp(op, "rope") || !strcmp(op, "indexer") ||
+                  !strcmp(op, "lane"),
+              "%s issued on the side lane", op);
+    if (!strcmp(op, "download") && f->branch) f->open_dl++;
     if (++f->calls != f->fail_at) return 0;
     ds_fail(err, "injected fault in %s", op);
     return 1;
@@ -54,6 +64,15 @@ static int w_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n,
 static int w_rmsnorm(const ds_backend *be, const ds_rmsnorm_params *jobs, int n, ds_err *err) {
     const faulty *f = (const faulty *)(const void *)be;
     return trip(be, "rmsnorm", err) ? -1 : f->cpu->rmsnorm(f->cpu, jobs, n, err);
+}
+static int w_lane(const ds_backend *be, int to, ds_err *err) {
+    faulty *f = (faulty *)(void *)be;
+    if (trip(be, "lane", err)) return -1;
+    CHECK(to == DS_LANE_MAIN || to == DS_LANE_SIDE || to == DS_LANE_JOIN, "lane %d", to);
+    if (to == DS_LANE_SIDE) f->branch = 1, f->sides++;
+    if (to == DS_LANE_JOIN) f->branch = 0;
+    f->lane = to == DS_LANE_SIDE ? DS_LANE_SIDE : DS_LANE_MAIN;
+    return 0; /* the CPU runs in issue order */
 }
 static int w_download(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
     const faulty *f = (const faulty *)(const void *)be;
@@ -93,7 +112,7 @@ int main(void) {
     float *ref = malloc(sizeof(float) * (size_t)V * L), *got = malloc(sizeof(float) * (size_t)V * L);
     CHECK(step(m, &cpu, toks, L, ref, &err) == 0, "%s", err.msg);
 
-    faulty f = {cpu, &cpu, 0, 0};
+    faulty f = {cpu, &cpu, 0, 0, 0, 0, 0, 0};
     f.be.begin_step = w_begin_step;
     f.be.embed = w_embed;
     f.be.matmul_many = w_matmul_many;
@@ -111,15 +130,19 @@ int main(void) {
     f.be.route = w_route;
     f.be.moe = w_moe;
     f.be.download = w_download;
+    f.be.lane = w_lane;
 
     /* 1. every op call of a step */
     int failures = 0, named_layer = 0;
     for (int n = 1;; n++) {
-        f.calls = 0, f.fail_at = n;
+        f.calls = 0, f.fail_at = n, f.sides = 0, f.open_dl = 0;
         err.msg[0] = 0;
         int rc = step(m, &f.be, toks, L, got, &err);
         if (f.calls < n) { /* the step made fewer calls: it ran through and must be exact */
             CHECK(rc == 0 && !memcmp(got, ref, sizeof(float) * (size_t)V * L), "a step without faults differs");
+            /* the compressed layers' branches, each joined before the step's downloads */
+            CHECK(f.sides > 0 && !f.branch && !f.open_dl, "lanes: %d branches, %s open, %d downloads inside one",
+                  f.sides, f.branch ? "one" : "none", f.open_dl);
             break;
         }
         failures++;

@@ -337,6 +337,20 @@ struct ds_backend {
 
     /* the step */
     int (*begin_step)(const ds_backend *be, const ds_step_desc *s, ds_err *err);
+    /* Optional (NULL: every op runs in the order issued, which is always
+     * right). Two lanes of ops inside a step, so that independent chains
+     * may run side by side (docs/backend.md, "Lanes"):
+     *   DS_LANE_SIDE  the ops issued next go to the side lane, which first
+     *                 waits for everything issued so far on the main lane;
+     *   DS_LANE_MAIN  the ops issued next go to the main lane again, which
+     *                 does not wait for the side lane;
+     *   DS_LANE_JOIN  the main lane waits for everything issued on the side
+     *                 lane; the ops issued next go to the main lane.
+     * Between a DS_LANE_SIDE and its join, neither lane may write what the
+     * other reads. Only matmul_many, compress, rope and indexer may be issued
+     * on the side lane (another op there is an error naming it), and one
+     * indexer at a time. Every output has the bits of issue order. */
+    int (*lane)(const ds_backend *be, int to, ds_err *err);
 
     /* ops, at the level of the paper's sections */
     int (*embed)(const ds_backend *be, const ds_embed_params *p, ds_err *err);
@@ -386,6 +400,14 @@ struct ds_backend {
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);
 };
+
+enum { DS_LANE_MAIN = 0, DS_LANE_SIDE = 1, DS_LANE_JOIN = 2 };
+
+/* be->lane where the backend has lanes; otherwise nothing to do (issue
+ * order is the order the ops run in). */
+static inline int ds_lane(const ds_backend *be, int to, ds_err *err) {
+    return be->lane ? be->lane(be, to, err) : 0;
+}
 
 /* One product: a batch of one. */
 static inline int ds_matmul(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, ds_err *err) {

@@ -23,20 +23,31 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
     int T = S->T, H = c->n_heads, d = c->head_dim, QL = c->q_lora_rank;
     const float *inv = ly->ratio ? m->inv_freq_compress : m->inv_freq_main;
 
+    /* Two lanes (be->lane; docs/backend.md "Lanes"): the compressors need
+     * only xn and the indexer only xn and the normed q residual, so they run
+     * on the side lane beside the queries' chain; joined before attention. */
+    int side = ly->ratio != 0;
+    if (side && (ds_lane(be, DS_LANE_SIDE, err) || ds_compress_tokens(S, li, &ly->comp, 0, xn, err) ||
+                 (ly->is_csa && ds_compress_tokens(S, li, &ly->idx.comp, 1, xn, err)) ||
+                 ds_lane(be, DS_LANE_MAIN, err)))
+        return -1;
+
     /* queries q = norm_h(wq_b @ RMSNorm(wq_a @ x)) and the single K=V head
      * kv = RMSNorm(wkv @ x), both with RoPE on the last r channels (kv's in
      * its norm's op: one head) */
     ds_matmul_job jqkv[2] = {{&ly->wq_a, xn, T, rs->qr}, {&ly->wkv, xn, T, rs->kv}};
     ds_rmsnorm_params nqkv[2] = {{rs->qr, ly->q_norm, rs->qr, T, QL, c->rms_eps, NULL, 0},
                                  {rs->kv, ly->kv_norm, rs->kv, T, d, c->rms_eps, inv, c->rope_dim / 2}};
-    if (be->matmul_many(be, jqkv, 2, err) || be->rmsnorm(be, nqkv, 2, err) ||
-        ds_matmul(be, &ly->wq_b, rs->qr, T, rs->q, err) || heads_rope(S, inv, rs->q, H, d, 1, 0, err))
+    if (be->matmul_many(be, jqkv, 2, err) || be->rmsnorm(be, nqkv, 2, err)) return -1;
+    /* the indexer's choice among the compressed entries (after its
+     * compressor, on the side lane), then the queries' heads */
+    if (ly->is_csa && (ds_lane(be, DS_LANE_SIDE, err) || ds_indexer_select(S, li, xn, rs->qr, err) ||
+                       ds_lane(be, DS_LANE_MAIN, err)))
+        return -1;
+    if (ds_matmul(be, &ly->wq_b, rs->qr, T, rs->q, err) || heads_rope(S, inv, rs->q, H, d, 1, 0, err) ||
+        (side && ds_lane(be, DS_LANE_JOIN, err)))
         return -1;
     if (ds_step_dump(S, "q", li, rs->q, T, H * d, err) || ds_step_dump(S, "kv", li, rs->kv, T, d, err)) return -1;
-
-    /* compressed entries, then the indexer's choice among them */
-    if (ly->ratio && ds_compress_tokens(S, li, &ly->comp, 0, xn, err)) return -1;
-    if (ly->is_csa && ds_indexer_select(S, li, xn, rs->qr, err)) return -1;
 
     /* the window (ascending positions), then the compressed entries; values
      * carried their keys' rotation: the op undoes it at the query position */

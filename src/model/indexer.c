@@ -15,7 +15,6 @@ int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr
     const ds_backend *be = S->be;
     ds_runstate *rs = S->rs;
     int T = S->T, nh = c->index_n_heads, dh = c->index_head_dim;
-    if (ds_compress_tokens(S, li, &ly->idx.comp, 1, xn, err)) return -1;
     ds_matmul_job j[2] = {{&ly->idx.wq_b, qr, T, rs->iq}, {&ly->idx.weights_proj, xn, T, rs->iw}};
     ds_rope_params rp = {rs->iq, T, nh, dh, c->rope_dim / 2, m->inv_freq_compress, 0, 0, c->rms_eps};
     ds_indexer_params ip = {li, ly->ratio, nh, dh, c->index_topk, rs->iq, rs->iw, 1.0f / sqrtf((float)nh), rs->sel,

@@ -51,9 +51,10 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
  * compressor, 1: the indexer's). */
 int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int which, const float *xn, ds_err *err);
 
-/* Lightning indexer (paper §2.3.1): feeds the indexer's compressor, then
- * picks for every row the top-k visible compressed entries into rs->sel,
- * rs->n_sel. qr: the q residual [T][q_lora]. */
+/* Lightning indexer (paper §2.3.1): picks for every row the top-k visible
+ * compressed entries into rs->sel, rs->n_sel, once the indexer's compressor
+ * (ds_compress_tokens, which = 1) has taken the step's rows. qr: the q
+ * residual [T][q_lora]. */
 int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, ds_err *err);
 
 /* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D].

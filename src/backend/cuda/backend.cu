@@ -59,13 +59,57 @@ int dsc_check_launch(ds_err *err, const char *op) {
 
 static int graph_cut(dsc_impl *I, ds_err *err);
 
-int dsc_use(const ds_backend *be, ds_err *err, const char *op) {
+int dsc_use_lane(const ds_backend *be, ds_err *err, const char *op) {
     dsc_impl *I = dsc_of(be);
     if (!I) return dsc_failmsg(err, op, "backend is closed");
     cudaError_t e = cudaSetDevice(I->gpu);
     if (e != cudaSuccess) return dsc_fail(err, op, "cannot select the device", e);
-    /* an op's start is a piece boundary of a captured step */
-    if (I->capturing && I->piece_ops > 0 && ++I->piece_n > I->piece_ops) return graph_cut(I, err);
+    /* an op's start is a piece boundary of a captured step, except inside a
+     * branch of the lanes (a piece's capture ends with every stream joined) */
+    if (I->capturing && I->piece_ops > 0 && ++I->piece_n > I->piece_ops && !I->branch) return graph_cut(I, err);
+    return 0;
+}
+
+int dsc_use(const ds_backend *be, ds_err *err, const char *op) {
+    dsc_impl *I = dsc_of(be);
+    if (I && I->lane) return dsc_failmsg(err, op, "issued on the side lane, which runs only matmul_many, compress, "
+                                         "rope and indexer (the model's lanes: docs/backend.md)");
+    return dsc_use_lane(be, err, op);
+}
+
+/* ---- lanes (be->lane) ---------------------------------------------------------- */
+
+void dsc_lane_join(dsc_impl *I) {
+    I->lane = DS_LANE_MAIN;
+    if (!I->branch) return;
+    I->branch = 0;
+    /* errors surface at the next launch check or synchronization */
+    if (cudaEventRecord(I->ev_ljoin, I->side) != cudaSuccess || cudaStreamWaitEvent(I->stream, I->ev_ljoin, 0) != cudaSuccess)
+        cudaStreamSynchronize(I->side);
+}
+
+int dsc_lane(const ds_backend *be, int to, ds_err *err) {
+    const char *op = "lane";
+    dsc_impl *I = dsc_of(be);
+    if (!I) return dsc_failmsg(err, op, "backend is closed");
+    if (to != DS_LANE_MAIN && to != DS_LANE_SIDE && to != DS_LANE_JOIN)
+        return dsc_failmsg(err, op, "unknown lane %d (DS_LANE_MAIN, DS_LANE_SIDE or DS_LANE_JOIN)", to);
+    /* off, or the op profile (each op timed alone): everything in issue order on the main stream */
+    if (!I->lanes_on || be->profile) return 0;
+    cudaError_t e = cudaSetDevice(I->gpu);
+    if (e != cudaSuccess) return dsc_fail(err, op, "cannot select the device", e);
+    if (to == DS_LANE_JOIN) {
+        dsc_lane_join(I);
+        return dsc_check_launch(err, op);
+    }
+    if (to == DS_LANE_SIDE && I->lane != DS_LANE_SIDE) {
+        /* the side lane starts after everything issued on the main lane so far */
+        e = cudaEventRecord(I->ev_lfork, I->stream);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(I->side, I->ev_lfork, 0);
+        if (e != cudaSuccess) return dsc_fail(err, op, "fork of the side lane", e);
+        I->branch = 1;
+    }
+    I->lane = to;
     return 0;
 }
 
@@ -100,7 +144,7 @@ void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char 
     dsc_buf *b = &I->scratch[which];
     if (bytes == 0) bytes = 16;
     if (b->cap >= bytes) return b->p;
-    int rc = dsc_buf_grow(b, bytes, 4096, I->stream);
+    int rc = dsc_buf_grow(b, bytes, 4096, dsc_st(I));
     if (rc == -2)
         dsc_failmsg(err, op, "scratch slot %d grew more than %d times inside one captured step (DSV4_CUDA_GRAPH=0 "
                     "runs without graphs)", which, (int)(sizeof b->old / sizeof b->old[0]));
@@ -113,6 +157,9 @@ void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char 
 
 int dsc_graph_end(dsc_impl *I, ds_err *err) {
     const char *op = "graph";
+    /* the host is about to wait for the main stream: the side lane's work
+     * first (and a capture ends only with every stream joined) */
+    dsc_lane_join(I);
     if (!I->capturing) return 0;
     I->capturing = 0;
     cudaGraph_t g = NULL;
@@ -347,6 +394,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 static int c_begin_step(const ds_backend *be, const ds_step_desc *s, ds_err *err) {
     const char *op = "begin_step";
+    if (dsc_of(be)) dsc_lane_join(dsc_of(be)); /* a step that failed inside a branch left it open */
     if (dsc_use(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
     if (dsc_graph_end(I, err)) return -1; /* the last step's capture, if it had no synchronization */
@@ -501,6 +549,8 @@ static void c_close(ds_backend *be) {
     cudaEventDestroy(I->stage_done);
     cudaEventDestroy(I->ev_fork);
     cudaEventDestroy(I->ev_join);
+    cudaEventDestroy(I->ev_lfork);
+    cudaEventDestroy(I->ev_ljoin);
     cudaStreamDestroy(I->side);
     cudaStreamDestroy(I->stream);
     free(I);
@@ -610,7 +660,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         }
         I->piece_ops = (int)v;
     }
-    if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", 1, &I->side_on, err)) {
+    if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", 1, &I->side_on, err) ||
+        env_switch("DSV4_CUDA_LANES", "the model's side lane on the side stream", 1, &I->lanes_on, err)) {
         free(I);
         return -1;
     }
@@ -625,9 +676,13 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     }
     if ((e = cudaEventCreateWithFlags(&I->stage_done, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&I->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&I->ev_join, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&I->ev_join, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&I->ev_lfork, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&I->ev_ljoin, cudaEventDisableTiming)) != cudaSuccess) {
         if (I->stage_done) cudaEventDestroy(I->stage_done);
         if (I->ev_fork) cudaEventDestroy(I->ev_fork);
+        if (I->ev_join) cudaEventDestroy(I->ev_join);
+        if (I->ev_lfork) cudaEventDestroy(I->ev_lfork);
         cudaStreamDestroy(I->side);
         cudaStreamDestroy(I->stream);
         free(I);
@@ -658,6 +713,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->map_weights = c_map_weights;
     be->unmap_weights = c_unmap_weights;
     be->begin_step = c_begin_step;
+    be->lane = dsc_lane;
     be->embed = c_embed;
     be->matmul_many = dsc_matmul_many;
     be->matmul_grouped = dsc_matmul_grouped;

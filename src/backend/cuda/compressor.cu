@@ -151,7 +151,7 @@ __global__ void comp_pend_kernel(comp_args a) {
 
 extern "C" int dsc_compress(const ds_backend *be, const ds_compress_params *p, ds_err *err) {
     const char *op = "compress";
-    if (dsc_use(be, err, op)) return -1;
+    if (dsc_use_lane(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
     const dsc_step *st = &I->step;
     if (st->T <= 0) return 0;
@@ -163,12 +163,12 @@ extern "C" int dsc_compress(const ds_backend *be, const ds_compress_params *p, d
     comp_args a = {p->layer, st->n_layers, p->which, p->ratio, p->d, (p->overlap ? 2 : 1) * p->d, p->overlap, p->half,
                    p->ape, p->norm, p->kv, p->gate, p->inv_freq, p->eps, st->tok_seq, st->seq_row0, st->seq_n,
                    st->tok_pos, st->seq_pos0, st->mem};
-    dsc_launch(comp_entry_kernel, (unsigned)st->T, DSC_COMP_THREADS, smem, I->stream, a);
+    dsc_launch(comp_entry_kernel, (unsigned)st->T, DSC_COMP_THREADS, smem, dsc_st(I), a);
     if (dsc_check_launch(err, op)) return -1;
     if (p->overlap) {
-        dsc_launch(comp_prev_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, I->stream, a);
+        dsc_launch(comp_prev_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, dsc_st(I), a);
         if (dsc_check_launch(err, op)) return -1;
     }
-    dsc_launch(comp_pend_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, I->stream, a);
+    dsc_launch(comp_pend_kernel, (unsigned)st->T, DSC_COMP_THREADS, 0, dsc_st(I), a);
     return dsc_check_launch(err, op);
 }

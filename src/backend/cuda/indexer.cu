@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(DSC_IDX_SEL_THREADS) idx_select_kernel(idx_arg
 
 extern "C" int dsc_indexer(const ds_backend *be, const ds_indexer_params *p, ds_err *err) {
     const char *op = "indexer";
-    if (dsc_use(be, err, op)) return -1;
+    if (dsc_use_lane(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
     const dsc_step *st = &I->step;
     int T = st->T;
@@ -154,7 +154,7 @@ extern "C" int dsc_indexer(const ds_backend *be, const ds_indexer_params *p, ds_
     size_t per = ((size_t)256 << 20) / (stride * sizeof(float));
     int chunk = per < 1 ? 1 : per > (size_t)T ? T : (int)per;
     if (chunk > 65535) chunk = 65535;
-    float *scores = (float *)dsc_scratch(I, DSC_S_A, stride * (size_t)chunk * sizeof(float), err, op);
+    float *scores = (float *)dsc_scratch(I, DSC_S_IDX, stride * (size_t)chunk * sizeof(float), err, op);
     if (!scores) return -1;
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
@@ -163,9 +163,9 @@ extern "C" int dsc_indexer(const ds_backend *be, const ds_indexer_params *p, ds_
         size_t gx = (stride + DSC_IDX_WARPS - 1) / DSC_IDX_WARPS;
         size_t cap = (size_t)4 * I->n_sm; /* enough warps per row; the grid never changes a score */
         dim3 grid((unsigned)(gx < cap ? gx : cap), (unsigned)n);
-        dsc_launch(idx_score_kernel, grid, DSC_IDX_WARPS * 32, smem, I->stream, a);
+        dsc_launch(idx_score_kernel, grid, DSC_IDX_WARPS * 32, smem, dsc_st(I), a);
         if (dsc_check_launch(err, op)) return -1;
-        dsc_launch(idx_select_kernel, (unsigned)n, DSC_IDX_SEL_THREADS, 0, I->stream, a);
+        dsc_launch(idx_select_kernel, (unsigned)n, DSC_IDX_SEL_THREADS, 0, dsc_st(I), a);
         if (dsc_check_launch(err, op)) return -1;
     }
     return 0;

@@ -96,7 +96,8 @@ enum {
     DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7, DSC_S_MOE8,
     DSC_S_XHL,                    /* mma.cu, three in a row: activations split into bf16 hi / lo, */
     DSC_S_MMAP, DSC_S_MMAC,       /* the decode kernel's partials and per-tile counters */
-    DSC_S_XHL2, DSC_S_MMAP2, DSC_S_MMAC2, /* the same three for products on the side stream (moe.cu) */
+    DSC_S_XHL2, DSC_S_MMAP2, DSC_S_MMAC2, /* the same three for products on the side stream (moe.cu, the side lane) */
+    DSC_S_IDX,                    /* the indexer's scores (indexer.cu; either lane) */
     DSC_S_EP0, DSC_S_EP1, DSC_S_EP2, /* expert exchange (ep_nccl.cu): own rows, received rows, row map */
     DSC_S_N
 };
@@ -113,6 +114,12 @@ typedef struct dsc_impl {
     int side_on;
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    /* the model's lanes (be->lane, on unless DSV4_CUDA_LANES=0 or the op
+     * profile is on): the side lane is the side stream; lane: where the
+     * next op goes (DS_LANE_MAIN / DS_LANE_SIDE), branch: side work not yet
+     * joined into `stream` */
+    int lanes_on, lane, branch;
+    cudaEvent_t ev_lfork, ev_ljoin;
     dsc_buf scratch[DSC_S_N];
     void *stage;                /* pinned host staging of the step blob */
     size_t stage_cap;
@@ -153,7 +160,18 @@ int dsc_check_launch(ds_err *err, const char *op);
 int dsc_graph_end(dsc_impl *I, ds_err *err);
 /* Device scratch slot `which`, at least `bytes` (grow-only, contents lost on growth). */
 void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char *op);
+/* Every op starts with one of these (the device selected, a graph piece
+ * cut when due): dsc_use for ops of the main lane only (issued on the side
+ * lane: an error naming the op), dsc_use_lane for the ops that may run on
+ * either (their launches go to dsc_st, their products' scratch is dsc_xhl). */
 int dsc_use(const ds_backend *be, ds_err *err, const char *op);
+int dsc_use_lane(const ds_backend *be, ds_err *err, const char *op);
+/* be->lane (backend.cu); the main lane waits for the side lane's work, if any. */
+int dsc_lane(const ds_backend *be, int to, ds_err *err);
+void dsc_lane_join(dsc_impl *I);
+/* The current lane's stream and tensor-core scratch (three slots in a row). */
+static inline cudaStream_t dsc_st(const dsc_impl *I) { return I->lane ? I->side : I->stream; }
+static inline dsc_buf *dsc_xhl(dsc_impl *I) { return &I->scratch[I->lane ? DSC_S_XHL2 : DSC_S_XHL]; }
 
 static inline double dsc_now(void) {
     struct timespec ts;

@@ -190,7 +190,7 @@ static void account(const ds_backend *be, const ds_weight *const *ws, int n, dou
 
 extern "C" int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err) {
     const char *op = "matmul";
-    if (dsc_use(be, err, op)) return -1;
+    if (dsc_use_lane(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
     double t0 = 0;
     if (be->profile) {
@@ -200,7 +200,7 @@ extern "C" int dsc_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, 
     for (int i = 0; i < n; i++) {
         const ds_matmul_job *j = &jobs[i];
         if (check_weight(j->w, err, op)) return -1;
-        if (dsc_launch_matmul(I->stream, &I->scratch[DSC_S_XHL], j->w->kind, dsc_wdesc(j->w), j->x, j->w->cols, 0,
+        if (dsc_launch_matmul(dsc_st(I), dsc_xhl(I), j->w->kind, dsc_wdesc(j->w), j->x, j->w->cols, 0,
                               1 << 30, j->T, j->y, j->w->rows))
             return dsc_failmsg(err, op, "weight '%s': unsupported kind or out of device memory", j->w->name ? j->w->name : "?");
         if (dsc_check_launch(err, op)) return -1;

@@ -160,14 +160,14 @@ __global__ void rope_kernel(float *x, int T, int H, int d, int half, const float
 
 extern "C" int dsc_rope(const ds_backend *be, const ds_rope_params *p, ds_err *err) {
     const char *op = "rope";
-    if (dsc_use(be, err, op)) return -1;
+    if (dsc_use_lane(be, err, op)) return -1;
     dsc_impl *I = dsc_of(be);
     if (p->T <= 0 || p->H <= 0) return 0;
     if (p->T > I->step.T) return dsc_failmsg(err, op, "%d rows but the step has %d", p->T, I->step.T);
     if (2 * p->half > p->d) return dsc_failmsg(err, op, "rope width %d > head dim %d", 2 * p->half, p->d);
     size_t warps = (size_t)p->T * p->H;
     unsigned blocks = (unsigned)((warps + 7) / 8);
-    dsc_launch(rope_kernel, blocks, 256, 0, I->stream, p->x, p->T, p->H, p->d, p->half, p->inv_freq, p->norm,
+    dsc_launch(rope_kernel, blocks, 256, 0, dsc_st(I), p->x, p->T, p->H, p->d, p->half, p->inv_freq, p->norm,
                p->inverse, p->eps, I->step.tok_pos);
     return dsc_check_launch(err, op);
 }
