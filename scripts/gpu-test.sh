@@ -10,8 +10,8 @@
 #   3. dsv4 check --backend cuda (random batches and chunkings: one output per
 #      request) and repeatability across processes; CUDA graphs = direct
 #      launches, the shared expert on the main stream (DSV4_CUDA_SIDE=0) = on
-#      its side stream (the default), the compressors and indexer in issue
-#      order (DSV4_CUDA_LANES=0) = on the side lane, bitwise (graph_bits);
+#      its side stream (the default), the compressors and indexer on the side
+#      lane (DSV4_CUDA_LANES=1) = in issue order (the default), bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
 #   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE / _LANES, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
@@ -120,7 +120,7 @@ graph_bits() {
     # the paths a variable switches, each with direct launches (docs/cuda.md)
     local v
     for v in "DSV4_CUDA_SIDE=0:the shared expert on the main stream" \
-      "DSV4_CUDA_LANES=0:the compressors and indexer in issue order"; do
+      "DSV4_CUDA_LANES=1:the compressors and indexer on the side lane"; do
       ok=0
       if env "${v%%:*}" DSV4_CUDA_GRAPH=0 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" \
         -o "$T/grv" >/dev/null 2>&1; then
@@ -139,6 +139,15 @@ graph_bits() {
       for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gro.$i.f32" || ok=0; done
       if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: pieces of $o ops (0: one graph) = direct launches (bits)"
       else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: pieces of $o ops differ from direct launches"; fi
+    done
+    # the lanes inside captured steps: a branch's fork and join in one piece (none is cut inside)
+    for o in 8 1; do
+      DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=$o "$bin" logits -m models/kjv --backend cuda "${args[@]}" \
+        --prefill-chunk "$1" -o "$T/grl" >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, lanes, pieces of $o ops: run"; continue; }
+      ok=1
+      for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/grl.$i.f32" || ok=0; done
+      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: lanes in graphs, pieces of $o ops = direct launches (bits)"
+      else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: lanes in graphs, pieces of $o ops differ from direct launches"; fi
     done
   done
   echo "$n passed, $f failed"
