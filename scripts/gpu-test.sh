@@ -17,7 +17,8 @@
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
 #   6. with BENCH=1: dsv4 bench --backend cuda on synth flash models (4 and 8
 #      layers, written here), the kernel timings, the shared expert on the
-#      main stream against the side stream (DSV4_CUDA_SIDE); with 2 GPUs and mpirun
+#      main stream against the side stream (DSV4_CUDA_SIDE), the lanes off
+#      against on (DSV4_CUDA_LANES); with 2 GPUs and mpirun
 #      also the full 43-layer flash shape expert parallel over both
 #      (-m synth:flash: ~165 GB of host memory in /dev/shm, ~5 minutes);
 # and prints a summary. Variables:
@@ -249,19 +250,21 @@ if [ -n "${BENCH:-}" ]; then
     run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
   done
   run kernels "$B/test_cuda_ops" --bench
-  # the shared expert on the main stream against the side stream (the
-  # default; the same bits: graph_bits), interleaved: flash 4 layers, three rounds
+  # a switch's two settings (the same bits: graph_bits), interleaved: flash 4
+  # layers, three rounds: the shared expert on the main stream against the
+  # side stream (the default); the lanes (docs/cuda.md "Lanes") off / on
   ab() {
     local r s
     for r in 1 2 3; do
       for s in 0 1; do
-        echo "== round $r: DSV4_CUDA_SIDE=$s"
-        DSV4_CUDA_SIDE=$s "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 \
+        echo "== round $r: $1=$s"
+        env "$1=$s" "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 \
           --gen 128 --batch 8,64 2>&1 | grep -E "^(prefill|decode|batch) " || return 1
       done
     done
   }
-  run bench_side ab
+  run bench_side ab DSV4_CUDA_SIDE
+  run bench_lanes ab DSV4_CUDA_LANES
   # the full V4-Flash shape (43 layers, 256 experts, ~156 GB) expert parallel
   # over two GPUs, each rank generating only its share in memory (docs/ep.md)
   if command -v mpirun >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
