@@ -131,24 +131,19 @@ graph_bits() {
       if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: ${v#*:} (${v%%:*}) = the default (bits)"
       else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: ${v#*:} (${v%%:*}) differs from the default (or did not run)"; fi
     done
-    # the step in pieces of 1 op, and in one graph (DSV4_CUDA_GRAPH_OPS; default 8)
+    # captured steps against direct launches: the step in pieces of 1 op and in
+    # one graph (DSV4_CUDA_GRAPH_OPS; default 8), and the lanes in pieces of 8
+    # and of 1 op (a branch's fork and join stay in one piece)
     local o
-    for o in 1 0; do
-      DSV4_CUDA_GRAPH_OPS=$o "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gro" \
-        >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, pieces of $o ops: run"; continue; }
+    for o in "DSV4_CUDA_GRAPH_OPS=1" "DSV4_CUDA_GRAPH_OPS=0" "DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=8" \
+      "DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=1"; do
+      # shellcheck disable=SC2086
+      env $o "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gro" \
+        >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, $o: run"; continue; }
       ok=1
       for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gro.$i.f32" || ok=0; done
-      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: pieces of $o ops (0: one graph) = direct launches (bits)"
-      else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: pieces of $o ops differ from direct launches"; fi
-    done
-    # the lanes inside captured steps: a branch's fork and join in one piece (none is cut inside)
-    for o in 8 1; do
-      DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=$o "$bin" logits -m models/kjv --backend cuda "${args[@]}" \
-        --prefill-chunk "$1" -o "$T/grl" >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, lanes, pieces of $o ops: run"; continue; }
-      ok=1
-      for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/grl.$i.f32" || ok=0; done
-      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: lanes in graphs, pieces of $o ops = direct launches (bits)"
-      else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: lanes in graphs, pieces of $o ops differ from direct launches"; fi
+      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: $o (ops 0: one graph) = direct launches (bits)"
+      else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: $o differs from direct launches"; fi
     done
   done
   echo "$n passed, $f failed"

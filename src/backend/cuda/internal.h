@@ -167,7 +167,8 @@ void *dsc_scratch(dsc_impl *I, int which, size_t bytes, ds_err *err, const char 
  * either (their launches go to dsc_st, their products' scratch is dsc_xhl). */
 int dsc_use(const ds_backend *be, ds_err *err, const char *op);
 int dsc_use_lane(const ds_backend *be, ds_err *err, const char *op);
-/* be->lane (backend.cu); the main lane waits for the side lane's work, if any. */
+/* dsc_lane: be->lane (backend.cu). dsc_lane_join: the main lane waits for
+ * the side lane's work, if any; the next op goes to the main lane. */
 int dsc_lane(const ds_backend *be, int to, ds_err *err);
 void dsc_lane_join(dsc_impl *I);
 /* The current lane's stream and tensor-core scratch (three slots in a row). */
