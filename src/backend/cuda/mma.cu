@@ -583,6 +583,29 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
         old = __shfl_sync(0xffffffffu, old, 0);
         if (old != a.U - 1) continue;
         __threadfence();
+        if (MI == 1 && NB == 1 && cnt - j0 <= 2) {
+            /* one or two tokens: 16 rows x 2 tokens, one output a lane (row
+             * lane & 15, token lane >> 4), read from the lane that holds it
+             * ((row & 7) * 4, component (row >> 3) * 2 + token); up to 32
+             * groups' loads in flight, then the same adds in group order */
+            const int row = lane & 15, tk = lane >> 4;
+            const float *pf = (const float *)part + (size_t)((row & 7) * 4) * 4 + (row >> 3) * 2 + tk;
+            float s = 0.0f;
+            for (int g0 = 0; g0 < ng; g0 += 32) {
+                float p[32];
+#pragma unroll
+                for (int v = 0; v < 32; v++) p[v] = g0 + v < ng ? __ldcg(pf + (size_t)(g0 + v) * 32 * 4) : 0.0f;
+#pragma unroll
+                for (int v = 0; v < 32; v++) {
+                    if (g0 + v >= ng) break;
+                    s = __fadd_rn(s, p[v]);
+                }
+            }
+            if (lane == 0) a.cnt[pidx] = 0; /* ready for the next launch */
+            int j = j0 + tk;
+            if (j < cnt && rl0 + row < w.rows) a.y[mma_yoff<MODE>(a, m0, j, yb + rl0 + row)] = s;
+            continue;
+        }
         const int GL = 8 / MI; /* groups' loads in flight, then the adds in order */
         for (int g0 = 0; g0 < ng; g0 += GL) {
             float4 p[GL][MI][NB];
