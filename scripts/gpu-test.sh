@@ -11,7 +11,7 @@
 #      request) and repeatability across processes; CUDA graphs = direct
 #      launches, the shared expert on the main stream (DSV4_CUDA_SIDE=0) = on
 #      its side stream (the default), the compressors and indexer on the side
-#      lane (DSV4_CUDA_LANES=1) = in issue order (the default), bitwise (graph_bits);
+#      lane (the default) = in issue order (DSV4_CUDA_LANES=0), bitwise (graph_bits);
 #   4. GPU vs CPU on the bundled model: the same 64 greedy tokens, max |Δlogit|;
 #   5. bad input: no such GPU, a bad DSV4_CUDA_GRAPH_OPS / _SIDE / _LANES, a sequence larger than GPU memory;
 #   6b. expert parallelism: mpirun -np 2 / 3 --backend cuda = one process (bits);
@@ -121,7 +121,7 @@ graph_bits() {
     # the paths a variable switches, each with direct launches (docs/cuda.md)
     local v
     for v in "DSV4_CUDA_SIDE=0:the shared expert on the main stream" \
-      "DSV4_CUDA_LANES=1:the compressors and indexer on the side lane"; do
+      "DSV4_CUDA_LANES=0:the compressors and indexer in issue order"; do
       ok=0
       if env "${v%%:*}" DSV4_CUDA_GRAPH=0 "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" \
         -o "$T/grv" >/dev/null 2>&1; then
@@ -132,11 +132,10 @@ graph_bits() {
       else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: ${v#*:} (${v%%:*}) differs from the default (or did not run)"; fi
     done
     # captured steps against direct launches: the step in pieces of 1 op and in
-    # one graph (DSV4_CUDA_GRAPH_OPS; default 8), and the lanes in pieces of 8
-    # and of 1 op (a branch's fork and join stay in one piece)
+    # one graph (DSV4_CUDA_GRAPH_OPS; default 8; the lanes on: a branch's fork
+    # and join stay in one piece), and in issue order in pieces of 8
     local o
-    for o in "DSV4_CUDA_GRAPH_OPS=1" "DSV4_CUDA_GRAPH_OPS=0" "DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=8" \
-      "DSV4_CUDA_LANES=1 DSV4_CUDA_GRAPH_OPS=1"; do
+    for o in "DSV4_CUDA_GRAPH_OPS=1" "DSV4_CUDA_GRAPH_OPS=0" "DSV4_CUDA_LANES=0 DSV4_CUDA_GRAPH_OPS=8"; do
       # shellcheck disable=SC2086
       env $o "$bin" logits -m models/kjv --backend cuda "${args[@]}" --prefill-chunk "$1" -o "$T/gro" \
         >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, $o: run"; continue; }

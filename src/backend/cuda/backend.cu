@@ -661,7 +661,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         I->piece_ops = (int)v;
     }
     if (env_switch("DSV4_CUDA_SIDE", "the shared expert on a side stream", 1, &I->side_on, err) ||
-        env_switch("DSV4_CUDA_LANES", "the model's side lane on the side stream", 0, &I->lanes_on, err)) {
+        env_switch("DSV4_CUDA_LANES", "the model's side lane on the side stream", 1, &I->lanes_on, err)) {
         free(I);
         return -1;
     }

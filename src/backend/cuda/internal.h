@@ -114,9 +114,8 @@ typedef struct dsc_impl {
     int side_on;
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
-    /* the model's lanes (be->lane, on with DSV4_CUDA_LANES=1 unless the op
-     * profile is on; off by default until they have run on a GPU:
-     * docs/cuda.md "Lanes"): the side lane is the side stream; lane: where the
+    /* the model's lanes (be->lane; on unless DSV4_CUDA_LANES=0 or the op
+     * profile is on: docs/cuda.md "Lanes"): the side lane is the side stream; lane: where the
      * next op goes (DS_LANE_MAIN / DS_LANE_SIDE), branch: side work not yet
      * joined into `stream` */
     int lanes_on, lane, branch;
