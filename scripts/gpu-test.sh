@@ -141,7 +141,7 @@ graph_bits() {
         >/dev/null 2>&1 || { f=$((f + 1)); echo "FAIL chunk $1, $2 seqs, $o: run"; continue; }
       ok=1
       for ((i = 0; i < $2; i++)); do cmp -s "$T/gr0.$i.f32" "$T/gro.$i.f32" || ok=0; done
-      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: $o (ops 0: one graph) = direct launches (bits)"
+      if [ $ok = 1 ]; then n=$((n + 1)); echo "ok   chunk $1, $2 seqs: $o (GRAPH_OPS=0: one graph) = direct launches (bits)"
       else f=$((f + 1)); echo "FAIL chunk $1, $2 seqs: $o differs from direct launches"; fi
     done
   done
