@@ -30,8 +30,8 @@ int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
     }
     printf("floor      device copy %.0f GB/s (1 GiB read + written, best of 5)\n", copy);
     printf("cuBLAS     %s\n", note);
-    printf("%-10s %-6s %-13s %4s %9s %9s %6s %8s | %9s %6s\n", "kernel", "kind", "shape", "T", "ms", "GB/s",
-           "floor", "TFLOP/s", "cuBLAS ms", "ratio");
+    printf("%-10s %-6s %-13s %4s %9s %9s %6s %8s | %9s %6s | %9s %9s\n", "kernel", "kind", "shape", "T", "ms", "GB/s",
+           "floor", "TFLOP/s", "cuBLAS ms", "ratio", "warm ms", "warm GB/s");
     for (int i = 0; i < n; i++) {
         const ds_cuda_kb_row *r = &rows[i];
         char shape[32];
@@ -40,9 +40,25 @@ int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
         double tf = 2.0 * r->c.rows * (double)r->c.cols * r->T / (r->ms * 1e-3) / 1e12;
         printf("%-10s %-6s %-13s %4d %9.4f %9.0f %6.2f %8.2f | ", r->c.name, kind_name(r->c.kind), shape, r->T, r->ms,
                gbs, gbs / copy, tf);
-        if (r->blas_ok) printf("%9.4f %6.2f\n", r->blas_ms, r->ms / r->blas_ms);
-        else printf("%9s %6s\n", "-", "-");
+        if (r->blas_ok) printf("%9.4f %6.2f | ", r->blas_ms, r->warm_ms / r->blas_ms);
+        else printf("%9s %6s | ", "-", "-");
+        if (r->T == 1) printf("%9.4f %9.0f\n", r->warm_ms, r->weight_bytes / (r->warm_ms * 1e-3) / 1e9);
+        else printf("%9s %9s\n", "", "");
     }
-    printf("ratio = dsv4 time / cuBLAS time (cuBLAS reads BF16: 2 bytes per weight; dsv4 reads the stored kind)\n");
+    printf("T = 1: dsv4's call cycles through copies of the weights (3x the L2 together), so each reads HBM;\n"
+           "warm: one copy called again, its bytes in the L2 where they fit (what a step would gain from weights\n"
+           "already in the L2). T = 512 and cuBLAS: one copy.\n");
+    printf("ratio = dsv4's warm time / cuBLAS's (one copy each; cuBLAS reads BF16: 2 bytes per weight, dsv4 the\n"
+           "stored kind)\n");
+    ds_cuda_chain_row ch[8];
+    int nc = 0;
+    if (ds_backend_cuda_chain_bench(gpu, ch, 8, &nc, &err)) {
+        fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
+        return 1;
+    }
+    printf("chain      one link of a chain of dependent steps (a graph of 256 kernels, each reading the one before's\n"
+           "           writes; or grid barriers in one kernel), the least a step pays per kernel it runs in order\n");
+    for (int i = 0; i < nc; i++)
+        printf("  %7.2f us  %s (%d block%s)\n", ch[i].us, ch[i].what, ch[i].blocks, ch[i].blocks == 1 ? "" : "s");
     return fflush(stdout) || ferror(stdout) ? 1 : 0;
 }

@@ -32,5 +32,8 @@ const char *ds_backends_built(void);
  * cause in a build without the CUDA backend. */
 int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n, double *copy_gbs, char *note,
                                  size_t nn, ds_err *err);
+/* The same command's chain rows: what one link of a chain of dependent
+ * kernels costs (backend/cuda/kbench.h ds_cuda_chain_bench). */
+int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n, ds_err *err);
 
 #endif

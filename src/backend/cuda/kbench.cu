@@ -90,6 +90,8 @@ static size_t kb_wbytes(const ds_cuda_kb_case *c, size_t *scale_bytes) {
     return c->kind == DS_W_FP8 ? n : c->kind == DS_W_FP4 ? n / 2 : c->kind == DS_W_F32 ? 4 * n : 2 * n;
 }
 
+enum { KB_MAXW = 128 }; /* weight copies at most (the decode rows' ring) */
+
 /* ms per call of fn over reps calls (after one warm-up). */
 template <typename F> static float kb_time(cudaStream_t st, int reps, F fn) {
     cudaEvent_t a, b;
@@ -107,6 +109,153 @@ template <typename F> static float kb_time(cudaStream_t st, int reps, F fn) {
     return ms / (float)reps;
 }
 
+/* ---- the price of a step in kernels ---------------------------------------
+ * A decode step is a chain of dependent kernels (29-44 a V4 layer at batch 1),
+ * so besides each kernel's own work a layer pays what it costs to end one
+ * kernel and start the next with the first one's writes visible. kb_link is
+ * the least such a kernel can do: wait for the one before it (DSC_PDL_WAIT),
+ * then thread 0 of each block reads a word the previous kernel wrote (another
+ * block's) and writes its own: one dependent global round trip. A chain of
+ * them captured in a graph, replayed, gives the cost of one link; kb_barrier
+ * gives the same link as a grid barrier inside one persistent kernel (blocks
+ * all resident: a cooperative launch), the alternative to kernel boundaries. */
+__global__ void kb_link(const unsigned *__restrict__ in, unsigned *__restrict__ out) {
+    DSC_PDL_WAIT();
+    if (threadIdx.x == 0) out[blockIdx.x] = in[(blockIdx.x + 1) % gridDim.x] + 1u;
+}
+
+/* n grid barriers: thread 0 of each block publishes its word (fenced), counts
+ * itself in, and the last block of a round releases the others by bumping the
+ * generation, which they spin on; then each block reads another block's word. */
+__global__ void kb_barrier(unsigned *words, unsigned *count, volatile unsigned *gen, int n) {
+    unsigned v = 0;
+    for (int i = 0; i < n; i++) {
+        if (threadIdx.x == 0) {
+            unsigned g = *gen;
+            words[(size_t)(i & 1) * gridDim.x + blockIdx.x] = v + 1u;
+            __threadfence();
+            if (atomicAdd(count, 1u) == gridDim.x - 1) {
+                *count = 0;
+                __threadfence();
+                *gen = g + 1u;
+            } else {
+                while (*gen == g) {
+                }
+            }
+            __threadfence();
+            v = ((volatile unsigned *)words)[(size_t)(i & 1) * gridDim.x + (blockIdx.x + 1) % gridDim.x];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) words[2 * (size_t)gridDim.x + blockIdx.x] = v;
+}
+
+extern "C" int ds_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n_out, ds_err *err) {
+    const char *op = "kernel chain bench";
+    const int N = 256; /* links a graph */
+    *n_out = 0;
+    if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
+    int nsm = 0, coop = 0;
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, gpu);
+    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, gpu);
+    cudaStream_t st;
+    if (cudaStreamCreate(&st) != cudaSuccess) return dsc_failmsg(err, op, "no stream");
+    unsigned *buf = NULL;
+    int rc = 0;
+    /* the links' two word sets [0, 4 nsm), [4 nsm, 8 nsm) and the side's from
+     * 8 nsm; then (zeroed again) the barrier's words [0, 3 nsm), its count and
+     * generation */
+    size_t words = 3 * (size_t)4 * nsm + 2;
+    if (cudaMalloc(&buf, words * sizeof(unsigned)) != cudaSuccess) {
+        cudaStreamDestroy(st);
+        return dsc_failmsg(err, op, "out of device memory");
+    }
+    cudaMemsetAsync(buf, 0, words * sizeof(unsigned), st);
+    struct {
+        const char *what;
+        int blocks, threads, pdl, fork;
+    } cs[] = {
+        {"kernel, 1 block of 32 threads, programmatic launch", 1, 32, 1, 0},
+        {"kernel, 2 blocks a SM of 256 threads, programmatic launch", 2 * nsm, 256, 1, 0},
+        {"kernel, 2 blocks a SM of 256 threads, stream order", 2 * nsm, 256, 0, 0},
+        {"kernel, 2 blocks a SM, programmatic launch, each forking a 1-block kernel onto a second stream and "
+         "joining it (the side stream's pattern)",
+         2 * nsm, 256, 1, 1},
+    };
+    cudaStream_t st2;
+    cudaEvent_t ev[2];
+    if (cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaFree(buf);
+        cudaStreamDestroy(st);
+        return dsc_failmsg(err, op, "no second stream");
+    }
+    cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&ev[1], cudaEventDisableTiming);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0] && *n_out < cap && !rc; c++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+        for (int i = 0; i < N && e == cudaSuccess; i++) {
+            unsigned *a = buf + (size_t)(i & 1) * 4 * nsm, *b = buf + (size_t)((i + 1) & 1) * 4 * nsm;
+            if (cs[c].pdl) e = dsc_launch(kb_link, cs[c].blocks, cs[c].threads, 0, st, (const unsigned *)a, b);
+            else {
+                kb_link<<<cs[c].blocks, cs[c].threads, 0, st>>>(a, b);
+                e = cudaGetLastError();
+            }
+            if (cs[c].fork && e == cudaSuccess) { /* the side's kernel reads b, writes its own words */
+                e = cudaEventRecord(ev[0], st);
+                if (e == cudaSuccess) e = cudaStreamWaitEvent(st2, ev[0], 0);
+                if (e == cudaSuccess) e = dsc_launch(kb_link, 1, 32, 0, st2, (const unsigned *)b, buf + 8 * (size_t)nsm);
+                if (e == cudaSuccess) e = cudaEventRecord(ev[1], st2);
+                if (e == cudaSuccess) e = cudaStreamWaitEvent(st, ev[1], 0);
+            }
+        }
+        cudaError_t e2 = cudaStreamEndCapture(st, &g);
+        if (e == cudaSuccess) e = e2;
+        if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+        if (e == cudaSuccess) {
+            float best = 1e30f;
+            for (int r = 0; r < 6 && e == cudaSuccess; r++) { /* the first replay uploads the graph */
+                float ms = kb_time(st, 1, [&] { cudaGraphLaunch(ge, st); });
+                if (r > 0 && ms < best) best = ms;
+                e = cudaGetLastError();
+            }
+            ds_cuda_chain_row *r = &out[(*n_out)++];
+            r->what = cs[c].what;
+            r->blocks = cs[c].blocks;
+            r->us = 1e3 * best / N;
+        }
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        if (e != cudaSuccess) rc = dsc_fail(err, op, cs[c].what, e);
+    }
+    if (!rc && coop && *n_out < cap) {
+        unsigned *words_p = buf, *count = buf + 3 * (size_t)nsm, *gen = count + 1;
+        int nb = nsm, nbar = 2000;
+        cudaMemsetAsync(buf, 0, words * sizeof(unsigned), st);
+        void *args[] = {&words_p, &count, &gen, &nbar};
+        float ms = kb_time(st, 1, [&] {
+            cudaLaunchCooperativeKernel((const void *)kb_barrier, dim3(nb), dim3(256), args, 0, st);
+        });
+        cudaError_t e = cudaStreamSynchronize(st);
+        if (e == cudaSuccess) e = cudaGetLastError();
+        if (e != cudaSuccess) rc = dsc_fail(err, op, "grid barrier", e);
+        else {
+            ds_cuda_chain_row *r = &out[(*n_out)++];
+            r->what = "grid barrier in one persistent kernel, 1 block a SM of 256 threads";
+            r->blocks = nb;
+            r->us = 1e3 * ms / nbar;
+        }
+    }
+    cudaStreamSynchronize(st);
+    cudaFree(buf);
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    cudaStreamDestroy(st2);
+    cudaStreamDestroy(st);
+    return rc;
+}
+
 extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n_out, double *copy_gbs,
                                     char *note, size_t nn, ds_err *err) {
     const char *op = "kernel bench";
@@ -115,6 +264,8 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
     if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
     cudaStream_t st;
     if (cudaStreamCreate(&st) != cudaSuccess) return dsc_failmsg(err, op, "no stream");
+    int l2 = 0;
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, gpu);
     dsc_buf xhl[3]; /* the tensor-core path's buffers */
     memset(xhl, 0, sizeof xhl);
     kb_blas blas;
@@ -141,13 +292,17 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
     for (size_t ci = 0; ci < sizeof kb_cases / sizeof kb_cases[0]; ci++) {
         const ds_cuda_kb_case *c = &kb_cases[ci];
         size_t sb, wb = kb_wbytes(c, &sb);
+        /* nw copies of the weights, together at least 3x the L2, so a decode
+         * call that cycles through them reads HBM (cold); warm: one copy again */
+        int nw = (int)((3 * (size_t)l2 + wb + sb - 1) / (wb + sb));
+        nw = nw < 1 ? 1 : nw > KB_MAXW ? KB_MAXW : nw;
         uint8_t *w = NULL, *sc = NULL;
         uint16_t *wbf = NULL, *xbf = NULL;
         float *x = NULL, *y = NULL;
         const int Ts[2] = {1, 512};
         size_t xn = (size_t)512 * c->cols, yn = (size_t)512 * c->rows;
-        cudaError_t e = cudaMalloc(&w, wb);
-        if (e == cudaSuccess && sb) e = cudaMalloc(&sc, sb);
+        cudaError_t e = cudaMalloc(&w, wb * nw);
+        if (e == cudaSuccess && sb) e = cudaMalloc(&sc, sb * nw);
         if (e == cudaSuccess) e = cudaMalloc(&x, xn * sizeof(float));
         if (e == cudaSuccess) e = cudaMalloc(&y, yn * sizeof(float));
         if (e == cudaSuccess && have_blas) e = cudaMalloc(&wbf, (size_t)c->rows * c->cols * 2);
@@ -156,11 +311,11 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
             cudaGetLastError();
             rc = dsc_failmsg(err, op, "%s [%d x %d]: out of device memory", c->name, c->rows, c->cols);
         } else {
-            dsc_launch(kb_fill, 1024, 256, 0, st, w, wb, 0x1234u + (uint32_t)ci,
+            dsc_launch(kb_fill, 1024, 256, 0, st, w, wb * nw, 0x1234u + (uint32_t)ci,
                        c->kind == DS_W_FP8    ? 1
                        : c->kind == DS_W_BF16 ? 3
                                               : 0);
-            if (sb) dsc_launch(kb_fill, 256, 256, 0, st, sc, sb, 0x99u, 2);
+            if (sb) dsc_launch(kb_fill, 256, 256, 0, st, sc, sb * nw, 0x99u, 2);
             dsc_launch(kb_fill_x, 1024, 256, 0, st, x, xn, 0x77u);
             if (have_blas) {
                 dsc_launch(kb_fill, 1024, 256, 0, st, (uint8_t *)wbf, (size_t)c->rows * c->cols * 2, 0x55u, 3);
@@ -175,9 +330,21 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
                 r->T = T;
                 r->weight_bytes = (double)(wb + sb);
                 int rp = T == 1 ? reps : (reps + 3) / 4;
-                r->ms = kb_time(st, rp, [&] {
+                r->copies = T == 1 ? nw : 1;
+                r->warm_ms = kb_time(st, rp, [&] {
                     dsc_launch_matmul(st, xhl, c->kind, d, x, c->cols, 0, 1 << 30, T, y, c->rows);
                 });
+                int wi = 0;
+                r->ms = T == 1 ? kb_time(st, rp,
+                                         [&] {
+                                             dsc_w di = d;
+                                             di.data = w + wb * (size_t)wi;
+                                             di.scale = sc ? sc + sb * (size_t)wi : NULL;
+                                             wi = (wi + 1) % nw;
+                                             dsc_launch_matmul(st, xhl, c->kind, di, x, c->cols, 0, 1 << 30, T, y,
+                                                               c->rows);
+                                         })
+                               : r->warm_ms;
                 if (have_blas) {
                     float one = 1.0f, zero = 0.0f;
                     cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;

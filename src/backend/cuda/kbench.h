@@ -22,7 +22,10 @@ typedef struct ds_cuda_kb_row {
     ds_cuda_kb_case c;
     int T;               /* tokens: 1 (decode) or 512 (prefill) */
     double weight_bytes; /* codes + scales */
-    double ms;           /* dsv4's product, per call */
+    double ms;           /* dsv4's product, per call (T = 1: cycling through `copies` copies of the
+                            weights, past the L2: read from HBM) */
+    double warm_ms;      /* the same, one copy called again (its bytes in the L2 where they fit) */
+    int copies;
     double blas_ms;      /* cuBLAS BF16 GemmEx of the same shape, per call */
     int blas_ok;
 } ds_cuda_kb_row;
@@ -33,6 +36,19 @@ typedef struct ds_cuda_kb_row {
  * where cuBLAS came from or why there is no comparison. 0, or -1 with err. */
 int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n_out, double *copy_gbs, char *note,
                          size_t nn, ds_err *err);
+
+/* One link of a chain of dependent steps (kbench.cu kb_link / kb_barrier):
+ * what it costs the GPU to finish one kernel and begin the next that reads
+ * its writes, measured over a graph of 256 such kernels, or one grid barrier
+ * in a persistent kernel. */
+typedef struct ds_cuda_chain_row {
+    const char *what;
+    int blocks;
+    double us; /* a link */
+} ds_cuda_chain_row;
+
+/* The chain rows on GPU `gpu` (at most cap; *n_out set). 0, or -1 with err. */
+int ds_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n_out, ds_err *err);
 
 #ifdef __cplusplus
 }
