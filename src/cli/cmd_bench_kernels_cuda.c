@@ -60,5 +60,25 @@ int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
            "           writes; or grid barriers in one kernel), the least a step pays per kernel it runs in order\n");
     for (int i = 0; i < nc; i++)
         printf("  %7.2f us  %s (%d block%s)\n", ch[i].us, ch[i].what, ch[i].blocks, ch[i].blocks == 1 ? "" : "s");
+    ds_cuda_pchain_row pc[4];
+    int np = 0;
+    if (ds_backend_cuda_pchain_bench(gpu, pc, 4, &np, &err)) {
+        fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
+        return 1;
+    }
+    printf("products   chained FP8 K x K products (x of each the y before; distinct matrices cycled, 3x the L2):\n"
+           "           dsv4's product kernel once a product (a graph, programmatic launch) against one persistent\n"
+           "           kernel streaming each product's rows into shared memory while the chain waits (a sketch:\n"
+           "           plain fp32 sums, not dsv4's bits)\n");
+    printf("  %5s %8s %6s | %10s %8s | %10s %8s | %8s | %9s\n", "K", "MB", "chain", "kernels us", "GB/s",
+           "persist us", "GB/s", "floor us", "rel diff");
+    for (int i = 0; i < np; i++) {
+        const ds_cuda_pchain_row *r = &pc[i];
+        printf("  %5d %8.2f %6d | %10.2f %8.0f | %10.2f %8.0f | %8.2f | %9.2e\n", r->K, r->bytes / 1e6, r->products,
+               r->kernels_us, r->bytes / (r->kernels_us * 1e-6) / 1e9, r->persistent_us,
+               r->bytes / (r->persistent_us * 1e-6) / 1e9, r->bytes / (copy * 1e9) * 1e6, r->rel_diff);
+    }
+    printf("floor us = the product's bytes at the device copy rate above; kernels / persist us: a product's share of\n"
+           "the chain's time\n");
     return fflush(stdout) || ferror(stdout) ? 1 : 0;
 }

@@ -71,3 +71,14 @@ int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n
                    ds_backends_built());
 #endif
 }
+
+int ds_backend_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n, ds_err *err) {
+#ifdef DSV4_HAVE_CUDA
+    return ds_cuda_pchain_bench(gpu, out, cap, n, err);
+#else
+    (void)gpu, (void)out, (void)cap;
+    *n = 0;
+    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
+                   ds_backends_built());
+#endif
+}

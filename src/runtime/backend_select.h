@@ -35,5 +35,8 @@ int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap
 /* The same command's chain rows: what one link of a chain of dependent
  * kernels costs (backend/cuda/kbench.h ds_cuda_chain_bench). */
 int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n, ds_err *err);
+/* ... and its chained products: dsv4's kernels against one persistent kernel
+ * (backend/cuda/kbench.h ds_cuda_pchain_bench). */
+int ds_backend_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n, ds_err *err);
 
 #endif

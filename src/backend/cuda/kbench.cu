@@ -8,6 +8,9 @@
  * dsv4's own numbers with the comparison marked missing. */
 #include <cublas_v2.h>
 #include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <cuda_fp16.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -252,6 +255,253 @@ extern "C" int ds_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
     cudaStreamDestroy(st2);
+    cudaStreamDestroy(st);
+    return rc;
+}
+
+/* ---- products chained: one kernel each, or one persistent kernel ----------
+ * A decode step's products depend on each other (x of one is y of the one
+ * before), so one kernel a product pays each product's ramp and tail on the
+ * chain. kb_pchain is the other shape, reduced to FP8 products of a square
+ * K x K (block scales 128 x 128, fp32 x): one cooperative kernel, a block a
+ * SM owning rb rows of every product, each warp copying its next rows into a
+ * ring in shared memory (cp.async) ahead of their product, across products:
+ * while the block waits for every block to be done with product i (a
+ * counter) and reads x = y_i, product i + 1's rows are already coming. So the
+ * weights stream while the chain waits. Not dsv4's numerics
+ * (plain fp32 sums in a lane's order): a measurement of what the shape
+ * gains, checked against dsv4's kernels for the same values to ~1e-5. */
+__device__ __forceinline__ void kb_cp16(void *smem, const void *g) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
+}
+
+__device__ __forceinline__ float kb_e4m3_dot16(uint4 w, const float4 *xs) { /* xs[s * 32]: the lane's 4 float4 */
+    uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    float a = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        uint32_t lo, hi;
+        asm("{.reg .b16 l, u;\n mov.b32 {l, u}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, u;}"
+            : "=r"(lo), "=r"(hi)
+            : "r"(ws[s]));
+        float2 f0 = __half22float2(*(__half2 *)&lo), f1 = __half22float2(*(__half2 *)&hi);
+        float4 x = xs[s * 32];
+        a = fmaf(f0.x, x.x, a);
+        a = fmaf(f0.y, x.y, a);
+        a = fmaf(f1.x, x.z, a);
+        a = fmaf(f1.y, x.w, a);
+    }
+    return a;
+}
+
+/* w: nw matrices of K x K e4m3 (contiguous), sc: their E8M0 block scales;
+ * product i uses matrix i % nw; x0: the input, y0 / y1: y of even / odd
+ * products; done: zero at the launch; err: set when a wait ran past its cap.
+ * Block b owns rows [b rb, b rb + rb) of every product, warp w rows w, w +
+ * 16, ... of those (rpw a warp). A warp's rows of all products in order are
+ * its items; each lane copies (cp.async) exactly the 16-byte chunks of an
+ * item it will multiply (chunks lane, lane + 32, ...), into a ring of KB_NS
+ * row slots of the warp, KB_NS - 1 items ahead: its own groups, so no
+ * barrier guards the weights, and the copies run on across a product's end
+ * while the block waits for the others and reads the next x. */
+#define KB_NS 3
+template <int NCH> /* K / 512: a lane's chunks of a row */
+__global__ void __launch_bounds__(512, 1)
+    kb_pchain(const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc, int nw, int K, int rb, int np,
+              const float *x0, float *y0, float *y1, unsigned *done, unsigned *err) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    __shared__ float scs[NCH * 4]; /* the block's rows' scales of product i (rb <= 128: one 128-row block) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = blockDim.x, nwarp = nt / 32;
+    const int nch = NCH, rpw = rb / nwarp, r0 = blockIdx.x * rb;
+    uint8_t *ring = sm + (size_t)warp * KB_NS * K; /* the warp's KB_NS row slots */
+    float4 *xs = (float4 *)(sm + (size_t)nwarp * KB_NS * K); /* x as [chunk / 32][4][32] float4 */
+    const size_t mat = (size_t)K * K, ns = (size_t)(K / 128) * (K / 128);
+    const int nk = np * rpw; /* the warp's items */
+    auto issue = [&](int k) { /* item k: product k / rpw, the warp's row k % rpw; always a group */
+        if (k < nk) {
+            int i = k / rpw, row = r0 + warp + (k % rpw) * nwarp;
+            const uint8_t *src = w + (size_t)(i % nw) * mat + (size_t)min(row, K - 1) * K;
+            uint8_t *dst = ring + (size_t)(k % KB_NS) * K;
+            for (int c = 0; c < nch; c++) {
+                int ch = c * 32 + lane;
+                uint32_t a = (uint32_t)__cvta_generic_to_shared(dst + (size_t)ch * 16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src + (size_t)ch * 16));
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int k = 0; k < KB_NS - 1; k++) issue(k);
+    int k = 0;
+    for (int i = 0; i < np; i++) {
+        const float *x = i == 0 ? x0 : (i & 1) ? y0 : y1; /* y of product i - 1 */
+        float *y = (i & 1) ? y1 : y0;
+        if (i > 0) { /* every block done with product i - 1 */
+            if (threadIdx.x == 0) {
+                unsigned want = (unsigned)i * gridDim.x, v;
+                long spins = 0;
+                do {
+                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(done));
+                } while (v < want && ++spins < (1L << 26));
+                if (v < want) atomicExch(err, 1u);
+            }
+            __syncthreads();
+        }
+        for (int c = threadIdx.x; c < K / 4; c += nt) { /* c: float4 index; chunk c / 4, part c % 4 */
+            int ch = c >> 2, part = c & 3;
+            xs[((ch >> 5) * 4 + part) * 32 + (ch & 31)] = __ldcg((const float4 *)x + c);
+        }
+        if ((int)threadIdx.x < K / 128)
+            scs[threadIdx.x] =
+                __uint_as_float((uint32_t)sc[(size_t)(i % nw) * ns + (size_t)(r0 / 128) * (K / 128) + threadIdx.x] << 23);
+        __syncthreads();
+        for (int j = 0; j < rpw; j++, k++) {
+            issue(k + KB_NS - 1);
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(KB_NS - 1)); /* item k is in its slot */
+            int row = r0 + warp + j * nwarp;
+            const uint4 *wr = (const uint4 *)(ring + (size_t)(k % KB_NS) * K);
+            float acc = 0.0f;
+#pragma unroll
+            for (int c = 0; c < nch; c++) {
+                int ch = c * 32 + lane; /* columns 16 ch .. 16 ch + 15: group ch / 8 */
+                float part = kb_e4m3_dot16(wr[ch], xs + (size_t)c * 4 * 32 + lane);
+                acc = fmaf(part, scs[ch / 8], acc);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0 && row < K) y[row] = acc;
+        }
+        __syncthreads(); /* xs free; y written */
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(done, 1u);
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+}
+
+/* e4m3 codes of magnitude 0.125 .. 1.875, either sign (a product's gain
+ * ~0.7 at the scale below, so a chain of them stays finite). */
+__global__ void kb_fill_small_e4m3(uint8_t *p, size_t n, uint32_t seed) {
+    DSC_PDL_WAIT();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = (uint8_t)((h & 0x80u) | (0x20u + (h & 0x1fu)));
+    }
+}
+
+extern "C" int ds_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n_out, ds_err *err) {
+    const char *op = "product chain bench";
+    *n_out = 0;
+    if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
+    int nsm = 0, coop = 0, l2 = 0;
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, gpu);
+    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, gpu);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, gpu);
+    if (!coop) return dsc_failmsg(err, op, "GPU %d has no cooperative launch", gpu);
+    cudaStream_t st;
+    if (cudaStreamCreate(&st) != cudaSuccess) return dsc_failmsg(err, op, "no stream");
+    dsc_buf xhl[3];
+    memset(xhl, 0, sizeof xhl);
+    int rc = 0;
+    const int Ks[2] = {2048, 4096};
+    for (int ki = 0; ki < 2 && *n_out < cap && !rc; ki++) {
+        int K = Ks[ki], rb = (K + nsm - 1) / nsm;
+        rb = (rb + 15) / 16 * 16; /* whole rows for the 16 warps */
+        int grid = (K + rb - 1) / rb;
+        size_t mat = (size_t)K * K, ns = (size_t)(K / 128) * (K / 128);
+        int nw = (int)((3 * (size_t)l2 + mat - 1) / mat), np = 4 * nw;
+        size_t smem = (size_t)16 * KB_NS * K + (size_t)K * 4; /* 16 warps' rings, x */
+        auto kern_fn = K == 2048 ? kb_pchain<4> : kb_pchain<8>;
+        uint8_t *w = NULL, *sc = NULL;
+        float *x0 = NULL, *y[4] = {NULL, NULL, NULL, NULL};
+        unsigned *ctl = NULL;
+        cudaError_t e = cudaMalloc(&w, mat * nw);
+        if (e == cudaSuccess) e = cudaMalloc(&sc, ns * nw);
+        if (e == cudaSuccess) e = cudaMalloc(&x0, (size_t)K * 4);
+        for (int j = 0; j < 4 && e == cudaSuccess; j++) e = cudaMalloc(&y[j], (size_t)K * 4);
+        if (e == cudaSuccess) e = cudaMalloc(&ctl, 2 * sizeof(unsigned));
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(kern_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e == cudaSuccess) {
+            dsc_launch(kb_fill_small_e4m3, 1024, 256, 0, st, w, mat * nw, 0x4321u + (uint32_t)K);
+            cudaMemsetAsync(sc, 121, ns * nw, st); /* 2^-6 */
+            dsc_launch(kb_fill_x, 16, 256, 0, st, x0, (size_t)K, 0x51u);
+            /* one kernel a product: dsv4's product kernel, x of each the y before, in a graph */
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t ge = NULL;
+            e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+            for (int i = 0; i < np && e == cudaSuccess; i++) {
+                dsc_w d = {w + (size_t)(i % nw) * mat, sc + (size_t)(i % nw) * ns, K, K, 0, K / 128, 0};
+                e = dsc_launch_matmul(st, xhl, DS_W_FP8, d, i == 0 ? x0 : y[(i - 1) & 1], K, 0, 1 << 30, 1,
+                                      y[i & 1], K)
+                        ? cudaErrorUnknown
+                        : cudaSuccess;
+            }
+            cudaError_t e2 = cudaStreamEndCapture(st, &g);
+            if (e == cudaSuccess) e = e2;
+            if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+            float kern = 1e30f, pers = 1e30f;
+            unsigned herr = 0;
+            for (int r = 0; r < 4 && e == cudaSuccess; r++) { /* the first round uploads the graph */
+                float ms = kb_time(st, 1, [&] { cudaGraphLaunch(ge, st); });
+                if (r > 0 && ms < kern) kern = ms;
+                e = cudaStreamSynchronize(st);
+            }
+            if (e == cudaSuccess) e = cudaMemcpyAsync(y[2], y[(np - 1) & 1], (size_t)K * 4, cudaMemcpyDeviceToDevice, st);
+            float *ye = y[0], *yo = y[1];
+            unsigned *done = ctl, *errw = ctl + 1;
+            if (e == cudaSuccess) e = cudaMemset(ctl, 0, 2 * sizeof(unsigned));
+            const uint8_t *wc = w, *scc = sc;
+            const float *xc = x0;
+            void *args[] = {(void *)&wc, (void *)&scc, &nw, &K, &rb, &np, (void *)&xc, &ye, &yo, &done, &errw};
+            for (int r = 0; r < 4 && e == cudaSuccess && !herr; r++) {
+                float ms = kb_time(st, 1, [&] { /* the counter zeroed before each launch (~2 us of 48 products) */
+                    cudaMemsetAsync(done, 0, sizeof(unsigned), st);
+                    cudaLaunchCooperativeKernel((const void *)kern_fn, dim3(grid), dim3(512), args, smem, st);
+                });
+                if (r > 0 && ms < pers) pers = ms;
+                e = cudaStreamSynchronize(st);
+                if (e == cudaSuccess) e = cudaGetLastError();
+                if (e == cudaSuccess) e = cudaMemcpy(&herr, errw, sizeof herr, cudaMemcpyDeviceToHost);
+            }
+            if (e == cudaSuccess && !herr) {
+                float *ha = (float *)malloc((size_t)K * 8), *hb = ha + K;
+                cudaMemcpy(ha, y[2], (size_t)K * 4, cudaMemcpyDeviceToHost);
+                cudaMemcpy(hb, y[(np - 1) & 1], (size_t)K * 4, cudaMemcpyDeviceToHost);
+                double md = 0, my = 0;
+                for (int j = 0; j < K; j++) {
+                    double dd = fabs((double)ha[j] - hb[j]);
+                    md = dd > md ? dd : md;
+                    my = fabs((double)ha[j]) > my ? fabs((double)ha[j]) : my;
+                }
+                free(ha);
+                ds_cuda_pchain_row *o = &out[(*n_out)++];
+                o->K = K;
+                o->products = np;
+                o->distinct = nw;
+                o->blocks = grid;
+                o->bytes = (double)(mat + ns);
+                o->kernels_us = 1e3 * kern / np;
+                o->persistent_us = 1e3 * pers / np;
+                o->rel_diff = my > 0 ? md / my : md;
+            } else if (e == cudaSuccess)
+                rc = dsc_failmsg(err, op, "K = %d: a block's wait for the others ran past its cap (not co-resident?)", K);
+            if (ge) cudaGraphExecDestroy(ge);
+            if (g) cudaGraphDestroy(g);
+        }
+        if (e != cudaSuccess && !rc) rc = dsc_fail(err, op, K == 2048 ? "K = 2048" : "K = 4096", e);
+        cudaFree(w);
+        cudaFree(sc);
+        cudaFree(x0);
+        for (int j = 0; j < 4; j++) cudaFree(y[j]);
+        cudaFree(ctl);
+    }
+    cudaStreamSynchronize(st);
+    for (int i = 0; i < 3; i++) cudaFree(xhl[i].p);
     cudaStreamDestroy(st);
     return rc;
 }

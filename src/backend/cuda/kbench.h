@@ -50,6 +50,19 @@ typedef struct ds_cuda_chain_row {
 /* The chain rows on GPU `gpu` (at most cap; *n_out set). 0, or -1 with err. */
 int ds_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n_out, ds_err *err);
 
+/* A chain of FP8 K x K products, x of each the y of the one before
+ * (kbench.cu kb_pchain): dsv4's product kernel once a product in a graph,
+ * against one persistent kernel that streams each product's weights into
+ * shared memory while the chain waits for the product before. */
+typedef struct ds_cuda_pchain_row {
+    int K, products, distinct, blocks; /* distinct matrices (3x the L2 together), cycled */
+    double bytes;                      /* a product's codes + scales */
+    double kernels_us, persistent_us;  /* a product, in the chain */
+    double rel_diff;                   /* the chains' last y: max |difference| / max |y| */
+} ds_cuda_pchain_row;
+
+int ds_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n_out, ds_err *err);
+
 #ifdef __cplusplus
 }
 #endif
