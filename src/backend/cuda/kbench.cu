@@ -570,7 +570,6 @@ extern "C" int ds_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int 
                 r->T = T;
                 r->weight_bytes = (double)(wb + sb);
                 int rp = T == 1 ? reps : (reps + 3) / 4;
-                r->copies = T == 1 ? nw : 1;
                 r->warm_ms = kb_time(st, rp, [&] {
                     dsc_launch_matmul(st, xhl, c->kind, d, x, c->cols, 0, 1 << 30, T, y, c->rows);
                 });

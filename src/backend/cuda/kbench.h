@@ -22,10 +22,9 @@ typedef struct ds_cuda_kb_row {
     ds_cuda_kb_case c;
     int T;               /* tokens: 1 (decode) or 512 (prefill) */
     double weight_bytes; /* codes + scales */
-    double ms;           /* dsv4's product, per call (T = 1: cycling through `copies` copies of the
-                            weights, past the L2: read from HBM) */
+    double ms;           /* dsv4's product, per call (T = 1: cycling through copies of the weights
+                            that together fill 3x the L2: read from HBM) */
     double warm_ms;      /* the same, one copy called again (its bytes in the L2 where they fit) */
-    int copies;
     double blas_ms;      /* cuBLAS BF16 GemmEx of the same shape, per call */
     int blas_ok;
 } ds_cuda_kb_row;
