@@ -137,7 +137,10 @@ int cmd_bench_kernels(int argc, char **argv) {
         "of each kernel to the\nread of the same memory (packed: of its own bytes, then the BF16 "
         "bytes per second it makes).\nThen prefill's products at T tokens: GFLOP/s against this CPU's fp32 FMA peak "
         "(measured).\nWith --backend cuda: each CUDA product at V4-Flash's shapes, 1 and 512 tokens, "
-        "against the device\ncopy bandwidth and next to cuBLAS BF16 GemmEx of the same shape.\n",
+        "against the device\ncopy bandwidth (one token: from HBM, and warm from the L2), next to cuBLAS BF16 "
+        "GemmEx of the\nsame shape; then what one link of a chain of dependent kernels costs, and a chain of FP8 "
+        "products\nthrough dsv4's kernels against a persistent sketch that streams their weights ahead of the "
+        "chain.\n",
         "--threads defaults to 2 here.\n",
         groups,
         3};
