@@ -51,8 +51,9 @@ int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
     printf("ratio = dsv4's warm time / cuBLAS's (one copy each; cuBLAS reads BF16: 2 bytes per weight, dsv4 the\n"
            "stored kind)\n");
     ds_cuda_chain_row ch[8];
-    int nc = 0;
-    if (ds_backend_cuda_chain_bench(gpu, ch, 8, &nc, &err)) {
+    ds_cuda_pchain_row pc[4];
+    int nc = 0, np = 0;
+    if (ds_backend_cuda_chain_bench(gpu, ch, 8, &nc, &err) || ds_backend_cuda_pchain_bench(gpu, pc, 4, &np, &err)) {
         fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
         return 1;
     }
@@ -60,12 +61,6 @@ int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps) {
            "           writes; or grid barriers in one kernel), the least a step pays per kernel it runs in order\n");
     for (int i = 0; i < nc; i++)
         printf("  %7.2f us  %s (%d block%s)\n", ch[i].us, ch[i].what, ch[i].blocks, ch[i].blocks == 1 ? "" : "s");
-    ds_cuda_pchain_row pc[4];
-    int np = 0;
-    if (ds_backend_cuda_pchain_bench(gpu, pc, 4, &np, &err)) {
-        fprintf(stderr, "dsv4 bench --kernels: %s\n", err.msg);
-        return 1;
-    }
     printf("products   chained FP8 K x K products (x of each the y before; distinct matrices cycled, 3x the L2):\n"
            "           dsv4's product kernel once a product (a graph, programmatic launch) against one persistent\n"
            "           kernel streaming each product's rows into shared memory while the chain waits (a sketch:\n"

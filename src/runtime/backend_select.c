@@ -24,6 +24,14 @@ int ds_backend_gpu_count(void) {
 #endif
 }
 
+#ifndef DSV4_HAVE_CUDA
+/* The error of a CUDA entry point in a build without the CUDA backend. */
+static int no_cuda(ds_err *err) {
+    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
+                   ds_backends_built());
+}
+#endif
+
 int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err) {
     memset(be, 0, sizeof *be);
     const char *name = o && o->name ? o->name : "cpu";
@@ -37,8 +45,7 @@ int ds_backend_open(const ds_backend_opts *o, ds_backend *be, ds_err *err) {
         if (o && o->rank > 0 && n > 0) gpu = (gpu + o->rank) % n;
         return ds_backend_cuda_init(be, gpu, err);
 #else
-        return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
-                       ds_backends_built());
+        return no_cuda(err);
 #endif
     }
     return ds_fail(err, "unknown backend '%s' (this build has: %s)", name, ds_backends_built());
@@ -56,8 +63,7 @@ int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap
 #else
     (void)gpu, (void)reps, (void)out, (void)cap, (void)copy_gbs, (void)note, (void)nn;
     *n = 0;
-    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
-                   ds_backends_built());
+    return no_cuda(err);
 #endif
 }
 
@@ -67,8 +73,7 @@ int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n
 #else
     (void)gpu, (void)out, (void)cap;
     *n = 0;
-    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
-                   ds_backends_built());
+    return no_cuda(err);
 #endif
 }
 
@@ -78,7 +83,6 @@ int ds_backend_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int 
 #else
     (void)gpu, (void)out, (void)cap;
     *n = 0;
-    return ds_fail(err, "backend 'cuda': this build has no CUDA backend (built: %s; configure with -DDSV4_CUDA=ON)",
-                   ds_backends_built());
+    return no_cuda(err);
 #endif
 }

@@ -328,8 +328,7 @@ __global__ void __launch_bounds__(512, 1)
             uint8_t *dst = ring + (size_t)(k % KB_NS) * K;
             for (int c = 0; c < nch; c++) {
                 int ch = c * 32 + lane;
-                uint32_t a = (uint32_t)__cvta_generic_to_shared(dst + (size_t)ch * 16);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src + (size_t)ch * 16));
+                kb_cp16(dst + (size_t)ch * 16, src + (size_t)ch * 16);
             }
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -407,12 +406,12 @@ extern "C" int ds_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, i
         size_t smem = (size_t)16 * KB_NS * K + (size_t)K * 4; /* 16 warps' rings, x */
         auto kern_fn = K == 2048 ? kb_pchain<4> : kb_pchain<8>;
         uint8_t *w = NULL, *sc = NULL;
-        float *x0 = NULL, *y[4] = {NULL, NULL, NULL, NULL};
+        float *x0 = NULL, *y[3] = {NULL, NULL, NULL}; /* y of even / odd products; the kernels' last y */
         unsigned *ctl = NULL;
         cudaError_t e = cudaMalloc(&w, mat * nw);
         if (e == cudaSuccess) e = cudaMalloc(&sc, ns * nw);
         if (e == cudaSuccess) e = cudaMalloc(&x0, (size_t)K * 4);
-        for (int j = 0; j < 4 && e == cudaSuccess; j++) e = cudaMalloc(&y[j], (size_t)K * 4);
+        for (int j = 0; j < 3 && e == cudaSuccess; j++) e = cudaMalloc(&y[j], (size_t)K * 4);
         if (e == cudaSuccess) e = cudaMalloc(&ctl, 2 * sizeof(unsigned));
         if (e == cudaSuccess)
             e = cudaFuncSetAttribute(kern_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -458,8 +457,10 @@ extern "C" int ds_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, i
                 if (e == cudaSuccess) e = cudaGetLastError();
                 if (e == cudaSuccess) e = cudaMemcpy(&herr, errw, sizeof herr, cudaMemcpyDeviceToHost);
             }
-            if (e == cudaSuccess && !herr) {
-                float *ha = (float *)malloc((size_t)K * 8), *hb = ha + K;
+            float *ha = e == cudaSuccess && !herr ? (float *)malloc((size_t)K * 8) : NULL;
+            if (e == cudaSuccess && !herr && !ha) rc = dsc_failmsg(err, op, "K = %d: out of host memory", K);
+            if (ha) {
+                float *hb = ha + K;
                 cudaMemcpy(ha, y[2], (size_t)K * 4, cudaMemcpyDeviceToHost);
                 cudaMemcpy(hb, y[(np - 1) & 1], (size_t)K * 4, cudaMemcpyDeviceToHost);
                 double md = 0, my = 0;
@@ -472,22 +473,24 @@ extern "C" int ds_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, i
                 ds_cuda_pchain_row *o = &out[(*n_out)++];
                 o->K = K;
                 o->products = np;
-                o->distinct = nw;
-                o->blocks = grid;
                 o->bytes = (double)(mat + ns);
                 o->kernels_us = 1e3 * kern / np;
                 o->persistent_us = 1e3 * pers / np;
                 o->rel_diff = my > 0 ? md / my : md;
-            } else if (e == cudaSuccess)
+            } else if (e == cudaSuccess && herr)
                 rc = dsc_failmsg(err, op, "K = %d: a block's wait for the others ran past its cap (not co-resident?)", K);
             if (ge) cudaGraphExecDestroy(ge);
             if (g) cudaGraphDestroy(g);
         }
-        if (e != cudaSuccess && !rc) rc = dsc_fail(err, op, K == 2048 ? "K = 2048" : "K = 4096", e);
+        if (e != cudaSuccess && !rc) {
+            char what[32];
+            snprintf(what, sizeof what, "K = %d", K);
+            rc = dsc_fail(err, op, what, e);
+        }
         cudaFree(w);
         cudaFree(sc);
         cudaFree(x0);
-        for (int j = 0; j < 4; j++) cudaFree(y[j]);
+        for (int j = 0; j < 3; j++) cudaFree(y[j]);
         cudaFree(ctl);
     }
     cudaStreamSynchronize(st);

@@ -54,7 +54,7 @@ int ds_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n_out, ds
  * against one persistent kernel that streams each product's weights into
  * shared memory while the chain waits for the product before. */
 typedef struct ds_cuda_pchain_row {
-    int K, products, distinct, blocks; /* distinct matrices (3x the L2 together), cycled */
+    int K, products;                   /* the chain: products through distinct matrices (3x the L2), cycled */
     double bytes;                      /* a product's codes + scales */
     double kernels_us, persistent_us;  /* a product, in the chain */
     double rel_diff;                   /* the chains' last y: max |difference| / max |y| */
