@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 files=(
-  src/common/io.c src/common/io.h
+  src/common/io.c src/common/io.h src/common/dsmath.h src/backend/cuda/fp4.cu
   src/cli/main.c
   src/dist/ep.c src/dist/ep.h src/dist/placement.c src/runtime/ep_follow.c src/runtime/ep_follow.h src/model/synth_load.c
   src/runtime/generate.c src/backend/cpu/bf16x.c

@@ -47,20 +47,64 @@ static void make(ds_weight *w, ds_wkind kind, int rows, int cols, uint8_t **data
 }
 
 /* MXFP4 products quantize x per 32-column group to steps s < 2 max|x| / 127
- * (matmul.c) with hi + lo / 256 parts: each x is off by at most s / 256. The
- * bound on |y - exact| that this allows (fp32 rounding aside). */
+ * (matmul.c) as 24-bit integers v = rint(x 2^16 / s): each x is off by at
+ * most s / 2^17. The bound on |y - exact| that this allows (fp32 rounding
+ * aside). */
 static double fp4_bound(const float *w, const float *x, int K) {
     double b = 0;
     for (int g = 0; g < K; g += 32) {
         double amax = 0, wsum = 0;
         for (int j = g; j < g + 32; j++) amax = fmax(amax, fabs((double)x[j])), wsum += fabs((double)w[j]);
-        b += 2 * amax / 127 / 256 * wsum;
+        b += 2 * amax / 127 / 131072 * wsum;
     }
     return b;
 }
 
+/* y[r] of an MXFP4 weight from the documented definition alone (matmul.c's
+ * header, docs/numerics.md), written apart from the kernels: per group the
+ * step exponent e (the smallest >= -109 with max|x| <= 127 2^e), v =
+ * rint(x 2^(16 - e)) in double, S = sum(2 w v) exactly in 64 bits and
+ * rounded once to fp32, A[lane] = fma(S, ws * 2^(e - 17), A[lane]) with
+ * lane 4 (g % 4) + (g % 16) / 4, groups ascending; then the fixed hsum. */
+static float fp4_definition(const ds_weight *w, int r, const float *x) {
+    int K = w->cols, G = K / 32;
+    float A[16] = {0};
+    for (int g = 0; g < G; g++) {
+        const float *xg = x + 32 * g;
+        double amax = 0;
+        int bad = 0;
+        for (int j = 0; j < 32; j++) {
+            bad |= !isfinite(xg[j]);
+            amax = fmax(amax, fabs((double)xg[j]));
+        }
+        float ws = ds_e8m0_to_f32(w->scale[(size_t)r * w->scale_cols + g]), sx = 0.0f;
+        int64_t S = 0;
+        if (bad)
+            sx = NAN;
+        else if (amax > 0) {
+            int e = -109;
+            while (amax > 127.0 * ldexp(1.0, e)) e++;
+            sx = (float)ldexp(1.0, e - 17);
+            for (int j = 0; j < 32; j++) {
+                int c = 32 * g + j;
+                uint8_t b = w->data[(size_t)r * (K / 2) + c / 2];
+                int code = (c & 1) ? b >> 4 : b & 15;
+                static const int mag2[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+                int w2 = code & 8 ? -mag2[code & 7] : mag2[code & 7];
+                S += (int64_t)w2 * (int64_t)rint((double)xg[j] * ldexp(1.0, 16 - e));
+            }
+        }
+        int l = 4 * (g % 4) + (g % 16) / 4;
+        A[l] = fmaf((float)S, ws * sx, A[l]);
+    }
+    float a[8];
+    for (int i = 0; i < 8; i++) a[i] = A[i] + A[i + 8];
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 /* MXFP4 paths on one weight and T tokens: every path and T = 1 against the
- * portable path's bits (NaN: any NaN); returns 1 when all agree. */
+ * portable path's bits and against fp4_definition (NaN: any NaN); returns 1
+ * when all agree. */
 static int fp4_paths_agree(ds_backend *be, const ds_weight *w, const float *x, int T) {
     int R = w->rows, K = w->cols, same = 1;
     float *y = malloc(sizeof(float) * (size_t)T * R), *yp = malloc(sizeof(float) * (size_t)T * R);
@@ -72,7 +116,9 @@ static int fp4_paths_agree(ds_backend *be, const ds_weight *w, const float *x, i
     for (int t = 0; t < T; t++)
         for (int r = 0; r < R; r++) {
             float g = ds_cpu_row_dot(w, r, x + (size_t)t * K), h = y[(size_t)t * R + r];
+            float d = w->scale_f32 ? h : fp4_definition(w, r, x + (size_t)t * K);
             same &= !memcmp(&g, &h, 4) || (isnan(g) && isnan(h));
+            same &= !memcmp(&d, &h, 4) || (isnan(d) && isnan(h));
         }
     free(y);
     free(yp);

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # test_pinned_logits.sh — the logits' bits are pinned: SHA-256 of the float32
 # logits of fixed token sequences on the oracle fixtures and the bundled model,
-# as computed by main at c97b0c0 (before the backend interface of issue 9);
-# the q128 and kjv pins (MXFP4 experts) regenerated when MXFP4 products became
-# exact integer products of quantized x (issue 13, docs/backend.md), once the
-# SIMD and the portable (-DDSV4_SIMD=OFF) trees gave the same hashes.
+# regenerated once when MXFP4 products became exact integer sums of x quantized
+# to three int8 digits and SwiGLU took common/dsmath.h's ds_expf (docs/numerics.md:
+# the CPU's and the GPU's experts give the same bits), after the SIMD and the
+# portable (-DDSV4_SIMD=OFF) trees gave the same hashes.
 # A change of any bit fails this test; a change that is meant to alter the
 # numbers must say so and regenerate tests/fixtures/pinned/logits.sha256 with
 #   bash tests/test_pinned_logits.sh BUILD/dsv4 . --write

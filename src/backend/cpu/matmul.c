@@ -12,19 +12,23 @@
  *    products, so the same bits, whenever that scaling of x is exact.)
  *  - MXFP4 (32-column groups) is an exact integer product per group, so only
  *    the fp32 sum over groups has an order. x is quantized once per token
- *    (fp4_quantize_x, the same code for every path): per group a power-of-
- *    two step s = 2^e, e the smallest with max|x| <= 127 s (e >= -117, so
- *    s * 2^-9 is a normal float), hi = rint(x / s) and lo = clamp(rint((x / s
- *    - hi) * 256), -128, 127), x ~ s (hi + lo / 256). With the weights' codes
- *    doubled (integers w2 in {0, +-1, +-2, +-3, +-4, +-6, +-8, +-12}), a
- *    group's S = sum(w2 * (256 hi + lo)) is an exact integer, |S| < 2^24,
- *    in any order of summation. Groups go 16 at a time (a 512-column span
- *    m); lane l = 4q + p of one 16-lane accumulator A takes group 16m + 4p +
- *    q, m ascending: A[l] = fma((float)S, f, A[l]) with f = ws * sx (one fp32
- *    product: ws the weight's group scale, sx = s * 2^-9); y = hsum(A). A
- *    group holding a NaN or an infinity has sx = NaN (y is NaN), an all-zero
- *    group sx = 0, groups past the last (a partial span) S = f = 0. E8M0
- *    scale 255 reads as NaN, 0 as 2^-127 (ds_e8m0_to_f32's values).
+ *    (fp4_quantize_x, the same code for every path and for the GPU: docs/
+ *    numerics.md): per group a power-of-two step s = 2^e, e the smallest with
+ *    max|x| <= 127 s (e >= -109, so s * 2^-17 is a normal float), v =
+ *    rint(x * 2^(16 - e)) (|v| <= 127 * 2^16) written as three signed base-
+ *    256 digits v = 65536 hi + 256 lo + lo2 (each in [-128, 127]), so x ~
+ *    s v / 2^16 to within s / 2^17 (~2^-24 of the group's max). With the
+ *    weights' codes doubled (integers w2 in {0, +-1, +-2, +-3, +-4, +-6, +-8,
+ *    +-12}), a group's H = sum(w2 * (256 hi + lo)) and L = sum(w2 * lo2) are
+ *    exact integers (|H| < 2^24, |L| < 2^16) in any order of summation, and
+ *    S = fma((float)H, 256, (float)L) is sum(w2 * v) rounded once to fp32.
+ *    Groups go 16 at a time (a 512-column span m); lane l = 4q + p of one
+ *    16-lane accumulator A takes group 16m + 4p + q, m ascending: A[l] =
+ *    fma(S, f, A[l]) with f = ws * sx (one fp32 product: ws the weight's
+ *    group scale, sx = s * 2^-17); y = hsum(A). A group holding a NaN or an
+ *    infinity has sx = NaN (y is NaN), an all-zero group sx = 0, groups past
+ *    the last (a partial span) add nothing. E8M0 scale 255 reads as NaN, 0
+ *    as 2^-127 (ds_e8m0_to_f32's values).
  *  - hsum(v) = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) with a_i = v_i + v_{i+8}.
  * Several independent chains keep one row's reduction from waiting on FMA
  * latency, so a thread can stream one row at a time (one memory stream).
@@ -151,16 +155,22 @@ static void chunks_generic(const ds_weight *w, const uint8_t *row, const float *
 
 /* ---- MXFP4: x quantized per group, exact integer products ----
  * The quantized x of one token ("Q4 layout"), per 512-column span m (16
- * groups), Q4_SPAN_BYTES bytes: for each 128-column block p = 0..3 four
- * 64-byte vectors hiL, hiH, loL, loH, byte 16q + k of hiL / loL holding
- * column 128p + 32q + 2k (the low nibble of weight byte 64p + 16q + k) and
- * of hiH / loH column 128p + 32q + 2k + 1 (its high nibble); then int32 C[16]
- * and float sx[16] in lane order (lane 4q + p: group 4p + q of the span),
- * C = 12 * sum(256 hi + lo) over the group (the kernels multiply unsigned
- * codes w2 + 12 and subtract C). Columns and groups past K are zero. */
+ * groups), Q4_SPAN_BYTES bytes: for each 128-column block p = 0..3 six
+ * 64-byte vectors hiL, hiH, loL, loH, l2L, l2H (the digits hi, lo, lo2),
+ * byte 16q + k of each L vector holding column 128p + 32q + 2k (the low
+ * nibble of weight byte 64p + 16q + k) and of each H vector column 128p +
+ * 32q + 2k + 1 (its high nibble); then int32 CH[16], int32 CL[16] and float
+ * sx[16] in lane order (lane 4q + p: group 4p + q of the span), CH = 12 *
+ * sum(256 hi + lo) and CL = 12 * sum(lo2) over the group (the SIMD kernels
+ * multiply unsigned codes w2 + 12 and subtract them). Columns and groups
+ * past K are zero. */
 #define Q4_SPAN 512
-#define Q4_SPAN_BYTES 1152
-#define Q4_EMIN (-117) /* smallest group step exponent: s * 2^-9 stays normal */
+#define Q4_BLK 384                 /* one 128-column block's six vectors */
+#define Q4_CH (4 * Q4_BLK)         /* CH[16] */
+#define Q4_CL (Q4_CH + 64)         /* CL[16] */
+#define Q4_SX (Q4_CL + 64)         /* sx[16] */
+#define Q4_SPAN_BYTES (Q4_SX + 64) /* 1728 */
+#define Q4_EMIN (-109)             /* smallest group step exponent: s * 2^-17 stays normal */
 
 static inline int q4_spans(int K) { return (K + Q4_SPAN - 1) / Q4_SPAN; }
 
@@ -181,24 +191,32 @@ static inline float f32_of(uint32_t u) {
     return f;
 }
 
-/* Group g's C and sx into its span's lane tables. */
-static inline void q4_put(uint8_t *span, int g, int32_t c, float sx) {
+/* Group g's CH, CL and sx into its span's lane tables. */
+static inline void q4_put(uint8_t *span, int g, int32_t ch, int32_t cl, float sx) {
     int lane = 4 * (g % 4) + (g % 16) / 4;
-    memcpy(span + 1024 + 4 * lane, &c, 4);
-    memcpy(span + 1088 + 4 * lane, &sx, 4);
+    memcpy(span + Q4_CH + 4 * lane, &ch, 4);
+    memcpy(span + Q4_CL + 4 * lane, &cl, 4);
+    memcpy(span + Q4_SX + 4 * lane, &sx, 4);
+}
+
+/* The signed low byte of v (its base-256 digit in [-128, 127]). */
+static inline int32_t q4_digit(int32_t v) {
+    int32_t d = (int32_t)((uint32_t)v & 255u);
+    return d > 127 ? d - 256 : d;
 }
 
 /* Quantizes one token's x (K % 32 == 0) into the Q4 layout at dst: the
- * scalar definition. v = x * 2^-e is one product by a power of two (exact
- * unless it underflows: then rounded, as IEEE defines); rint rounds to
- * nearest even (the default mode); every value below is an exact function
- * of x, so the SIMD version computes the same bytes. */
+ * scalar definition. t = x * 2^(16 - e) is one product by a power of two
+ * (exact unless it underflows: then rounded, as IEEE defines, and rint
+ * gives 0 either way); rint rounds to nearest even (the default mode); the
+ * digits are exact integer arithmetic, so the SIMD version (and the GPU's
+ * quantizer) computes the same bytes. */
 static void fp4_quantize_x_c(const float *x, int K, uint8_t *dst) {
     int G = K / DS_FP4_GROUP;
     memset(dst, 0, (size_t)q4_spans(K) * Q4_SPAN_BYTES);
     for (int g = 0; g < G; g++) {
         const float *xg = x + (size_t)g * DS_FP4_GROUP;
-        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + 256 * ((g % 16) / 4);
+        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + Q4_BLK * ((g % 16) / 4);
         int q = g % 4;
         uint32_t amax = 0; /* the largest |x| as bits: above 0x7F800000 - 1 when a NaN or inf is present */
         for (int j = 0; j < DS_FP4_GROUP; j++) {
@@ -208,38 +226,39 @@ static void fp4_quantize_x_c(const float *x, int K, uint8_t *dst) {
             amax = u > amax ? u : amax;
         }
         if (amax >= 0x7F800000u || amax == 0) {
-            q4_put(span, g, 0, amax ? NAN : 0.0f);
+            q4_put(span, g, 0, 0, amax ? NAN : 0.0f);
             continue;
         }
         int e = q4_exp(amax);
-        float inv = f32_of((uint32_t)(127 - e) << 23);
-        int32_t csum = 0;
+        float mul = f32_of((uint32_t)(127 + 16 - e) << 23);
+        int32_t ch = 0, cl = 0;
         for (int j = 0; j < DS_FP4_GROUP; j++) {
-            float v = xg[j] * inv;
-            long hi = lrintf(v), lo = lrintf((v - (float)hi) * 256.0f);
-            lo = lo > 127 ? 127 : lo;
+            int32_t v = (int32_t)lrintf(xg[j] * mul);
+            int32_t l2 = q4_digit(v), v1 = (v - l2) / 256, lo = q4_digit(v1), hi = (v1 - lo) / 256;
             int at = 16 * q + j / 2 + (j & 1) * 64; /* L or H vector */
-            blk[at] = (uint8_t)(int8_t)hi;
-            blk[at + 128] = (uint8_t)(int8_t)lo;
-            csum += (int32_t)(256 * hi + lo);
+            blk[at] = (uint8_t)(hi & 255);
+            blk[at + 128] = (uint8_t)(lo & 255);
+            blk[at + 256] = (uint8_t)(l2 & 255);
+            ch += 256 * hi + lo;
+            cl += l2;
         }
-        q4_put(span, g, 12 * csum, f32_of((uint32_t)(127 + e - 9) << 23));
+        q4_put(span, g, 12 * ch, 12 * cl, f32_of((uint32_t)(127 + e - 17) << 23));
     }
 }
 
 #ifdef DS_X86
 /* fp4_quantize_x_c with 8-lane vectors (the same operations, so the same
  * bytes): a group's even and odd columns in 4 registers, cvtps2dq rounding
- * to nearest even, packs (no saturation: |hi| <= 127, lo in [-128, 127]). */
+ * to nearest even, the digits by sign-extending shifts (v - lo2 and v1 - lo
+ * are multiples of 256: the arithmetic shift divides them exactly), packs
+ * (no saturation: every digit is in [-128, 127]). */
 static void fp4_quantize_x_avx2(const float *x, int K, uint8_t *dst) {
     int G = K / DS_FP4_GROUP;
     memset(dst, 0, (size_t)q4_spans(K) * Q4_SPAN_BYTES);
     const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), pk = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i i127 = _mm256_set1_epi32(127);
-    const __m256 k256 = _mm256_set1_ps(256.0f);
     for (int g = 0; g < G; g++) {
         const float *xg = x + (size_t)g * DS_FP4_GROUP;
-        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + 256 * ((g % 16) / 4);
+        uint8_t *span = dst + (size_t)(g / 16) * Q4_SPAN_BYTES, *blk = span + Q4_BLK * ((g % 16) / 4);
         int q = g % 4;
         __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8), x2 = _mm256_loadu_ps(xg + 16),
                x3 = _mm256_loadu_ps(xg + 24);
@@ -252,36 +271,43 @@ static void fp4_quantize_x_avx2(const float *x, int K, uint8_t *dst) {
         m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0xB1));
         uint32_t amax = (uint32_t)_mm_cvtsi128_si32(m4);
         if (amax >= 0x7F800000u || amax == 0) {
-            q4_put(span, g, 0, amax ? NAN : 0.0f);
+            q4_put(span, g, 0, 0, amax ? NAN : 0.0f);
             continue;
         }
         int e = q4_exp(amax);
-        __m256 inv = _mm256_set1_ps(f32_of((uint32_t)(127 - e) << 23));
+        __m256 mul = _mm256_set1_ps(f32_of((uint32_t)(127 + 16 - e) << 23));
         /* even / odd columns: ev0 = 0, 2, .., 14; ev1 = 16, .., 30; od likewise */
         __m256 v[4];
         v[0] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0x88)), 0xD8));
         v[1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x2, x3, 0x88)), 0xD8));
         v[2] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x0, x1, 0xDD)), 0xD8));
         v[3] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x2, x3, 0xDD)), 0xD8));
-        __m256i hi[4], lo[4], cs = _mm256_setzero_si256();
+        __m256i d[3][4], ch = _mm256_setzero_si256(), cl = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
-            __m256 u = _mm256_mul_ps(v[i], inv);
-            hi[i] = _mm256_cvtps_epi32(u);
-            lo[i] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(u, _mm256_cvtepi32_ps(hi[i])), k256)), i127);
-            cs = _mm256_add_epi32(cs, _mm256_add_epi32(_mm256_slli_epi32(hi[i], 8), lo[i]));
+            __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], mul));
+            __m256i l2 = _mm256_srai_epi32(_mm256_slli_epi32(t, 24), 24);
+            __m256i v1 = _mm256_srai_epi32(_mm256_sub_epi32(t, l2), 8);
+            __m256i lo = _mm256_srai_epi32(_mm256_slli_epi32(v1, 24), 24);
+            __m256i hi = _mm256_srai_epi32(_mm256_sub_epi32(v1, lo), 8);
+            d[0][i] = hi, d[1][i] = lo, d[2][i] = l2;
+            ch = _mm256_add_epi32(ch, _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo));
+            cl = _mm256_add_epi32(cl, l2);
         }
-        __m256i h8 = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3])), pk);
-        __m256i l8 = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3])), pk);
-        _mm_storeu_si128((__m128i *)(void *)(blk + 16 * q), _mm256_castsi256_si128(h8));
-        _mm_storeu_si128((__m128i *)(void *)(blk + 64 + 16 * q), _mm256_extracti128_si256(h8, 1));
-        _mm_storeu_si128((__m128i *)(void *)(blk + 128 + 16 * q), _mm256_castsi256_si128(l8));
-        _mm_storeu_si128((__m128i *)(void *)(blk + 192 + 16 * q), _mm256_extracti128_si256(l8, 1));
-        __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(cs), _mm256_extracti128_si256(cs, 1));
-        c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
-        c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
-        q4_put(span, g, 12 * _mm_cvtsi128_si32(c4), f32_of((uint32_t)(127 + e - 9) << 23));
+        for (int k = 0; k < 3; k++) {
+            __m256i b8 = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(d[k][0], d[k][1]), _mm256_packs_epi32(d[k][2], d[k][3])), pk);
+            _mm_storeu_si128((__m128i *)(void *)(blk + 128 * k + 16 * q), _mm256_castsi256_si128(b8));
+            _mm_storeu_si128((__m128i *)(void *)(blk + 128 * k + 64 + 16 * q), _mm256_extracti128_si256(b8, 1));
+        }
+        int32_t cs[2];
+        for (int k = 0; k < 2; k++) {
+            __m256i c = k ? cl : ch;
+            __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
+            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
+            cs[k] = _mm_cvtsi128_si32(c4);
+        }
+        q4_put(span, g, 12 * cs[0], 12 * cs[1], f32_of((uint32_t)(127 + e - 17) << 23));
     }
 }
 #endif
@@ -313,13 +339,18 @@ static inline float fp4_scale(const ds_weight *w, int r, int g) {
 /* The doubled E2M1 values (exact integers). */
 static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* y from the 16 exact sums S[lane] of each span (the order every path keeps). */
-static inline void fp4_span_acc(const ds_weight *w, int r, int m, const int32_t *S, const uint8_t *span, float *acc) {
+/* y's accumulators from the exact sums H[lane], L[lane] of span m (the
+ * order every path keeps; lanes past the last group add nothing). */
+static inline void fp4_span_acc(const ds_weight *w, int r, int m, const int32_t *H, const int32_t *L,
+                                const uint8_t *span, float *acc) {
+    int G = w->cols / DS_FP4_GROUP;
     for (int l = 0; l < 16; l++) {
+        int g = 16 * m + 4 * (l & 3) + (l >> 2);
+        if (g >= G) continue;
         float sx;
-        memcpy(&sx, span + 1088 + 4 * l, 4);
-        float f = fp4_scale(w, r, 16 * m + 4 * (l & 3) + (l >> 2)) * sx;
-        acc[l] = fmaf((float)S[l], f, acc[l]);
+        memcpy(&sx, span + Q4_SX + 4 * l, 4);
+        float f = fp4_scale(w, r, g) * sx;
+        acc[l] = fmaf(fmaf((float)H[l], 256.0f, (float)L[l]), f, acc[l]);
     }
 }
 
@@ -330,18 +361,19 @@ static float row_fp4_generic(const ds_weight *w, int r, const float *xq) {
     float acc[16] = {0};
     for (int m = 0; m * 16 < G; m++) {
         const uint8_t *span = xb + (size_t)m * Q4_SPAN_BYTES;
-        int32_t S[16] = {0};
+        int32_t H[16] = {0}, L[16] = {0};
         for (int l = 0; l < 16; l++) {
             int p = l & 3, q = l >> 2, g = 16 * m + 4 * p + q;
             if (g >= G) continue;
-            const uint8_t *wb = row + 16 * (size_t)g, *blk = span + 256 * p + 16 * q;
+            const uint8_t *wb = row + 16 * (size_t)g, *blk = span + Q4_BLK * p + 16 * q;
             for (int k = 0; k < 16; k++) {
                 int32_t a = e2m1_x2[wb[k] & 15], b = e2m1_x2[wb[k] >> 4];
-                S[l] += a * (256 * (int8_t)blk[k] + (int8_t)blk[128 + k]);
-                S[l] += b * (256 * (int8_t)blk[64 + k] + (int8_t)blk[192 + k]);
+                H[l] += a * (256 * (int8_t)blk[k] + (int8_t)blk[128 + k]);
+                H[l] += b * (256 * (int8_t)blk[64 + k] + (int8_t)blk[192 + k]);
+                L[l] += a * (int8_t)blk[256 + k] + b * (int8_t)blk[320 + k];
             }
         }
-        fp4_span_acc(w, r, m, S, span, acc);
+        fp4_span_acc(w, r, m, H, L, span, acc);
     }
     return hsum16(acc);
 }
@@ -779,25 +811,30 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t_512(const ds
         PF_SPAN(p);
         int left = G - 16 * m;
         __m512 ws = fp4q_scales_512(w, sbase + 16 * (size_t)m, left);
-        __m512i s[NT][4];
+        __m512i sh[NT][4], sl[NT][4];
         UNROLL for (int b = 0; b < 4; b++) {
             __m512i L, H;
             fp4q_block_512(p, b, left, &L, &H);
             UNROLL for (int t = 0; t < nt; t++) {
-                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
+                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + Q4_BLK * b;
                 __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, _mm512_loadu_si512((const void *)xb));
                 a = _mm512_dpbusd_epi32(a, H, _mm512_loadu_si512((const void *)(xb + 64)));
                 a = _mm512_slli_epi32(a, 8);
                 a = _mm512_dpbusd_epi32(a, L, _mm512_loadu_si512((const void *)(xb + 128)));
-                s[t][b] = _mm512_dpbusd_epi32(a, H, _mm512_loadu_si512((const void *)(xb + 192)));
+                sh[t][b] = _mm512_dpbusd_epi32(a, H, _mm512_loadu_si512((const void *)(xb + 192)));
+                __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, _mm512_loadu_si512((const void *)(xb + 256)));
+                sl[t][b] = _mm512_dpbusd_epi32(c, H, _mm512_loadu_si512((const void *)(xb + 320)));
             }
         }
         UNROLL for (int t = 0; t < nt; t++) {
             const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
-            __m512i v = fp4q_fold64(fp4q_fold32(s[t][0], s[t][1]), fp4q_fold32(s[t][2], s[t][3]));
-            v = _mm512_sub_epi32(v, _mm512_loadu_si512((const void *)(sp + 1024)));
-            __m512 f = _mm512_mul_ps(ws, _mm512_loadu_ps((const float *)(const void *)(sp + 1088)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), f, acc[t]);
+            __m512i vh = fp4q_fold64(fp4q_fold32(sh[t][0], sh[t][1]), fp4q_fold32(sh[t][2], sh[t][3]));
+            __m512i vl = fp4q_fold64(fp4q_fold32(sl[t][0], sl[t][1]), fp4q_fold32(sl[t][2], sl[t][3]));
+            vh = _mm512_sub_epi32(vh, _mm512_loadu_si512((const void *)(sp + Q4_CH)));
+            vl = _mm512_sub_epi32(vl, _mm512_loadu_si512((const void *)(sp + Q4_CL)));
+            __m512 S = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vh), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(vl));
+            __m512 f = _mm512_mul_ps(ws, _mm512_loadu_ps((const float *)(const void *)(sp + Q4_SX)));
+            acc[t] = _mm512_fmadd_ps(S, f, acc[t]);
         }
     }
     UNROLL for (int t = 0; t < nt; t++) out[t] = hsum16_512(acc[t]);
@@ -827,13 +864,15 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
         int left = G - 16 * m;
         __m512 ws0 = fp4q_scales_512(w, sb0 + 16 * (size_t)m, left);
         __m512 ws1 = fp4q_scales_512(w, sb1 + 16 * (size_t)m, left);
-        __m512i h[2][NT], q[2][NT]; /* ab of blocks 0, 1 then cd of 2, 3; q: block 0 / 2 until its pair comes */
+        /* per row i and token t, the sums of hi / lo (H) and of lo2 (L): ab of
+         * blocks 0, 1 then cd of 2, 3; q: block 0 / 2 until its pair comes */
+        __m512i h[2][2][NT], q[2][2][NT];
         UNROLL for (int b = 0; b < 4; b++) {
             __m512i L0, H0, L1, H1;
             fp4q_block_512(p0, b, left, &L0, &H0);
             fp4q_block_512(p1, b, left, &L1, &H1);
             UNROLL for (int t = 0; t < nt; t++) {
-                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b;
+                const uint8_t *xb = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + Q4_BLK * b;
                 __m512i xhL = _mm512_loadu_si512((const void *)xb), xhH = _mm512_loadu_si512((const void *)(xb + 64));
                 __m512i xlL = _mm512_loadu_si512((const void *)(xb + 128));
                 __m512i xlH = _mm512_loadu_si512((const void *)(xb + 192));
@@ -841,27 +880,32 @@ AVX512VNNI __attribute__((always_inline)) static inline void fp4q_t2_512(const d
                 __m512i a1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L1, xhL);
                 a0 = _mm512_slli_epi32(_mm512_dpbusd_epi32(a0, H0, xhH), 8);
                 a1 = _mm512_slli_epi32(_mm512_dpbusd_epi32(a1, H1, xhH), 8);
-                a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0, L0, xlL), H0, xlH);
-                a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1, L1, xlL), H1, xlH);
-                if (b % 2 == 0) {
-                    q[0][t] = a0;
-                    q[1][t] = a1;
-                } else if (b == 1) {
-                    h[0][t] = fp4q_fold32(q[0][t], a0);
-                    h[1][t] = fp4q_fold32(q[1][t], a1);
-                } else {
-                    q[0][t] = fp4q_fold32(q[0][t], a0);
-                    q[1][t] = fp4q_fold32(q[1][t], a1);
+                __m512i s[2][2];
+                s[0][0] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0, L0, xlL), H0, xlH);
+                s[1][0] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1, L1, xlL), H1, xlH);
+                __m512i x2L = _mm512_loadu_si512((const void *)(xb + 256));
+                __m512i x2H = _mm512_loadu_si512((const void *)(xb + 320));
+                s[0][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), L0, x2L), H0, x2H);
+                s[1][1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), L1, x2L), H1, x2H);
+                UNROLL for (int i = 0; i < 2; i++) UNROLL for (int j = 0; j < 2; j++) {
+                    if (b % 2 == 0)
+                        q[i][j][t] = s[i][j];
+                    else if (b == 1)
+                        h[i][j][t] = fp4q_fold32(q[i][j][t], s[i][j]);
+                    else
+                        q[i][j][t] = fp4q_fold32(q[i][j][t], s[i][j]);
                 }
             }
         }
         UNROLL for (int t = 0; t < nt; t++) {
             const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
-            __m512i c = _mm512_loadu_si512((const void *)(sp + 1024));
-            __m512 sx = _mm512_loadu_ps((const float *)(const void *)(sp + 1088));
+            __m512i ch = _mm512_loadu_si512((const void *)(sp + Q4_CH)), cl = _mm512_loadu_si512((const void *)(sp + Q4_CL));
+            __m512 sx = _mm512_loadu_ps((const float *)(const void *)(sp + Q4_SX));
             UNROLL for (int i = 0; i < 2; i++) {
-                __m512i v = _mm512_sub_epi32(fp4q_fold64(h[i][t], q[i][t]), c);
-                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(i ? ws1 : ws0, sx), acc[i][t]);
+                __m512i vh = _mm512_sub_epi32(fp4q_fold64(h[i][0][t], q[i][0][t]), ch);
+                __m512i vl = _mm512_sub_epi32(fp4q_fold64(h[i][1][t], q[i][1][t]), cl);
+                __m512 S = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vh), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(vl));
+                acc[i][t] = _mm512_fmadd_ps(S, _mm512_mul_ps(i ? ws1 : ws0, sx), acc[i][t]);
             }
         }
     }
@@ -1109,9 +1153,9 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
         PF_SPAN(p);
         int left = G - 16 * m;
         v16 ws = fp4q_scales_avx2(w, r, m, left);
-        __m256i S[AVX2_NT][2];
+        __m256i S[AVX2_NT][2][2]; /* [token][half][H, L] */
         UNROLL for (int h = 0; h < 2; h++) {
-            __m256i u[AVX2_NT], v2[AVX2_NT];
+            __m256i u[AVX2_NT][2], v2[AVX2_NT][2];
             UNROLL for (int b = 0; b < 4; b++) {
                 int g = 4 * b + 2 * h; /* groups g, g + 1 of the span */
                 __m256i d;
@@ -1124,32 +1168,37 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
                 __m256i L = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
                 __m256i H = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
                 UNROLL for (int t = 0; t < nt; t++) {
-                    const uint8_t *x0 = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + 256 * b + 32 * h;
+                    const uint8_t *x0 =
+                        (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + Q4_BLK * b + 32 * h;
 #define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
-                    __m256i hi = _mm256_madd_epi16(
-                        _mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(0)), _mm256_maddubs_epi16(H, LDX(64))), one);
-                    __m256i lo = _mm256_madd_epi16(
-                        _mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(128)), _mm256_maddubs_epi16(H, LDX(192))), one);
+#define DIG(o) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(o)), _mm256_maddubs_epi16(H, LDX((o) + 64))), one)
+                    __m256i vv[2] = {_mm256_add_epi32(_mm256_slli_epi32(DIG(0), 8), DIG(128)), DIG(256)};
+#undef DIG
 #undef LDX
-                    __m256i v = _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo);
-                    if (b == 0 || b == 2)
-                        v2[t] = v;
-                    else if (b == 1)
-                        u[t] = _mm256_hadd_epi32(v2[t], v);
-                    else
-                        S[t][h] = _mm256_hadd_epi32(u[t], _mm256_hadd_epi32(v2[t], v));
+                    UNROLL for (int k = 0; k < 2; k++) {
+                        if (b == 0 || b == 2)
+                            v2[t][k] = vv[k];
+                        else if (b == 1)
+                            u[t][k] = _mm256_hadd_epi32(v2[t][k], vv[k]);
+                        else
+                            S[t][h][k] = _mm256_hadd_epi32(u[t][k], _mm256_hadd_epi32(v2[t][k], vv[k]));
+                    }
                 }
             }
         }
+        const __m256 k256 = _mm256_set1_ps(256.0f);
         UNROLL for (int t = 0; t < nt; t++) {
             const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
-            __m256i clo = _mm256_loadu_si256((const __m256i *)(const void *)(sp + 1024));
-            __m256i chi = _mm256_loadu_si256((const __m256i *)(const void *)(sp + 1056));
-            const float *sx = (const float *)(const void *)(sp + 1088);
-            acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][0], clo)),
-                                        _mm256_mul_ps(ws.lo, _mm256_loadu_ps(sx)), acc[t].lo);
-            acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][1], chi)),
-                                        _mm256_mul_ps(ws.hi, _mm256_loadu_ps(sx + 8)), acc[t].hi);
+            const float *sx = (const float *)(const void *)(sp + Q4_SX);
+            __m256 Sf[2];
+            UNROLL for (int h = 0; h < 2; h++) {
+                __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CH + 32 * h));
+                __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CL + 32 * h));
+                Sf[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][h][0], ch)), k256,
+                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][h][1], cl)));
+            }
+            acc[t].lo = _mm256_fmadd_ps(Sf[0], _mm256_mul_ps(ws.lo, _mm256_loadu_ps(sx)), acc[t].lo);
+            acc[t].hi = _mm256_fmadd_ps(Sf[1], _mm256_mul_ps(ws.hi, _mm256_loadu_ps(sx + 8)), acc[t].hi);
         }
     }
     UNROLL for (int t = 0; t < nt; t++) out[t] = v16_hsum(acc[t]);

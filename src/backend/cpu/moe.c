@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "common/dsmath.h"
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -62,11 +63,7 @@ int ds_cpu_route(const ds_backend *be, const ds_route_params *p, ds_err *err) {
 }
 
 static void swiglu(float *a, const float *up, size_t n, float limit) {
-    for (size_t i = 0; i < n; i++) {
-        float g = a[i] < limit ? a[i] : limit;
-        float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
-        a[i] = g / (1.0f + expf(-g)) * u;
-    }
+    for (size_t i = 0; i < n; i++) a[i] = ds_swiglu(a[i], up[i], limit);
 }
 
 typedef struct {
