@@ -167,7 +167,7 @@ static void route_hook(const char *name) {
     int cap = L * (NA + NB) + 1;
     routes whole = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
     routes step = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
-    ds_observer obs = {on_route, NULL, &whole};
+    ds_observer obs = {on_route, NULL, &whole, NULL};
     ds_batch_item it[2] = {{sa, ta, NA, NULL, 0}, {sb, tb, NB, NULL, 0}};
     CHECK(ds_forward_observed(m, &be, it, 2, &obs, &err) == 0, "%s", err.msg);
     CHECK(!whole.bad_k && whole.n == L * (NA + NB), "%s: %d route calls for %d layers x %d tokens", name, whole.n, L,

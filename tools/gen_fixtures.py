@@ -62,6 +62,26 @@ MODELS = {
         quantized=True, shards=3, mtp=True, seq_lens=[333, 300], greedy=(120, 24),
         weight_seed=22, token_seed=2200,
     ),
+    # the expert numerics at scale: 16 experts top-4 and 32 experts top-6 in MXFP4,
+    # prompts of 300+ tokens that cross HCA blocks (ratio 128) and the indexer's top-k
+    "q16e": dict(
+        vocab_size=512, hidden_size=256, num_hidden_layers=6, compress_ratios=[0, 4, 128, 4, 128, 0],
+        num_hash_layers=1, num_attention_heads=4, head_dim=128, qk_rope_head_dim=32, q_lora_rank=128,
+        o_groups=2, o_lora_rank=128, n_routed_experts=16, num_experts_per_tok=4,
+        moe_intermediate_size=128, sliding_window=16, index_n_heads=16, index_head_dim=128,
+        index_topk=5, hc_mult=4, swiglu_limit=10.0,
+        quantized=True, shards=2, mtp=False, seq_lens=[333, 300, 310], greedy=(120, 24),
+        weight_seed=33, token_seed=3300,
+    ),
+    "q32e": dict(
+        vocab_size=384, hidden_size=128, num_hidden_layers=5, compress_ratios=[0, 4, 128, 4, 128],
+        num_hash_layers=2, num_attention_heads=2, head_dim=64, qk_rope_head_dim=16, q_lora_rank=64,
+        o_groups=2, o_lora_rank=64, n_routed_experts=32, num_experts_per_tok=6,
+        moe_intermediate_size=64, sliding_window=32, index_n_heads=8, index_head_dim=64,
+        index_topk=8, hc_mult=4, swiglu_limit=10.0,
+        quantized=True, shards=2, mtp=False, seq_lens=[333, 320], greedy=(120, 24),
+        weight_seed=44, token_seed=4400,
+    ),
 }
 
 E2M1_GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -589,8 +609,11 @@ class Capture:
 
 
 def compute_margins(cap, cfg, sp, T):
+    """Decision margins: per layer the smallest, and per token (m["per_token"]:
+    route_margin.L / index_margin.L, F32 [T]) the relative gap of the last chosen
+    over the first not chosen (inf where nothing was chosen among more)."""
     k, topk = sp["num_experts_per_tok"], sp["index_topk"]
-    m = {"router": {}, "indexer": {}, "min_rel": float("inf")}
+    m = {"router": {}, "indexer": {}, "min_rel": float("inf"), "per_token": {}}
     for L in sorted(cap.router):
         mod, logits, idx = cap.router[L]
         if type(mod).__name__ == "DeepseekV4HashRouter":
@@ -602,6 +625,7 @@ def compute_margins(cap, cfg, sp, T):
         rel = gap / torch.maximum(a.abs(), b.abs()).clamp_min(1e-30)
         same = torch.equal(order[:, :k].sort(-1).values, idx.long().sort(-1).values)
         i = int(rel.argmin())
+        m["per_token"][f"route_margin.{L}"] = rel.float().contiguous()
         m["router"][L] = {"min_abs_gap": float(gap.min()), "min_rel_gap": float(rel.min()),
                           "at_token": i, "hf_selection_is_topk": bool(same)}
         m["min_rel"] = min(m["min_rel"], float(rel.min()))
@@ -613,6 +637,7 @@ def compute_margins(cap, cfg, sp, T):
         fut = torch.arange(n_ent)[None, :] >= vis[:, None]
         rows = vis > topk
         entry = {"queries_with_more_visible_than_topk": int(rows.sum()), "n_entries": n_ent}
+        per = torch.full((S,), float("inf"))
         if rows.any():
             scr = sc[rows].masked_fill(fut[rows], float("-inf"))
             maxabs = sc[rows].abs().masked_fill(fut[rows], 0.0).amax(-1)
@@ -622,12 +647,14 @@ def compute_margins(cap, cfg, sp, T):
             den = torch.maximum(torch.maximum(a.abs(), b.abs()), 1e-3 * maxabs).clamp_min(1e-30)
             rel = gap / den
             qi = torch.nonzero(rows).flatten()
+            per[qi] = rel.float()
             i = int(rel.argmin())
             entry.update({"min_abs_gap": float(gap.min()), "min_rel_gap": float(rel.min()),
                           "min_gap_over_maxabs": float((gap / maxabs.clamp_min(1e-30)).min()),
                           "at_query": int(qi[i])})
             m["min_rel"] = min(m["min_rel"], float(rel.min()))
         m["indexer"][L] = entry
+        m["per_token"][f"index_margin.{L}"] = per.contiguous()
     return m
 
 
@@ -761,6 +788,7 @@ def run_model(name, sp, outroot, argv):
                 dbg[f"debug.ffn_out.{L}"] = cap.ffn_out[L][0, pos].float().contiguous()
             for kk, v in dbg.items():
                 ref_entries.append((kk, "I32" if v.dtype == torch.int32 else "F32", list(v.shape), tbytes(v)))
+        per_token = m.pop("per_token")
         srec = {"index": i, "length": T, "token_seed": tseed, "attempts": attempt + 1,
                 "margins": m, "max_abs_logit": float(logits.abs().max()),
                 "logit_std": float(logits.std()), "diff_vs_full": {}, "argmax_agree": {}}
@@ -786,6 +814,8 @@ def run_model(name, sp, outroot, argv):
         ref_entries.append((f"logits.{i}", "F32", [T, V], tbytes(logits)))
         for kk, v in sel.items():
             ref_entries.append((f"{kk.split('.')[0]}.{i}.{kk.split('.')[1]}", "I32", list(v.shape), tbytes(v)))
+        for kk, v in per_token.items():
+            ref_entries.append((f"{kk.split('.')[0]}.{i}.{kk.split('.')[1]}", "F32", list(v.shape), tbytes(v)))
 
     # greedy decoding reference
     P, N = sp["greedy"]
@@ -799,6 +829,7 @@ def run_model(name, sp, outroot, argv):
         fl = full_logits(model, seq, use_cache=False)
         cap.on = False
         gm = compute_margins(cap, cfg, sp, seq.shape[0])
+        gm.pop("per_token")
         agap = argmax_gap_rel(glogits)
         log(f"greedy prompt_seed={gseed}: min rel margin {gm['min_rel']:.3e}, argmax gap {agap:.3e}")
         if gm["min_rel"] >= MARGIN_REL and agap >= MARGIN_REL:

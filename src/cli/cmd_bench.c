@@ -406,7 +406,7 @@ int cmd_bench(int argc, char **argv) {
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};
-        ds_observer obs = {on_route, NULL, &bu.u};
+        ds_observer obs = {on_route, NULL, &bu.u, NULL};
         double t_b = 0;
         int ok = bu.u.used && bench_batch_decode(m, &be, B, prompt, gen, toks, &obs, count_step, &bu, NULL, &t_b, &err) == 0;
         double bytes_b = bu.bytes;

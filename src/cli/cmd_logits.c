@@ -118,7 +118,7 @@ int cmd_logits(int argc, char **argv) {
             goto out;
         }
     }
-    ds_observer obs = {NULL, dump_tensor, &dump};
+    ds_observer obs = {NULL, dump_tensor, &dump, NULL};
     if (ds_run_tokens_observed(m, &be, seqs, (const int32_t *const *)toks, lens, n_seqs, (int)chunk, logits,
                                dump.prefix ? &obs : NULL, &err)) {
         fprintf(stderr, "dsv4 logits: %s\n", err.msg);

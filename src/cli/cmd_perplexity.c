@@ -376,7 +376,7 @@ int cmd_stats(int argc, char **argv) {
         fprintf(stderr, "dsv4 stats: out of memory\n");
         goto out;
     }
-    ds_observer obs = {count_route, NULL, &cnt};
+    ds_observer obs = {count_route, NULL, &cnt, NULL};
     long long n_tok = 0;
     double t0 = ds_now();
     for (int w0 = 0; w0 < w.n_win; w0 += nb) {

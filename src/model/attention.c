@@ -45,7 +45,7 @@ int ds_attention(const ds_step *S, int li, const float *xn, float *out, ds_err *
                        ds_lane(be, DS_LANE_MAIN, err)))
         return -1;
     if (ds_matmul(be, &ly->wq_b, rs->qr, T, rs->q, err) || heads_rope(S, inv, rs->q, H, d, 1, 0, err) ||
-        (side && ds_lane(be, DS_LANE_JOIN, err)))
+        (side && ds_lane(be, DS_LANE_JOIN, err)) || (ly->is_csa && ds_indexer_observe(S, li, err)))
         return -1;
     if (ds_step_dump(S, "q", li, rs->q, T, H * d, err) || ds_step_dump(S, "kv", li, rs->kv, T, d, err)) return -1;
 

@@ -38,6 +38,9 @@ typedef struct ds_observer {
     void (*route)(void *ctx, int layer, int item, int tok, const int *experts, int k);
     void (*tensor)(void *ctx, const char *name, int layer, const float *x, int rows, int cols);
     void *ctx;
+    /* a CSA layer's indexer picks of one token, ascending (a download per layer:
+     * for tests and tools, not for serving) */
+    void (*index)(void *ctx, int layer, int item, int tok, const int *entries, int n);
 } ds_observer;
 
 /* Advances every item's sequence by its tokens in one step (m must be bound

@@ -5,8 +5,28 @@
  *   score(t, w) = sum_h w_h * ReLU(q_h . K_w) / sqrt(index_head_dim),
  * ties broken toward the lower entry index (the backend's ds_indexer_params). */
 #include <math.h>
+#include <stdlib.h>
 
 #include "model/step.h"
+
+/* one token at a time in row order */
+int ds_indexer_observe(const ds_step *S, int li, ds_err *err) {
+    const ds_observer *obs = S->obs;
+    if (!obs || !obs->index || S->dp || S->T == 0) return 0;
+    ds_runstate *rs = S->rs;
+    int T = S->T, k = S->m->cfg.index_topk;
+    int *sel = malloc(sizeof(int) * (size_t)T * (size_t)k), *n = malloc(sizeof(int) * (size_t)T);
+    int rc = !sel || !n ? ds_fail(err, "indexer (layer %d): out of memory for the observer", li) : 0;
+    if (!rc) rc = S->be->download(S->be, sel, rs->sel, sizeof(int) * (size_t)T * (size_t)k, err) ||
+                  S->be->download(S->be, n, rs->n_sel, sizeof(int) * (size_t)T, err);
+    for (int t = 0; !rc && t < T; t++) {
+        int s = rs->tok_seq[t];
+        obs->index(obs->ctx, li, s, t - rs->seq_row0[s], sel + (size_t)t * k, n[t]);
+    }
+    free(sel);
+    free(n);
+    return rc ? -1 : 0;
+}
 
 int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, ds_err *err) {
     const ds_model *m = S->m;

@@ -56,6 +56,10 @@ int ds_compress_tokens(const ds_step *S, int li, const ds_compressor_w *w, int w
  * (ds_compress_tokens, which = 1) has taken the step's rows. qr: the q
  * residual [T][q_lora]. */
 int ds_indexer_select(const ds_step *S, int li, const float *xn, const float *qr, ds_err *err);
+/* The observer's index hook (S->obs->index, not under data-parallel
+ * attention): rs->sel of layer li downloaded, one token at a time in row
+ * order; after the lanes' join. */
+int ds_indexer_observe(const ds_step *S, int li, ds_err *err);
 
 /* The MoE sublayer (paper §2.1) on the normed inputs xn [T][D]; out [T][D].
  * Under data-parallel attention xn is this rank's rows of rs->g_xn. */

@@ -502,7 +502,7 @@ static void *sched_main(void *arg) {
     const ds_model *m = s->m;
     const int V = m->cfg.vocab_size;
     const size_t n_exp = (size_t)m->cfg.n_layers * (size_t)m->cfg.n_routed_experts;
-    ds_observer obs = {route_hook, NULL, s};
+    ds_observer obs = {route_hook, NULL, s, NULL};
     for (;;) {
         /* ---- step boundary: drop cancelled requests, admit queued ones */
         pthread_mutex_lock(&s->mu);
