@@ -2,7 +2,7 @@
  *
  * The model says *what* to compute, one op per paper section; a backend
  * decides *how*, in its own memory. Every op is invariant by construction
- * (shared/docs/design.md §1): each output element comes from a reduction
+ * (docs/design.md §1): each output element comes from a reduction
  * whose order is fixed by the model's shapes only — never by the number of
  * tokens, their batch positions, the thread count or the device.
  *

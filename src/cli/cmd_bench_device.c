@@ -4,7 +4,7 @@
  *
  * Decode at batch B reads the dense weights once per step and each distinct
  * routed expert once: the expected number of distinct experts of a layer is
- * E * (1 - (1 - k/E)^B) (design.md §3) — used here instead of counting the
+ * E * (1 - (1 - k/E)^B) (docs/design.md §3) — used here instead of counting the
  * routed experts, which would need a host sync inside every layer. */
 #include <math.h>
 #include <stdio.h>

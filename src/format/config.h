@@ -1,7 +1,7 @@
 /* config.h — DeepSeek-V4 config.json, in the official hub form (compress_ratios,
  * num_hash_layers, qk_rope_head_dim, rope_scaling) and the form transformers
  * saves (layer_types, mlp_layer_types, compress_rates, rope_parameters,
- * partial_rotary_factor). See shared/docs/deepseek-v4.md section 1. */
+ * partial_rotary_factor). See docs/deepseek-v4.md section 1. */
 #ifndef DS_CONFIG_H
 #define DS_CONFIG_H
 

@@ -10,7 +10,7 @@
 
 /* The most tokens one step of ds_run_tokens carries, all sequences together:
  * it bounds a step's activation memory and keeps tokens x experts per token
- * inside the CUDA grids (65,535). Where a step ends changes no bits (design.md
+ * inside the CUDA grids (65,535). Where a step ends changes no bits (docs/design.md
  * §1: chunking and batching never do). */
 #define DS_RUN_STEP_TOKENS 4096
 

@@ -1,7 +1,7 @@
 /* sampler.h — token sampling: penalties, temperature, top-k / top-p / min-p,
  * and a counter-based RNG keyed by (request seed, token position).
  *
- * Determinism (design.md §1 rules 5-7): the sampled token is a pure function of
+ * Determinism (docs/design.md §1 rules 5-7): the sampled token is a pure function of
  * (logit bits, parameters, history, position). Nothing here holds state between
  * calls: the random draw for a token comes from Philox4x32-10 keyed by the
  * request seed with the token's position as counter, so a request's samples

@@ -5,7 +5,7 @@
  * window positions max(0, p-W+1) .. p ascending (this step's kv rows for
  * positions >= seq_pos0, else the ring), then the compressed entries (CSA:
  * sel[t][0..n_sel), HCA: 0 .. (p+1)/ratio - 1). K = V.
- * ORDER (design.md §1 rule 3): keys in blocks of DSC_ATT_KB (a fixed size),
+ * ORDER (docs/design.md §1 rule 3): keys in blocks of DSC_ATT_KB (a fixed size),
  * each block reduced on its own, the blocks merged in ascending order:
  *   part (one warp per (row, head, block)):
  *     s_j = xor-tree(lane fmaf chains over the lane's float4 chunks) * scale

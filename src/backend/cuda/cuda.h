@@ -1,6 +1,6 @@
 /* cuda.h — the CUDA backend (Hopper, sm_90a): every op of backend.h on one
  * GPU, in fp32 activations with the weights dequantized in registers, each
- * output reduced in an order fixed by the model's shapes only (design.md §1).
+ * output reduced in an order fixed by the model's shapes only (docs/design.md §1).
  * Built when DSV4_CUDA is on (DSV4_HAVE_CUDA=1). */
 #ifndef DS_BACKEND_CUDA_H
 #define DS_BACKEND_CUDA_H

@@ -8,7 +8,7 @@
  * into one partial per token; the 32 partials meet in a fixed xor tree.
  * Tokens are looped inside the kernel in tiles of DSC_MM_NT that share the
  * dequantized weights: a token's arithmetic is the same whatever T, its row t
- * or the grid (design.md §1 rules 1-2). Order of y[t][r]:
+ * or the grid (docs/design.md §1 rules 1-2). Order of y[t][r]:
  *   lane partial_l = fma chain over chunks l, l+32, ... (elements ascending)
  *   y = xor-tree(partial_0..31)                                   (fixed) */
 #include <stdio.h>

@@ -5,7 +5,7 @@
  *
  * Weight ROWS are the MMA's M side, TOKENS its N side; a column of an MMA
  * depends only on its own B column, so a token's bits do not depend on the
- * other tokens of the step, its column in the tile, or the kernel (design.md
+ * other tokens of the step, its column in the tile, or the kernel (docs/design.md
  * §1). Numerics (docs/cuda.md):
  *   weights: e2m1 / bf16 values are exact in bf16, e4m3 values in f16 (one
  *     cvt a pair); FP4's E8M0 scale is a power of two and is applied to the
