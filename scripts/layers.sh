@@ -96,6 +96,6 @@ END {
   # a fixed order, so a report names the same cycle every time
   for (i = 2; i <= n; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
   for (i = 1; i <= n; i++) if (!state[order[i]]) visit(order[i])
-  if (nbad) { printf "layers.sh: %d violation%s\n", nbad, nbad > 1 ? "s" : ""; exit 1 }
+  if (nbad) { printf "layers.sh: %d violation%s\n", nbad, (nbad > 1 ? "s" : ""); exit 1 }
   printf "layers.sh: %d includes in %d files, no violation\n", NR, n
 }' "$list"
