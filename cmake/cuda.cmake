@@ -48,18 +48,48 @@ if(DSV4_HAVE_CUDA)
   target_compile_options(dsv4cuda PRIVATE --fmad=false -lineinfo -D_GNU_SOURCE
                                           -Xcompiler=-Wall,-Wextra --Werror=all-warnings)
   target_compile_definitions(dsv4cuda PUBLIC DSV4_HAVE_CUDA=1)
+  if(DSV4_TEST_HOOKS)
+    target_compile_definitions(dsv4cuda PRIVATE DSV4_TEST_HOOKS=1)
+  endif()
   # The static runtime: binaries need only the driver (libcuda) where they run.
   target_link_libraries(dsv4cuda PUBLIC CUDA::cudart_static)
   target_link_libraries(dsv4core PUBLIC dsv4cuda)
 
-  # GPU unit test: run by scripts/gpu-test.sh on the lease machine, not by
-  # ctest (CI has no GPU: a skipped test there would only look like coverage).
+  # the CUDA kernel benchmark (src/bench/kbench_cuda.cu), built like the
+  # backend, in the bench library rather than the backend's
+  file(GLOB DSV4_BENCH_CUDA_SOURCES CONFIGURE_DEPENDS src/bench/*.cu)
+  add_library(dsv4bench_cuda STATIC ${DSV4_BENCH_CUDA_SOURCES})
+  set_property(TARGET dsv4bench_cuda PROPERTY COMPILE_OPTIONS "")
+  set_target_properties(dsv4bench_cuda PROPERTIES CUDA_ARCHITECTURES 90a CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+                                                  POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(dsv4bench_cuda PRIVATE --fmad=false -lineinfo -D_GNU_SOURCE
+                                                -Xcompiler=-Wall,-Wextra --Werror=all-warnings)
+  target_link_libraries(dsv4bench_cuda PUBLIC dsv4cuda)
+  target_link_libraries(dsv4bench PUBLIC dsv4bench_cuda)
+
+  # GPU unit test (scripts/gpu-test.sh runs it with the rest of the GPU suite)
   add_executable(test_cuda_ops tests/gpu/test_cuda_ops.c)
   target_include_directories(test_cuda_ops PRIVATE src)
   target_link_libraries(test_cuda_ops PRIVATE dsv4cuda m)
   # its references are computed in double on purpose
   target_compile_options(test_cuda_ops PRIVATE -Wno-double-promotion)
   set_target_properties(test_cuda_ops PROPERTIES LINKER_LANGUAGE CUDA)
+
+  # The GPU tests in ctest (LABELS gpu; `ctest -L gpu`): skipped (77) where
+  # tests/gpu/gpu_probe finds no CUDA device. The model tests run on the GPU
+  # as scripts/gpu-test.sh runs them (DSV4_TEST_BACKEND=cuda).
+  add_executable(gpu_probe tests/gpu/gpu_probe.c)
+  target_link_libraries(gpu_probe PRIVATE CUDA::cudart_static)
+  set(_gpu_run bash ${CMAKE_SOURCE_DIR}/tests/gpu/run.sh $<TARGET_FILE:gpu_probe>)
+  add_test(NAME test_cuda_ops COMMAND ${_gpu_run} $<TARGET_FILE:test_cuda_ops>)
+  add_test(NAME test_cuda_ops_noside COMMAND ${_gpu_run} $<TARGET_FILE:test_cuda_ops>)
+  set_tests_properties(test_cuda_ops_noside PROPERTIES ENVIRONMENT "DSV4_CUDA_SIDE=0")
+  foreach(_t test_reference test_batch test_intermediates)
+    add_test(NAME ${_t}_cuda COMMAND ${_gpu_run} $<TARGET_FILE:${_t}> WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_t}_cuda PROPERTIES ENVIRONMENT "DSV4_TEST_BACKEND=cuda")
+  endforeach()
+  set_tests_properties(test_cuda_ops test_cuda_ops_noside test_reference_cuda test_batch_cuda test_intermediates_cuda
+                       PROPERTIES LABELS gpu SKIP_RETURN_CODE 77)
 endif()
 
 if(DSV4_HAVE_CUDA)

@@ -1,4 +1,4 @@
-# mpi.cmake — expert parallelism over processes (src/dist, docs/ep.md) with
+# mpi.cmake — expert parallelism over processes (src/ep, docs/ep.md) with
 # Open MPI. Included from CMakeLists.txt after dsv4core is defined.
 #   -DDSV4_MPI=ON    build it (error when MPI is not found)
 #   -DDSV4_MPI=AUTO  build it when find_package(MPI) finds a C MPI (default)

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 files=(
   src/common/io.c src/common/io.h src/common/dsmath.h src/backend/cuda/fp4.cu
   src/cli/main.c
-  src/dist/ep.c src/dist/ep.h src/dist/placement.c src/runtime/ep_follow.c src/runtime/ep_follow.h src/model/synth_load.c
+  src/ep/ep.c src/ep/ep.h src/ep/placement.c src/ep/follow.c src/ep/follow.h src/ep/launch.c src/ep/launch.h
+  src/runtime/model_load.c src/runtime/model_load.h
   src/runtime/generate.c src/backend/cpu/bf16x.c
   src/text/pyjson.h
   src/cli/opts.c src/cli/opts.h tests/test_opts.c

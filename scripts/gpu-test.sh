@@ -39,7 +39,7 @@ if [ -n "${DSV4_CUDA_BUILD:-}" ]; then
   echo "gpu-test: using the prebuilt $B"
 else
   B=${BUILD_DIR:-build-cuda}
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON >"$B.configure.log" 2>&1 ||
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_TEST_HOOKS=ON >"$B.configure.log" 2>&1 ||
     { echo "gpu-test: configure failed (see $B.configure.log)"; tail -20 "$B.configure.log"; exit 1; }
   cmake --build "$B" -j"$JOBS" || { echo "gpu-test: build failed"; exit 1; }
 fi

@@ -9,7 +9,8 @@
 #   build-clang/     clang Release: the kernel, oracle, format and text tests
 #   build-fuzz/      clang + libFuzzer + ASan/UBSan: every fuzz target for
 #                    FUZZ_SECONDS (default 20) from its seed corpus (scripts/fuzz.sh)
-# Every tree builds with the full warning set and -Werror (DSV4_WERROR=ON);
+# Every tree builds with the full warning set and -Werror (DSV4_WERROR=ON) and
+# the test-only fault hooks (DSV4_TEST_HOOKS=ON);
 # scripts/format-check.sh checks .clang-format on the files it lists.
 # Exits non-zero if any configure, build, test or fuzz step fails.
 set -euo pipefail
@@ -35,15 +36,15 @@ run_tree() { # label dir ctest-regex cmake-args...
   fi
 }
 
-run_tree "Release" build . -DCMAKE_BUILD_TYPE=Release -DDSV4_WERROR=ON
-run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_WERROR=ON -DDSV4_CUDA=OFF
+run_tree "Release" build . -DCMAKE_BUILD_TYPE=Release -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON
+run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON -DDSV4_CUDA=OFF
 # the portable kernels alone (no SIMD, no MPI): they build, agree with the oracle and
 # handle every storage kind (the slow whole-model suites run in the trees above)
 run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|pinned_logits|nompi)\$" \
-  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON -DDSV4_CUDA=OFF -DDSV4_MPI=OFF
+  -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON -DDSV4_CUDA=OFF -DDSV4_MPI=OFF
 # the second compiler: clang builds everything warning-free and agrees on the fast suites
 run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput|pinned_logits|opts|cli_help)\$" \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON -DDSV4_CUDA=OFF
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON -DDSV4_CUDA=OFF
 
 echo
 if bash scripts/format-check.sh; then

@@ -1,4 +1,4 @@
-/* test_ep_plan.c — the expert exchange's plans (backend/ep_plan.h), carried
+/* test_ep_plan.c — the expert exchange's plans (ep/plan.h), carried
  * out for every rank in host memory as NCCL would: broadcasts matched by
  * their order on every rank, each send matched with the receive its peer
  * lists. Every rank must end with the rows it needs, bit for bit as their
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/ep_plan.h"
+#include "ep/plan.h"
 #include "testutil.h"
 
 #define W 3      /* words per row */

@@ -106,7 +106,7 @@ static int check_picks(const char *name, const ds_checkpoint *ck, const picks *p
 static float **run_obs(const ds_model *m, const refset *r, const int *idx, int k, int chunk, int threads,
                        const ds_observer *obs) {
     ds_backend *be = (ds_backend *)m->be; /* the test's own, bound in fixture() */
-    if (!strcmp(be->name, "cpu")) ds_backend_cpu_set_threads(be, threads);
+    be->set_threads(be, threads);
     ds_seq *seqs[8];
     const int32_t *toks[8];
     int lens[8];
@@ -259,7 +259,7 @@ static void fixture(const char *name) {
         if (p && g && gl) {
             int P = (int)p->shape[0], N = (int)g->shape[0];
             ds_backend *be = &be_;
-            if (!strcmp(be->name, "cpu")) ds_backend_cpu_set_threads(be, 0);
+            be->set_threads(be, 0);
             ds_seq *s;
             ds_seq_new(m, P + N, &s, &err);
             float *lg = malloc(sizeof(float) * V);

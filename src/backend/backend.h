@@ -376,7 +376,7 @@ struct ds_backend {
     int (*moe_experts)(const ds_backend *be, const ds_moe_experts_params *p, ds_err *err);
     int (*moe_combine)(const ds_backend *be, const ds_moe_combine_params *p, ds_err *err);
     /* Expert parallelism between devices (docs/ep.md; NULL: rows go through
-     * host memory and the transport of dist/). ep_comm_id: rank 0 makes the
+     * host memory and the transport of ep/). ep_comm_id: rank 0 makes the
      * id of a communicator (at most cap bytes, its size in *n); every rank
      * then joins with ep_comm_init (the id came over MPI). ep_exchange: nb
      * buffers of n rows in device memory (buffer b's rows of widths[b] 32-bit
@@ -396,6 +396,16 @@ struct ds_backend {
      * (the caller brings its own). */
     void (*host_for)(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx);
     int (*host_threads)(const ds_backend *be);
+
+    /* Every backend sets these. threads: the host threads it computes with
+     * (the CPU: its workers; a backend that computes on a device: 0).
+     * set_threads: n of them from the next step on (n <= 0: all cores;
+     * between steps only; a device backend ignores it). note: how it
+     * computes, for reports, e.g. "weights prefetched into L2" ("" for
+     * nothing to say; a string that lives as long as the backend). */
+    int (*threads)(const ds_backend *be);
+    void (*set_threads)(ds_backend *be, int n);
+    const char *(*note)(const ds_backend *be);
 
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);

@@ -12,11 +12,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "backend/cpu/cpu.h"
+#include "bench/bench.h"
+#include "bench/readbw.h"
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
-#include "cli/readbw.h"
+#include "ep/ep.h"
 #include "cli/util.h"
 #include "common/io.h"
 #include "model/forward.h"
@@ -291,13 +291,14 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     double t_bind = ds_now();
-    if (cli_bind("bench", m, &bo, &be)) {
+    int brc = cli_bind("bench", m, &bo, &be);
+    if (brc) {
         ds_model_free(m);
         free(batches);
-        return 1;
+        return cli_bind_done(brc);
     }
     t_bind = ds_now() - t_bind;
-    int n_threads = !strcmp(be.name, "cpu") ? ds_backend_cpu_threads(&be) : 0;
+    int n_threads = be.threads(&be);
     const ds_config *c = &m->cfg;
     int V = c->vocab_size, rc = 1;
     int32_t *toks = malloc((size_t)(prompt + gen) * sizeof *toks);
@@ -314,8 +315,8 @@ int cmd_bench(int argc, char **argv) {
     }
     printf("model      %s: hidden %d, %d layers, %d experts (%d active), vocab %d\n", dir, c->dim, c->n_layers,
            c->n_routed_experts, c->n_active_experts, V);
-    printf("backend    %s, %d threads, batch 1, weights prefetched into %s\n", be.name, n_threads,
-           ds_backend_cpu_prefetch_l2(&be) ? "L2" : "L1");
+    const char *note = be.note(&be);
+    printf("backend    %s, %d threads, batch 1%s%s\n", be.name, n_threads, *note ? ", " : "", note);
     if (ds_checkpoint_copied(m->ck))
         printf("weights    copied into memory (--load copy): %.2f GB, %.2f GB of this process on huge pages\n",
                ds_checkpoint_bytes(m->ck) / 1e9, anon_huge_bytes() / 1e9);

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/util.h"
 #include "model/forward.h"
+#include "runtime/model_load.h"
 
 /* Device copy bandwidth (GB/s, bytes read + written), best of 5 copies of 1 GiB. */
 static double copy_bandwidth(const ds_backend *be, ds_err *err) {
@@ -73,12 +74,16 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     int32_t *toks = NULL;
     float *logits = NULL;
     ds_seq *seq = NULL;
-    if (ds_model_load(dir, &m, &err)) {
+    if (ds_load_model(dir, NULL, &m, &err)) {
         fprintf(stderr, "dsv4 bench: %s\n", err.msg);
         return 1;
     }
     double t_up = ds_now();
-    if (cli_bind("bench", m, bo, &be)) goto out;
+    int brc = cli_bind("bench", m, bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     t_up = ds_now() - t_up;
     const ds_config *c = &m->cfg;
     int V = c->vocab_size;

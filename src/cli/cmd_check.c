@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
+#include "runtime/model_load.h"
 
 enum { MODE_SINGLE, MODE_MIXED, MODE_PREFIX };
 
@@ -64,7 +64,7 @@ static int run_trial(ctx *C, const request *reqs, int n_req, const request *nois
     const ds_model *m = C->m;
     int V = m->cfg.vocab_size, n = n_req + n_noise, rc = -1;
     ds_backend *be = C->be;
-    if (!strcmp(be->name, "cpu")) ds_backend_cpu_set_threads(be, threads);
+    be->set_threads(be, threads);
     live *L = calloc((size_t)n, sizeof *L);
     ds_batch_item *items = calloc((size_t)n, sizeof *items);
     int *order = calloc((size_t)n, sizeof *order);
@@ -193,14 +193,15 @@ int cmd_check(int argc, char **argv) {
     ds_model *m;
     ds_err err;
     ds_backend be = {0};
-    if (ds_model_load(dir, &m, &err)) {
+    if (ds_load_model(dir, NULL, &m, &err)) {
         fprintf(stderr, "dsv4 check: %s\n", err.msg);
         return 1;
     }
-    if (cli_bind("check", m, &bo, &be)) {
+    int brc = cli_bind("check", m, &bo, &be);
+    if (brc) {
         ds_model_free(m);
-    ds_backend_close(&be);
-        return 1;
+        ds_backend_close(&be);
+        return cli_bind_done(brc);
     }
     int V = m->cfg.vocab_size, R = (int)n_req, G = (int)gen, rc = 1, NN = 24;
     rng r = {0x9E3779B97F4A7C15ull ^ (uint64_t)seed * 0x100000001b3ull};

@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
@@ -60,7 +60,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (ds_sampling_validate(&sp, &err)) goto fail;
     if (cli_load_model("generate", dir, &bo, &m)) goto out;
-    if (cli_bind("generate", m, &bo, &be)) goto out;
+    int brc = cli_bind("generate", m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     int V = m->cfg.vocab_size;
     if (n_prompt > m->cfg.max_pos) {
         fprintf(stderr, "dsv4 generate: a prompt of %d tokens is beyond the model's max_position_embeddings (%lld)\n",

@@ -5,10 +5,11 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "runtime/backend_select.h"
 #include "model/model.h"
 #include "model/state.h"
+#include "runtime/model_load.h"
 
 int cmd_info(int argc, char **argv) {
     cli_model_arg ma = {0};
@@ -23,7 +24,7 @@ int cmd_info(int argc, char **argv) {
     const char *dir = ma.dir;
     ds_model *m;
     ds_err err;
-    if (ds_model_load(dir, &m, &err)) {
+    if (ds_load_model(dir, NULL, &m, &err)) {
         fprintf(stderr, "dsv4 info: %s\n", err.msg);
         return 1;
     }

@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
 #include "runtime/batch.h"
@@ -89,7 +89,11 @@ int cmd_logits(int argc, char **argv) {
     if (!toks || !lens) goto out;
     for (int i = 0; i < n_seqs; i++) toks[i] = la.tokens.v[i].v, lens[i] = la.tokens.v[i].n;
     if (cli_load_model("logits", dir, &bo, &m)) goto out;
-    if (cli_bind("logits", m, &bo, &be)) goto out;
+    int brc = cli_bind("logits", m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     int V = m->cfg.vocab_size;
     seqs = calloc((size_t)n_seqs, sizeof *seqs);
     logits = calloc((size_t)n_seqs, sizeof *logits);

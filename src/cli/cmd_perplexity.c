@@ -15,7 +15,7 @@
 #include "cli/commands.h"
 #include "cli/opts.h"
 #include "cli/util.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "text/tokenizer.h"
 #include "model/forward.h"
 
@@ -242,7 +242,12 @@ int cmd_perplexity(int argc, char **argv) {
     int rc = 1;
     ds_err err = {{0}};
     ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
-    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
+    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    int brc = cli_bind(o.cmd, m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     const int V = m->cfg.vocab_size;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= V) {
@@ -359,7 +364,12 @@ int cmd_stats(int argc, char **argv) {
     int rc = 1;
     ds_err err = {{0}};
     ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
-    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w) || cli_bind(o.cmd, m, &bo, &be)) goto out;
+    if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w)) goto out;
+    int brc = cli_bind(o.cmd, m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     const ds_config *c = &m->cfg;
     for (size_t i = 0; i < w.n_ids; i++)
         if (w.ids[i] >= c->vocab_size) {

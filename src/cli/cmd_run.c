@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "cli/util.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -161,7 +161,11 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
         goto out;
     }
-    if (cli_bind("run", m, &bo, &be)) goto out;
+    int brc = cli_bind("run", m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     ds_gen_params gp;
     ds_gen_params_init(&gp);
     gp.sampling = sp;
@@ -320,7 +324,11 @@ int cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     chat_reply reply = {0};
     if (cli_load_model_tok("chat", dir, &bo, &m, &tok)) goto out;
-    if (cli_bind("chat", m, &bo, &be)) goto out;
+    int brc = cli_bind("chat", m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     if (ds_seq_new(m, ctx, &seq, &err)) goto fail;
     if (!(ctx_ids = malloc((size_t)ctx * sizeof *ctx_ids))) goto oom;
     int tty = isatty(STDIN_FILENO);

@@ -5,10 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
 #include "cli/commands.h"
 #include "cli/opts.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "cli/serve_http.h"
 #include "cli/util.h"
 #include "text/tokenizer.h"
@@ -95,7 +94,12 @@ int cmd_serve(int argc, char **argv) {
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
-    if (cli_load_model_tok("serve", dir, &bo, &m, &tok) || cli_bind("serve", m, &bo, &be)) goto out;
+    if (cli_load_model_tok("serve", dir, &bo, &m, &tok)) goto out;
+    int brc = cli_bind("serve", m, &bo, &be);
+    if (brc) {
+        rc = cli_bind_done(brc);
+        goto out;
+    }
     ds_sched_opts so;
     ds_sched_opts_init(&so);
     so.max_seqs = (int)max_seqs;
@@ -124,7 +128,7 @@ int cmd_serve(int argc, char **argv) {
     serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024};
     if (serve_start(&cfg, m, tok, sched, &srv)) goto out;
     fprintf(stderr, "dsv4 serve: model '%s' (%s), ctx %lld, max-seqs %lld, backend %s, %d threads%s\n", name, dir, ctx,
-            max_seqs, be.name, !strcmp(be.name, "cpu") ? ds_backend_cpu_threads(&be) : 0, key ? ", API key required" : "");
+            max_seqs, be.name, be.threads(&be), key ? ", API key required" : "");
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "dsv4 serve: signal %d, stopping\n", sig);

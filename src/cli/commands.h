@@ -30,10 +30,6 @@ int bench_batch_decode(const struct ds_model *m, struct ds_backend *be, int B, l
  * went (--batch-profile). */
 int bench_batch_profile(const struct ds_model *m, struct ds_backend *be, int B, long long prompt, long long gen,
                         const int32_t *toks, ds_err *err);
-/* `dsv4 bench --kernels` (cmd_bench_kernels.c) */
-int cmd_bench_kernels(int argc, char **argv);
-/* `dsv4 bench --kernels --backend cuda` (cmd_bench_kernels_cuda.c) */
-int cmd_bench_kernels_cuda(const char *backend, int gpu, int reps);
 int cmd_synth(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 
 typedef struct {
     const char *name;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "runtime/backend_select.h"
 #include "runtime/sampler.h"
 

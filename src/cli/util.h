@@ -28,8 +28,14 @@ int cli_load_model_tok(const char *cmd, const char *dir, const ds_backend_opts *
 /* The tokenizer's BOS id, else config.json's bos_token_id. */
 int32_t cli_bos_id(const struct ds_model *m, const struct ds_tokenizer *tok);
 
-/* Opens the backend o names (NULL: the CPU, all cores) and binds m to it;
- * on error prints "dsv4 <cmd>: <message>" and returns -1 (be left closed). */
+/* Opens the backend o names (NULL: the CPU, all cores) and binds m to it: 0.
+ * On error prints "dsv4 <cmd>: <message>" and returns -1 (be left closed).
+ * Under mpirun (ep/launch.h): 0 on rank 0, which runs the command; 1 on a
+ * follower once the leader quit (be closed, m unbound): the command is done
+ * and returns cli_bind_done(1), 0. */
 struct ds_model;
 int cli_bind(const char *cmd, struct ds_model *m, const ds_backend_opts *o, ds_backend *be);
+/* A command's exit status after a cli_bind that did not return 0: 1 after
+ * an error, 0 on a follower that served the leader. */
+static inline int cli_bind_done(int bind_rc) { return bind_rc > 0 ? 0 : 1; }
 #endif

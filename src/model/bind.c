@@ -2,7 +2,7 @@
  * (see ds_model_bind in model.h). */
 #include <stdlib.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "model/model.h"
 
 /* Every pointer the forward pass reads, with its size in bytes and what it

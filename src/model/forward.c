@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "model/step.h"
 
 static int check_items(const ds_model *m, const ds_batch_item *items, int n, ds_err *err) {
@@ -128,7 +128,7 @@ static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item 
                    const unsigned char *want, const ds_observer *obs, ds_err *err);
 
 /* Under expert parallelism the leader sends the step to the followers
- * (runtime/ep_follow.h), and every rank runs it; a step that fails on any
+ * (ep/follow.h), and every rank runs it; a step that fails on any
  * rank after that ends the job (the others would wait for it forever). */
 static int send_step(const ds_model *m, const ds_batch_item *items, int n_items, ds_err *err) {
     int T = 0, F = DS_EP_ITEM_FIELDS;

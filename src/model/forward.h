@@ -53,9 +53,9 @@ int ds_forward(const ds_model *m, const ds_backend *be, const ds_batch_item *ite
 /* The same, reporting decisions to obs (may be NULL). */
 int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
                         const ds_observer *obs, ds_err *err);
-/* A follower's step under expert parallelism (runtime/ep_follow.h): the
+/* A follower's step under expert parallelism (ep/follow.h): the
  * leader's items, without logits buffers; want[i] = the leader's
- * DS_EP_ITEM_* flags of item i (dist/ep.h), whose head rows this rank
+ * DS_EP_ITEM_* flags of item i (ep/ep.h), whose head rows this rank
  * computes when attention is data parallel. */
 int ds_forward_follow(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
                       const unsigned char *want, ds_err *err);

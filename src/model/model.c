@@ -224,7 +224,6 @@ int ds_model_load(const char *dir, ds_model **out, ds_err *err) { return ds_mode
 
 int ds_model_load_with(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err) {
     *out = NULL;
-    if (!strncmp(dir, "synth:", 6)) return ds_model_load_synth(dir + 6, out, err);
     ds_model *m = calloc(1, sizeof *m);
     if (!m) return ds_fail(err, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", dir);

@@ -68,7 +68,7 @@ typedef struct ds_model {
     ds_runstate *rs;
     const void **host_ptrs;   /* the loader's pointers, restored before freeing */
     int n_host_ptrs;
-    /* expert parallelism (dist/ep.h), set before ds_model_bind; NULL: one
+    /* expert parallelism (ep/ep.h), set before ds_model_bind; NULL: one
      * process. Not owned. Only the routed experts this rank serves are bound
      * (and ever read). */
     struct ds_ep *ep;
@@ -93,11 +93,6 @@ typedef struct ds_load_opts {
 } ds_load_opts;
 /* ds_model_load with a load mode (lo NULL: MMAP). */
 int ds_model_load_with(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err);
-/* "synth:NAME[:LAYERS]" as DIR (ds_model_load passes it here): the
- * random-weight model `dsv4 synth --like NAME --layers LAYERS` writes, built
- * in memory (model/synth_load.c); under expert parallelism with this rank's
- * routed experts only. */
-int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err);
 
 /* Uploads every weight and constant of m to be (the CPU backend uses them
  * in place) and gives the model its step arena. A model is bound once; it
@@ -107,7 +102,7 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err);
  * (ds_model_free does this first). */
 void ds_model_unbind(ds_model *m);
 
-/* Runs m over the ranks of ep (dist/ep.h): call before ds_model_bind. The
+/* Runs m over the ranks of ep (ep/ep.h): call before ds_model_bind. The
  * backend must have the moe_experts / moe_combine ops. */
 void ds_model_set_ep(ds_model *m, struct ds_ep *ep);
 /* Bytes of the routed experts `rank` serves (all of them without EP), and

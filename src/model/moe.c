@@ -4,7 +4,7 @@
  * and the shared expert — a token's k outputs summed in ascending expert id,
  * the shared expert last (backend.h: ds_route_params, ds_moe_params). */
 #include "common/clock.h"
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "model/step.h"
 
 static int score_func(const ds_config *c) {

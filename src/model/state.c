@@ -3,7 +3,7 @@
 
 #include <stdlib.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 
 /* Lays out every layer's state from base (NULL: only counts); returns floats. */
 static uint64_t layout(const ds_model *m, int64_t max_len, float *base, ds_layer_mem *L) {

@@ -30,7 +30,7 @@ typedef struct ds_seq {
 int ds_seq_new(const ds_model *m, int64_t max_len, ds_seq **out, ds_err *err);
 void ds_seq_free(ds_seq *s);
 /* A follower's copy of the leader's sequence `id` with home rank `home`
- * (runtime/ep_follow.h): its state only when home is this rank or -1. */
+ * (ep/follow.h): its state only when home is this rank or -1. */
 int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, int home, ds_seq **out, ds_err *err);
 void ds_seq_reset(ds_seq *s);
 /* Bytes of backend state one sequence of max_len holds. */

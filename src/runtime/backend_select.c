@@ -55,34 +55,3 @@ void ds_backend_close(ds_backend *be) {
     if (be->close) be->close(be);
     memset(be, 0, sizeof *be);
 }
-
-int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n, double *copy_gbs, char *note,
-                                 size_t nn, ds_err *err) {
-#ifdef DSV4_HAVE_CUDA
-    return ds_cuda_kernel_bench(gpu, reps, out, cap, n, copy_gbs, note, nn, err);
-#else
-    (void)gpu, (void)reps, (void)out, (void)cap, (void)copy_gbs, (void)note, (void)nn;
-    *n = 0;
-    return no_cuda(err);
-#endif
-}
-
-int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n, ds_err *err) {
-#ifdef DSV4_HAVE_CUDA
-    return ds_cuda_chain_bench(gpu, out, cap, n, err);
-#else
-    (void)gpu, (void)out, (void)cap;
-    *n = 0;
-    return no_cuda(err);
-#endif
-}
-
-int ds_backend_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n, ds_err *err) {
-#ifdef DSV4_HAVE_CUDA
-    return ds_cuda_pchain_bench(gpu, out, cap, n, err);
-#else
-    (void)gpu, (void)out, (void)cap;
-    *n = 0;
-    return no_cuda(err);
-#endif
-}

@@ -5,7 +5,6 @@
 #define DS_BACKEND_SELECT_H
 
 #include "backend/backend.h"
-#include "backend/cuda/kbench.h"
 #include "common/err.h"
 
 typedef struct ds_backend_opts {
@@ -26,17 +25,5 @@ void ds_backend_close(ds_backend *be);
 int ds_backend_gpu_count(void);
 /* The backends this build has, e.g. "cpu" or "cpu cuda". */
 const char *ds_backends_built(void);
-
-/* `dsv4 bench --kernels --backend cuda`: the CUDA product kernels at
- * V4-Flash's shapes next to cuBLAS (backend/cuda/kbench.h); -1 naming the
- * cause in a build without the CUDA backend. */
-int ds_backend_cuda_kernel_bench(int gpu, int reps, ds_cuda_kb_row *out, int cap, int *n, double *copy_gbs, char *note,
-                                 size_t nn, ds_err *err);
-/* The same command's chain rows: what one link of a chain of dependent
- * kernels costs (backend/cuda/kbench.h ds_cuda_chain_bench). */
-int ds_backend_cuda_chain_bench(int gpu, ds_cuda_chain_row *out, int cap, int *n, ds_err *err);
-/* ... and its chained products: dsv4's kernels against one persistent kernel
- * (backend/cuda/kbench.h ds_cuda_pchain_bench). */
-int ds_backend_cuda_pchain_bench(int gpu, ds_cuda_pchain_row *out, int cap, int *n, ds_err *err);
 
 #endif

@@ -250,6 +250,10 @@ void ds_backend_cpu_set_threads(ds_backend *be, int n) {
     c->pool = pool_new(n);
 }
 
+static const char *cpu_note(const ds_backend *be) {
+    return ds_cpu_pf_l2(ds_cpu_of(be)) ? "weights prefetched into L2" : "weights prefetched into L1";
+}
+
 void ds_backend_cpu_fail_alloc(ds_backend *be, long n) { ds_cpu_of(be)->fail_alloc = n; }
 
 void ds_backend_cpu_set_pack(ds_backend *be, int on) { ds_cpu_of(be)->pack = on != 0; }
@@ -296,6 +300,9 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->moe_combine = ds_cpu_moe_combine;
     be->host_for = ds_cpu_parallel_for;
     be->host_threads = ds_backend_cpu_threads;
+    be->threads = ds_backend_cpu_threads;
+    be->set_threads = ds_backend_cpu_set_threads;
+    be->note = cpu_note;
     be->close = cpu_close;
     return 0;
 }

@@ -525,6 +525,11 @@ static int c_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+/* The device computes; no host threads to set. */
+static int c_threads(const ds_backend *) { return 0; }
+static void c_set_threads(ds_backend *, int) {}
+static const char *c_note(const ds_backend *) { return ""; }
+
 static void c_close(ds_backend *be) {
     dsc_impl *I = dsc_of(be);
     if (!I) return;
@@ -688,10 +693,14 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
         free(I);
         return dsc_fail(err, op, "event", e);
     }
-    /* DSV4_CUDA_FREE_MIB=N (tests): hold all but N MiB of the device, so a
-     * smaller GPU can be tried on a large one — the same allocation failures,
-     * the same messages. */
+    /* DSV4_CUDA_FREE_MIB=N (tests; builds with DSV4_TEST_HOOKS): hold all
+     * but N MiB of the device, so a smaller GPU can be tried on a large one —
+     * the same allocation failures, the same messages. */
+#ifdef DSV4_TEST_HOOKS
     const char *lim = getenv("DSV4_CUDA_FREE_MIB");
+#else
+    const char *lim = NULL;
+#endif
     if (lim && *lim) {
         size_t fr = 0, tot = 0, keep = (size_t)strtoull(lim, NULL, 10) << 20;
         cudaMemGetInfo(&fr, &tot);
@@ -734,6 +743,9 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->ep_comm_id = dsc_ep_comm_id;
     be->ep_comm_init = dsc_ep_comm_init;
     be->ep_exchange = c_ep_exchange;
+    be->threads = c_threads;
+    be->set_threads = c_set_threads;
+    be->note = c_note;
     be->close = c_close;
     return 0;
 }

@@ -3,7 +3,7 @@
  *
  * An exchange moves rows that one rank filled (owner[j]) to the ranks that
  * need them: every rank (an all-gather) or the rank dest[j] (an all-to-all).
- * backend/ep_plan.h plans it from the tables alone; here the plan runs:
+ * ep/plan.h plans it from the tables alone; here the plan runs:
  * blocks in place (data-parallel attention's MoE inputs, ids and weights, the
  * head's rows to rank 0: every buffer in one NCCL group, no copy, no upload),
  * or packed on the device, broadcast or sent / received in one group per
@@ -19,13 +19,13 @@
 #include <string.h>
 
 #include "backend/cuda/internal.h"
-#include "backend/ep_plan.h"
+#include "ep/plan.h"
 
 typedef struct dsc_nccl {
     void *lib;
     ncclComm_t comm;
     int rank, size;
-    ds_xplan plan; /* the last exchange's (backend/ep_plan.h) */
+    ds_xplan plan; /* the last exchange's (ep/plan.h) */
     ncclResult_t (*get_unique_id)(ncclUniqueId *);
     ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
     ncclResult_t (*comm_abort)(ncclComm_t);

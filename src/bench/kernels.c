@@ -1,4 +1,4 @@
-/* cmd_bench_kernels.c — `dsv4 bench --kernels`: each decode kernel against
+/* kernels.c — `dsv4 bench --kernels`: each decode kernel against
  * the plain read of the same memory.
  *
  * One buffer (1 GiB by default) is read by the bandwidth test, then read as
@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
-#include "cli/commands.h"
+#include "bench/bench.h"
+#include "bench/readbw.h"
 #include "cli/opts.h"
-#include "cli/readbw.h"
 #include "cli/util.h"
 
 typedef struct {

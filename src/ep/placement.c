@@ -1,4 +1,4 @@
-/* placement.c — which ranks serve each routed expert (dist/ep.h): round
+/* placement.c — which ranks serve each routed expert (ep/ep.h): round
  * robin, a placement file, or by measured load with redundant replicas
  * (EPLB). Plain data: no MPI here. */
 #include <errno.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 
 void ds_placement_free(ds_placement *p) {
     free(p->n_rep);

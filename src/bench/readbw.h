@@ -1,6 +1,6 @@
 /* readbw.h — the plain read the bench's bandwidth floor is measured with. */
-#ifndef DS_READBW_H
-#define DS_READBW_H
+#ifndef DS_BENCH_READBW_H
+#define DS_BENCH_READBW_H
 
 #include <stddef.h>
 

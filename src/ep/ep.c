@@ -1,7 +1,7 @@
-/* ep.c — the MPI session and one model's expert parallelism (dist/ep.h).
+/* ep.c — the MPI session and one model's expert parallelism (ep/ep.h).
  * Without MPI in the build (DSV4_HAVE_MPI undefined) the session is one rank
  * and nothing here sends anything. */
-#include "dist/ep.h"
+#include "ep/ep.h"
 
 #include <fcntl.h>
 #include <stdio.h>

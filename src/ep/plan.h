@@ -1,4 +1,4 @@
-/* ep_plan.h — the plan of one expert exchange between devices (docs/ep.md):
+/* plan.h — the plan of one expert exchange between devices (docs/ep.md):
  * from the tables alone (each row's filling rank, and for an all-to-all its
  * destination), which rows this rank packs, which blocks it broadcasts, sends
  * and receives, and where the received rows go. A device transport
@@ -21,8 +21,8 @@
  * Ops of a broadcast are listed in the same order on every rank (NCCL runs a
  * group's collectives in issue order); a send to q and q's receive from this
  * rank list the same rows in the same order. */
-#ifndef DS_BACKEND_EP_PLAN_H
-#define DS_BACKEND_EP_PLAN_H
+#ifndef DS_EP_PLAN_H
+#define DS_EP_PLAN_H
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* kbench.cu — the product kernels alone, for `dsv4 bench --kernels --backend
+/* kbench_cuda.cu — the CUDA backend's product kernels alone, for `dsv4 bench --kernels --backend
  * cuda`: each storage kind at V4-Flash's shapes, one token (decode: a read
  * of the weights) and 512 tokens (prefill: arithmetic), timed with events,
  * next to the same shape through cuBLAS — BF16 x BF16 -> FP32 cublasGemmEx,
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backend/cuda/internal.h"
-#include "backend/cuda/kbench.h"
+#include "bench/kbench_cuda.h"
 
 /* Random codes of a storage kind: no NaN (e4m3 0x7f / 0xff), E8M0 scales
  * 2^-7 .. 2^0, bf16 values of magnitude 2^-7 .. 2^-6. */

@@ -1,10 +1,10 @@
-/* ep_follow.c — see ep_follow.h. */
-#include "runtime/ep_follow.h"
+/* follow.c — see follow.h. */
+#include "ep/follow.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "model/forward.h"
 #include "model/state.h"
 
@@ -34,10 +34,12 @@ static ds_seq *seq_of(const table *t, int64_t id) {
 int ds_ep_follow(const ds_model *m, const ds_backend *be) {
     table t = {NULL, 0, NULL, NULL, 0};
     ds_err err = {{0}};
+#ifdef DSV4_TEST_HOOKS
     /* tests: DSV4_EP_FAIL_STEP=R:N — step N (from 1) fails on follower R */
     const char *fs = getenv("DSV4_EP_FAIL_STEP");
     long fail_rank = -1, fail_step = -1, steps = 0;
     if (fs && sscanf(fs, "%ld:%ld", &fail_rank, &fail_step) != 2) fail_rank = -1;
+#endif
     for (;;) {
         ds_ep_msg msg;
         if (ds_ep_recv(m->ep, &msg, &err)) fatal("receiving from rank 0", &err);
@@ -74,10 +76,12 @@ int ds_ep_follow(const ds_model *m, const ds_backend *be) {
                 t.want[i] = (unsigned char)f[3];
                 tok += f[2];
             }
+#ifdef DSV4_TEST_HOOKS
             if (++steps == fail_step && fail_rank == ds_ep_rank(m->ep)) {
                 ds_fail(&err, "DSV4_EP_FAIL_STEP=%s: this step fails (a test)", fs);
                 fatal("a step", &err);
             }
+#endif
             if (ds_forward_follow(m, be, t.items, msg.n_items, t.want, &err)) fatal("a step", &err);
         }
     }

@@ -1,7 +1,7 @@
-/* kbench.h — the CUDA product kernels timed alone at V4-Flash's shapes, next
- * to cuBLAS (kbench.cu). For `dsv4 bench --kernels --backend cuda`. */
-#ifndef DS_BACKEND_CUDA_KBENCH_H
-#define DS_BACKEND_CUDA_KBENCH_H
+/* kbench_cuda.h — the CUDA product kernels timed alone at V4-Flash's shapes,
+ * next to cuBLAS (kbench_cuda.cu). For `dsv4 bench --kernels --backend cuda`. */
+#ifndef DS_BENCH_KBENCH_CUDA_H
+#define DS_BENCH_KBENCH_CUDA_H
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
 /* readbw.c — see readbw.h. */
-#include "cli/readbw.h"
+#include "bench/readbw.h"
 
 #include <immintrin.h>
 

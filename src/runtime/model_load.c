@@ -1,9 +1,9 @@
-/* synth_load.c — `-m synth:NAME[:LAYERS]` (model.h: ds_model_load): the
+/* model_load.c — see model_load.h. `-m synth:NAME[:LAYERS]`: the
  * random-weight checkpoint `dsv4 synth --like NAME [--layers LAYERS]` writes
  * (seed 1, FP8 + MXFP4), written to /dev/shm (else $TMPDIR, /tmp), loaded
  * (mmap) and its files removed at once: the model lives in memory only. Under
  * expert parallelism a rank writes only the routed experts it serves; the
- * others are holes of sparse files, never memory (dist/ep.h). */
+ * others are holes of sparse files, never memory (ep/ep.h). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +12,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "dist/ep.h"
+#include "ep/ep.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "runtime/model_load.h"
 
 typedef struct {
     ds_placement pl;
@@ -69,7 +70,7 @@ static int pick_dir(const char *name, uint64_t bytes, char *dir, size_t cap, ds_
                    need / 1e9, local, local > 1 ? "s" : "", room[0] / 1e9, room[1] / 1e9, room[2] / 1e9);
 }
 
-int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err) {
+static int load_synth(const char *spec, ds_model **out, ds_err *err) {
     *out = NULL;
     char name[64];
     const char *colon = strchr(spec, ':');
@@ -108,4 +109,9 @@ int ds_model_load_synth(const char *spec, ds_model **out, ds_err *err) {
     if (rc) return ds_fail_prefix(err, "synth:%s", spec);
     snprintf((*out)->path, sizeof(*out)->path, "synth:%s", spec);
     return 0;
+}
+
+int ds_load_model(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err) {
+    if (!strncmp(dir, "synth:", 6)) return load_synth(dir + 6, out, err);
+    return ds_model_load_with(dir, lo, out, err);
 }

@@ -11,7 +11,7 @@
  * tokens: a token's k outputs in ascending expert id, the shared expert
  * last — the single-process order, so any rank count gives the same bits.
  * Rank 0 leads: it runs the command (scheduling, sampling, output) and sends every sequence creation / release and
- * every step's token table to the followers, which run the same steps (runtime/ep_follow.h).
+ * every step's token table to the followers, which run the same steps (ep/follow.h).
  *
  * Two parts: a placement (plain data, no MPI: tests and `dsv4 stats` use it
  * without ranks), and the process's MPI session (ds_ep_session_*), the one
