@@ -70,7 +70,7 @@ if(DSV4_HAVE_CUDA)
   # GPU unit test (scripts/gpu-test.sh runs it with the rest of the GPU suite)
   add_executable(test_cuda_ops tests/gpu/test_cuda_ops.c)
   target_include_directories(test_cuda_ops PRIVATE src)
-  target_link_libraries(test_cuda_ops PRIVATE dsv4cuda m)
+  target_link_libraries(test_cuda_ops PRIVATE dsv4core m) # the CPU backend: GPU = CPU bits for MXFP4
   # its references are computed in double on purpose
   target_compile_options(test_cuda_ops PRIVATE -Wno-double-promotion)
   set_target_properties(test_cuda_ops PROPERTIES LINKER_LANGUAGE CUDA)

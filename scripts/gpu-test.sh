@@ -2,7 +2,9 @@
 # gpu-test.sh — the GPU suite, on a machine with an NVIDIA GPU (the lease
 # machine): builds the CUDA backend (or takes a build made elsewhere), runs
 #   1. test_cuda_ops: every op against a double-precision reference, and
-#      bitwise alone = inside batches of 2, 7, 64 per op;
+#      bitwise alone = inside batches of 2, 7, 64 per op; MXFP4 products and
+#      the routed experts bitwise equal to the CPU backend's (docs/numerics.md);
+#      test_kernels on this machine's CPU (its SIMD paths against the portable one);
 #   2. the model tests on the GPU (DSV4_TEST_BACKEND=cuda): test_reference
 #      (oracle logits within 1e-3; chunked prefill 1..129 / whole, batch order
 #      and greedy decode bitwise), test_batch (alone = inside batches at any
@@ -82,6 +84,8 @@ if [ "${TESTS:-1}" != 0 ]; then
 # 1. ops (and again with the shared expert on the main stream: its ops
 #    against the same references, alone = in batches)
 run test_cuda_ops "$B/test_cuda_ops"
+# the CPU kernels on this machine's CPU (AVX-512 VNNI paths a CI machine may lack)
+run test_kernels "$B/test_kernels"
 run test_cuda_ops_noside env DSV4_CUDA_SIDE=0 "$B/test_cuda_ops"
 # 2. the model on the GPU
 export DSV4_TEST_BACKEND=cuda

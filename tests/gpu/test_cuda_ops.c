@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "backend/cuda/cuda.h"
 
 typedef struct {
@@ -1507,6 +1508,135 @@ static float *moe_ep_run(ctx *C, moe_w *M, int MD, int T, const float *x, const 
     return out;
 }
 
+/* ---- MXFP4: the GPU's bits = the CPU's (docs/numerics.md) ---------------------- */
+
+/* equal bits, or both NaN (payloads are not part of the definition) */
+static int same_bits(const float *a, const float *b, size_t n, size_t *first) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i]))) {
+            if (first) *first = i;
+            return 0;
+        }
+    return 1;
+}
+
+/* x with every kind of 32-column group: ordinary, huge (near FLT_MAX), tiny,
+ * subnormal, zero, on the quantization grid's ties, mixed magnitudes; with
+ * bad != 0 one group of the last token holds an infinity or a NaN. */
+static void fp4_fill_x(ctx *C, float *x, int T, int K, int bad) {
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < K / 32; g++) {
+            int kind = (int)(rnd(C) % 8);
+            for (int j = 0; j < 32; j++) {
+                float v = frand(C);
+                switch (kind) {
+                case 1: v *= 3.0e38f; break;
+                case 2: v *= 1.0e-30f; break;
+                case 3: v *= 1.0e-42f; break;
+                case 4: v = 0.0f; break;
+                case 5: v = (float)((int)(rnd(C) % 511) - 255) * 0.5f; break;
+                case 6: v *= (rnd(C) & 1) ? 1.0e6f : 1.0e-6f; break;
+                default: break;
+                }
+                x[(size_t)t * K + 32 * g + j] = v;
+            }
+        }
+    if (bad && T > 1) x[(size_t)(T - 1) * K + (size_t)(rnd(C) % (uint32_t)K)] = bad > 0 ? INFINITY : NAN;
+}
+
+static void test_fp4_cpu_bits(ctx *C, ds_backend *cpu) {
+    /* shapes: rows ragged (not a multiple of 16), K with a partial last span,
+     * whole spans, the experts' 2048 and 4096 */
+    int shapes[5][2] = {{16, 32}, {100, 544}, {48, 1024}, {37, 2048}, {64, 4096}};
+    int tn[5] = {1, 3, 8, 9, 70};
+    for (int s = 0; s < 5; s++)
+        for (int ext = 0; ext < 2; ext++) {
+            int R = shapes[s][0], K = shapes[s][1];
+            tw w = make_weight(C, DS_W_FP4, R, K, 0);
+            if (ext) { /* extreme scales: re-map the scales */
+                size_t ns = (size_t)R * w.h.scale_cols;
+                for (int i = 0; i < 8; i++) w.hs[rnd(C) % ns] = (uint8_t)(i & 1 ? 0 : 254);
+                w.hs[rnd(C) % ns] = 255;
+                C->be.unmap_weights(&C->be, w.d.scale);
+                const void *ds = NULL;
+                die_if(C, C->be.map_weights(&C->be, w.hs, ns, DS_MAP_BYTES, &ds, &C->err), "map_weights");
+                w.d.scale = ds;
+            }
+            for (int ti = 0; ti < 5; ti++) {
+                int T = tn[ti];
+                float *x = malloc(sizeof(float) * (size_t)T * K), *yc = malloc(sizeof(float) * (size_t)T * R);
+                fp4_fill_x(C, x, T, K, ti == 4 ? (ext ? 1 : -1) : 0);
+                die_if(C, ds_matmul(cpu, &w.h, x, T, yc, &C->err), "cpu matmul");
+                float *dx = dput(C, x, sizeof(float) * (size_t)T * K), *dy = dput(C, NULL, sizeof(float) * (size_t)T * R);
+                die_if(C, ds_matmul(&C->be, &w.d, dx, T, dy, &C->err), "matmul");
+                float *yg = fget(C, dy, (size_t)T * R);
+                size_t at = 0;
+                int ok = same_bits(yc, yg, (size_t)T * R, &at);
+                check(C, ok, "MXFP4 %d x %d, T = %d%s: GPU = CPU bitwise%s", R, K, T, ext ? ", extreme scales" : "",
+                      ok ? "" : " (first difference below)");
+                if (!ok)
+                    printf("    y[%zu]: cpu %a gpu %a\n", at, (double)yc[at], (double)yg[at]);
+                C->be.free(&C->be, dx), C->be.free(&C->be, dy);
+                free(x), free(yc), free(yg);
+            }
+            free_weight(C, &w);
+        }
+}
+
+/* The routed experts (moe_experts without a shared expert, and the whole moe
+ * op) on the CPU and the GPU from the same inputs: the same bits. */
+static void test_moe_cpu_bits(ctx *C, ds_backend *cpu, int MD, int MI) {
+    moe_w *M = calloc(1, sizeof *M);
+    ds_weight h1[ME], h2[ME], h3[ME];
+    for (int e = 0; e < ME; e++) {
+        M->w1[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
+        M->w3[e] = make_weight(C, DS_W_FP4, MI, MD, 0);
+        M->w2[e] = make_weight(C, DS_W_FP4, MD, MI, 0);
+        M->d1[e] = M->w1[e].d, M->d2[e] = M->w2[e].d, M->d3[e] = M->w3[e].d;
+        h1[e] = M->w1[e].h, h2[e] = M->w2[e].h, h3[e] = M->w3[e].h;
+    }
+    int tn[4] = {1, 5, 40, 160};
+    for (int ti = 0; ti < (MD > 1024 ? 3 : 4); ti++) {
+        int T = tn[ti];
+        size_t P = (size_t)T * MK;
+        float *x = malloc(sizeof(float) * (size_t)T * MD), *wts = malloc(sizeof(float) * P);
+        int32_t *idx = malloc(sizeof(int32_t) * P);
+        unsigned char *sel = malloc(P);
+        memset(sel, 1, P);
+        fp4_fill_x(C, x, T, MD, 0);
+        for (size_t i = 0; i < (size_t)T * MD; i++) x[i] = fabsf(x[i]) > 1e6f ? 0.5f : x[i]; /* no inf products */
+        moe_routing(C, T, idx, wts);
+        float *sc = malloc(sizeof(float) * P * MD), *shc = malloc(sizeof(float) * (size_t)T * MD);
+        float *yc = malloc(sizeof(float) * (size_t)T * MD);
+        ds_moe_experts_params xc = {x, T, MD, ME, MK, idx, sel, h1, h2, h3, NULL, NULL, NULL, 1.0f, sc, shc};
+        die_if(C, cpu->moe_experts(cpu, &xc, &C->err), "cpu moe_experts");
+        ds_moe_params mc = {x, T, MD, ME, MK, idx, wts, h1, h2, h3, NULL, NULL, NULL, 1.0f, yc};
+        die_if(C, cpu->moe(cpu, &mc, &C->err), "cpu moe");
+        float *dx = dput(C, x, sizeof(float) * (size_t)T * MD), *dw = dput(C, wts, sizeof(float) * P);
+        int32_t *di = dput(C, idx, sizeof(int32_t) * P);
+        unsigned char *dsel = dput(C, sel, P);
+        float *dslot = dput(C, NULL, sizeof(float) * P * MD), *dsh = dput(C, NULL, sizeof(float) * (size_t)T * MD);
+        float *dy = dput(C, NULL, sizeof(float) * (size_t)T * MD);
+        ds_moe_experts_params xg = {dx, T, MD, ME, MK, di, dsel, M->d1, M->d2, M->d3, NULL, NULL, NULL, 1.0f, dslot, dsh};
+        die_if(C, C->be.moe_experts(&C->be, &xg, &C->err), "moe_experts");
+        ds_moe_params mg = {dx, T, MD, ME, MK, di, dw, M->d1, M->d2, M->d3, NULL, NULL, NULL, 1.0f, dy};
+        die_if(C, C->be.moe(&C->be, &mg, &C->err), "moe");
+        float *sg = fget(C, dslot, P * MD), *yg = fget(C, dy, (size_t)T * MD);
+        size_t at = 0;
+        int ok = same_bits(sc, sg, P * MD, &at);
+        check(C, ok, "MXFP4 experts D=%d I=%d T=%d: every pair's output, GPU = CPU bitwise", MD, MI, T);
+        if (!ok) printf("    slot_out[%zu]: cpu %a gpu %a\n", at, (double)sc[at], (double)sg[at]);
+        ok = same_bits(yc, yg, (size_t)T * MD, &at);
+        check(C, ok, "MXFP4 moe (no shared expert) D=%d I=%d T=%d: GPU = CPU bitwise", MD, MI, T);
+        if (!ok) printf("    out[%zu]: cpu %a gpu %a\n", at, (double)yc[at], (double)yg[at]);
+        void *ps[] = {dx, dw, di, dsel, dslot, dsh, dy};
+        for (int i = 0; i < 7; i++) C->be.free(&C->be, ps[i]);
+        free(x), free(wts), free(idx), free(sel), free(sc), free(shc), free(yc), free(sg), free(yg);
+    }
+    for (int e = 0; e < ME; e++) free_weight(C, &M->w1[e]), free_weight(C, &M->w2[e]), free_weight(C, &M->w3[e]);
+    free(M);
+}
+
 static void test_moe(ctx *C, int MD, int MI, ds_wkind kind) {
     moe_w *M = calloc(1, sizeof *M);
     for (int e = 0; e < ME; e++) {
@@ -1821,6 +1951,14 @@ int main(int argc, char **argv) {
     test_moe(C, 256, 128, DS_W_FP4); /* regular: the gemv (1, 2 tokens) and tiled (7, 64) paths */
     test_moe(C, 2304, 256, DS_W_FP4); /* experts' up through the streaming kernel: 18 groups */
     test_moe(C, 256, 128, DS_W_FP8);  /* FP8 experts: the f16 split through the decode and tile kernels */
+    {
+        ds_backend cpu;
+        die_if(C, ds_backend_cpu_init(&cpu, 8), "cpu backend");
+        test_fp4_cpu_bits(C, &cpu);
+        test_moe_cpu_bits(C, &cpu, 256, 128);
+        test_moe_cpu_bits(C, &cpu, 4096, 2048); /* the V4-Flash experts' shape */
+        cpu.close(&cpu);
+    }
     if (argc > 1 && !strcmp(argv[1], "--bench")) bench(C);
 
     C->be.close(&C->be);

@@ -199,6 +199,18 @@ static inline dsc_w dsc_wdesc(const ds_weight *w) {
  * split activations, the decode kernel's partials, its counters. */
 int dsc_launch_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg,
                       int T, float *y, int ys);
+
+/* MXFP4 products with E8M0 scales as exact integer sums, the CPU's bits
+ * (fp4.cu): whether w takes them, a plain / grouped product (matmul's
+ * arguments), and the experts' up (w1 then w3 rows: T tokens' rows of x) or
+ * down (w2: the T * k pairs' rows) product over the sorted pairs, as
+ * dsc_mma_experts takes them. x is quantized into mb[0]. */
+int dsc_fp4_fits(int kind, const dsc_w &w);
+int dsc_fp4_matmul(cudaStream_t st, dsc_buf *mb, dsc_w w, const float *x, int xs, int xg, int rpg, int T, float *y,
+                   int ys);
+int dsc_fp4_experts(cudaStream_t st, dsc_buf *mb, int up, dsc_w shape, const dsc_expert_ptrs *t1,
+                    const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
+                    const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys);
 /* mma.cu: whether a matrix takes the tensor-core path (by kind and shape
  * only, never by T), and the products there. */
 int dsc_mma_fits(int kind, const dsc_w &w, int rpg);

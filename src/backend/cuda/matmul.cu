@@ -137,7 +137,9 @@ static void launch(cudaStream_t st, dsc_w w, const float *x, int xs, int xg, int
 int dsc_launch_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
                       float *y, int ys) {
     if (T <= 0 || w.rows <= 0) return 0;
-    /* BF16 / FP8 / FP4-E8M0 matrices with 16-byte rows: tensor cores, for every T */
+    /* FP4-E8M0: exact integer sums on the integer tensor cores (fp4.cu) */
+    if (dsc_fp4_fits(kind, w)) return dsc_fp4_matmul(st, mb, w, x, xs, xg, rpg, T, y, ys);
+    /* BF16 / FP8 matrices with 16-byte rows: tensor cores, for every T */
     if (dsc_mma_fits(kind, w, rpg)) return dsc_mma_matmul(st, mb, kind, w, x, xs, xg, rpg, T, y, ys);
     int xvec = ((uintptr_t)x & 15) == 0 && xs % 4 == 0 && xg % 4 == 0;
     switch (kind) {

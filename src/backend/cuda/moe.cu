@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend/cuda/internal.h"
+#include "common/dsmath.h"
 
 /* ---- route ---------------------------------------------------------------- */
 
@@ -201,11 +202,8 @@ __global__ void __launch_bounds__(1024) moe_sort_kernel(const int32_t *__restric
     }
 }
 
-__device__ __forceinline__ float dsc_swiglu(float a, float b, float L) {
-    float g = a < L ? a : L;
-    float u = b < -L ? -L : b > L ? L : b;
-    return g / (1.0f + expf(-g)) * u;
-}
+/* the CPU's clamped SwiGLU, bit for bit (common/dsmath.h) */
+__device__ __forceinline__ float dsc_swiglu(float a, float b, float L) { return ds_swiglu(a, b, L); }
 
 struct up_args {
     const dsc_expert_ptrs *w1, *w3; /* [E] */
@@ -579,6 +577,14 @@ static int moe_mma_ok(const ds_moe_params *p) {
     return 1;
 }
 
+/* The MXFP4 path (fp4.cu): both products MXFP4 with E8M0 scales, w1 / w3
+ * rows in whole 16-row tiles. By kind and shape only. */
+static int moe_fp4_ok(const ds_moe_params *p) {
+    dsc_w a = dsc_wdesc(&p->w1[0]), b = dsc_wdesc(&p->w2[0]);
+    a.data = b.data = NULL; /* expert 0 may be another rank's: shapes only */
+    return dsc_fp4_fits(p->w1[0].kind, a) && dsc_fp4_fits(p->w2[0].kind, b) && p->w1[0].rows % 16 == 0;
+}
+
 /* h[m][r] = SwiGLU(u[m][r], u[m][I + r]) (u: the up product's w1 then w3 rows). */
 __global__ void swiglu_pairs_kernel(const float *__restrict__ u, float *__restrict__ h, size_t n, int I, float L) {
     DSC_PDL_WAIT();
@@ -634,7 +640,23 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
         if (dsc_check_launch(err, op)) return -1;
 
         unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
-        if (moe_mma_ok(p)) {
+        if (moe_fp4_ok(p)) {
+            /* MXFP4 experts: exact integer sums, the CPU's bits (fp4.cu): up (w1 and w3
+             * rows) into u, SwiGLU, down */
+            float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
+            if (!u) return -1;
+            dsc_buf *xq = &I->scratch[DSC_S_XHL];
+            if (dsc_fp4_experts(I->stream, xq, 1, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off, active,
+                                n_active, members, k, ny, u, 2 * (int)Ie))
+                return dsc_failmsg(err, op, "out of device memory for the quantized activations");
+            size_t n = P * Ie, b = (n + 255) / 256;
+            dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
+                       p->limit);
+            if (dsc_fp4_experts(I->stream, xq, 0, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, T, T, off,
+                                active, n_active, members, k, ny, y2, D))
+                return dsc_failmsg(err, op, "out of device memory for the quantized activations");
+            if (dsc_check_launch(err, op)) return -1;
+        } else if (moe_mma_ok(p)) {
             /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down */
             float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
             if (!u) return -1;
