@@ -47,7 +47,7 @@ static void make(ds_weight *w, ds_wkind kind, int rows, int cols, uint8_t **data
 }
 
 /* MXFP4 products quantize x per 32-column group to steps s < 2 max|x| / 127
- * (matmul.c) as 24-bit integers v = rint(x 2^16 / s): each x is off by at
+ * (cpu/matmul/fp4_quant.c) as 24-bit integers v = rint(x 2^16 / s): each x is off by at
  * most s / 2^17. The bound on |y - exact| that this allows (fp32 rounding
  * aside). */
 static double fp4_bound(const float *w, const float *x, int K) {
@@ -60,7 +60,7 @@ static double fp4_bound(const float *w, const float *x, int K) {
     return b;
 }
 
-/* y[r] of an MXFP4 weight from the documented definition alone (matmul.c's
+/* y[r] of an MXFP4 weight from the documented definition alone (cpu/matmul/dispatch.c's
  * header, docs/numerics.md), written apart from the kernels: per group the
  * step exponent e (the smallest >= -109 with max|x| <= 127 2^e), v =
  * rint(x 2^(16 - e)) in double, S = sum(2 w v) exactly in 64 bits and
@@ -366,7 +366,7 @@ int main(void) {
         }
         /* scales without 0 or 255 (120..129 here): pack_weight marks them plain
          * on the SIMD paths, whose kernels then decode them the short way
-         * (matmul.c fp4q_scales_512 / _avx2): the same bits at 1 (one row a call) and
+         * (matmul/rows_avx512.c fp4q_scales_512, rows_avx2.c _avx2): the same bits at 1 (one row a call) and
          * 6 tokens (pairs); a 0 or a 255 keeps the flag off */
         {
             ds_err perr;

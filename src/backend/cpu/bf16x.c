@@ -1,5 +1,6 @@
 /* bf16x.c — BF16 matrices in 12 bits a weight, exactly (the CPU's packed
- * copy, ds_weight.packed; its row kernel is in matmul.c).
+ * copy, ds_weight.packed; its row kernels are in matmul/rows_avx512.c and
+ * matmul/rows_avx2.c).
  *
  * Decode at batch 1 reads every weight once a token, and the BF16 head alone
  * (vocab x dim, 1.06 GB in V4-Flash) is half of those bytes: the kernels run
@@ -15,7 +16,7 @@
  * zero or a tiny value in a row of large ones) keep code 0 and are listed
  * per row as (column, bf16 bits); a unit holding one is decoded, then
  * patched. The kernel then multiplies exactly the values the BF16 kernel
- * does, in the same order: the same bits (matmul.c's dense order). A
+ * does, in the same order: the same bits (matmul/dispatch.c's dense order). A
  * matrix with more than one escape in ESC_MAX_DIV weights stays unpacked
  * (its products read data: the same bits, at BF16's speed).
  *

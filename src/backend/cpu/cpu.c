@@ -54,7 +54,7 @@ static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes,
 static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
 
 /* Only the SIMD paths' kernels (AVX-512, AVX2) read the packed copy (bf16x.c) and the
- * MXFP4 scale_plain flag (matmul.c). */
+ * MXFP4 scale_plain flag (matmul/rows_avx512.c, matmul/rows_avx2.c). */
 static int cpu_pack_weight(const ds_backend *be, ds_weight *w, ds_err *err) {
     const ds_cpu *c = ds_cpu_of(be);
     if (!c->pack || c->path == DS_CPU_GENERIC) return 0;

@@ -1,7 +1,8 @@
 /* cpu.h — the CPU backend (C11 + AVX2/FMA/F16C or AVX-512 + OpenMP).
  * Backend memory is host memory: weights are used in place (the mmap'd
  * checkpoint), activations and state are 64-byte aligned heap blocks.
- * Each op lives in the file of its paper section: matmul.c, norm_rope.c
+ * Each op lives in the file of its paper section: matmul/ (the products:
+ * dispatch.c and one file a kernel family), norm_rope.c
  * (embedding, RMSNorm, RoPE, row gather), mhc.c, compressor.c, indexer.c,
  * attention.c, moe.c; cpu.c holds memory, threads and scratch. */
 #ifndef DS_CPU_H
@@ -97,7 +98,7 @@ void ds_cpu_parallel_for(const ds_backend *be, int n, void (*fn)(void *ctx, int 
  * thread. */
 void ds_cpu_parallel_for_sized(const ds_backend *be, int n, void (*fn)(void *ctx, int i), void *ctx, size_t floats);
 
-/* The fixed-order dot product (8 lanes over chunks of 8 ... : matmul.c's
+/* The fixed-order dot product (8 lanes over chunks of 8 ... : matmul/dispatch.c's
  * dense order) used by every small reduction of the CPU ops. */
 float ds_dot_f32(const float *a, const float *b, int n);
 /* ds_dot_f32 through a chosen kernel path (the same bits on every path). */
@@ -107,12 +108,12 @@ void ds_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps
 /* Interleaved RoPE on the last 2*half channels at position pos. */
 void ds_cpu_rope(float *x, int dim, const float *inv_freq, int half, int64_t pos, int inverse);
 
-/* Products (matmul.c). */
+/* Products (matmul/dispatch.c). */
 int ds_cpu_matmul_many(const ds_backend *be, const ds_matmul_job *jobs, int n, ds_err *err);
 int ds_cpu_matmul_grouped(const ds_backend *be, const ds_matmul_grouped *p, ds_err *err);
 /* One product through a chosen kernel path (every path gives the same bits). */
 int ds_cpu_matmul_path(const ds_backend *be, const ds_weight *w, const float *x, int T, float *y, int path);
-/* MXFP4 products quantize x per token (matmul.c): the bytes of one token's
+/* MXFP4 products quantize x per token (matmul/fp4_quant.c): the bytes of one token's
  * quantized x, and the quantizer (simd 0: the scalar definition; 1: the one
  * the kernels use, vectorized in SIMD builds — the same bytes). */
 size_t ds_cpu_fp4_quantized_bytes(int K);

@@ -1,6 +1,6 @@
 /* heuristics.h — the one place that decides the CPU backend's kernel path and
  * tile constants (like DeepGEMM's heuristics files). None of these changes a
- * bit of any result: every path and tile gives the same bits (matmul.c's
+ * bit of any result: every path and tile gives the same bits (matmul/dispatch.c's
  * order comment); they only decide speed. */
 #ifndef DS_CPU_HEURISTICS_H
 #define DS_CPU_HEURISTICS_H
@@ -38,7 +38,7 @@ int ds_cpu_l1d(void);
  * groups of DS_CPU_TILE_ROWS rows, decoded DS_CPU_FP8_PANEL columns at a
  * time, then run in register tiles of 2 rows x 3 tokens (AVX-512; BF16 4
  * rows x 3 tokens) or 2 rows x 2 tokens (AVX2) over x laid out panel-major
- * (matmul.c). */
+ * (matmul/tiles.c). */
 #define DS_CPU_TILE_MIN_T 8
 /* 4 rows (was 8): a group's decoded panel is 8 KiB, not 16, beside its 6 KiB
  * token tile and the parked sums. Zen 4 VM (32 KiB L1), `bench --kernels

@@ -1,7 +1,7 @@
 /* fp4.cu — MXFP4 products (the routed experts, paper §2.1; docs/numerics.md)
  * as exact integer sums on the integer tensor cores, with the CPU's bits.
  *
- * The definition is cpu/matmul.c's (its header): x quantized once per row
+ * The definition is cpu/matmul/dispatch.c's (its header): x quantized once per row
  * and 32-column group to a power-of-two step s = 2^e and v = rint(x 2^(16-e))
  * = 65536 hi + 256 lo + lo2 (three int8 digits); per group H = sum(w2 (256 hi
  * + lo)) and L = sum(w2 lo2) exact (w2 = twice the E2M1 value, an integer),
@@ -33,7 +33,7 @@
 #include "backend/cuda/internal.h"
 
 #define FP4_DIG 96      /* digit bytes per row and group */
-#define FP4_EMIN (-109) /* cpu/matmul.c's Q4_EMIN */
+#define FP4_EMIN (-109) /* cpu/matmul/matmul_impl.h's Q4_EMIN */
 #define FP4_CHUNK 64    /* rows of x per block of the expert products */
 
 /* ---- quantization -------------------------------------------------------- */
