@@ -1,17 +1,16 @@
 /* mma.cu — the tensor-core products (mma.sync m16n8k16 -> fp32: bf16 x bf16
- * for BF16 and FP4 weights, f16 x f16 for FP8): matmul / grouped matmul of
- * BF16, FP8 (E8M0 or F32 scales) and FP4 (E8M0 scales) weights, and the
- * routed experts' up / down projections.
+ * for BF16 weights, f16 x f16 for FP8): matmul / grouped matmul of BF16 and
+ * FP8 (E8M0 or F32 scales) weights, and the routed experts' up / down
+ * projections (MXFP4 products are fp4.cu's).
  *
  * Weight ROWS are the MMA's M side, TOKENS its N side; a column of an MMA
  * depends only on its own B column, so a token's bits do not depend on the
  * other tokens of the step, its column in the tile, or the kernel (docs/design.md
  * §1). Numerics (docs/cuda.md):
- *   weights: e2m1 / bf16 values are exact in bf16, e4m3 values in f16 (one
- *     cvt a pair); FP4's E8M0 scale is a power of two and is applied to the
- *     bf16 value (exact); FP8's scale (E8M0 or F32) multiplies the group's
- *     fp32 partial (promotion).
- *   activations, BF16 / FP4: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x -
+ *   weights: bf16 values are exact in bf16, e4m3 values in f16 (one cvt a
+ *     pair); FP8's scale (E8M0 or F32) multiplies the group's fp32 partial
+ *     (promotion).
+ *   activations, BF16: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x -
  *     hi) (x - hi is exact in fp32): ~16 significant bits of x.
  *   activations, FP8: per token and 128-column group a power of two sc
  *     (hx_scale: the group's largest |x| sc in [2^14, 2^15)), x sc = hi + lo
@@ -49,7 +48,6 @@ template <int KIND> struct mk;
  * GW: groups per warp per round in the experts' decode kernel (not ORDER) */
 template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW }; };
 template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW }; };
-template <> struct mk<DS_W_FP4> { enum { CPT = 1, RB = 64, GW = DSC_MMA_GW }; };
 
 __device__ __forceinline__ uint32_t u4w(const uint4 &q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 
@@ -149,104 +147,17 @@ template <int KIND> __device__ __forceinline__ void split4k(float4 v, float sc, 
     else split4(v, b);
 }
 
-/* A compile-time bool for a generic lambda's argument (one body, two decodings). */
-template <bool B> struct bconst { static constexpr bool value = B; };
-
-/* bf16x2 a * b, round to nearest (a fused multiply-add with -0: a * b + -0 =
- * a * b for every a * b, -0 and +0 included). Subnormal inputs and results are
- * kept (PTX: fma.rn.bf16x2 has no .ftz). */
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-    return d;
-}
-
-/* Columns 0..3 (h = 0) or 4..7 (h = 1) of a word of FP4 codes (reordered:
- * dsc_fp4_nib) times the bf16x2 scale m2 (a power of two in both halves), as
- * two bf16x2 (columns 0,1 and 2,3 of the four), exact: bytes h and h + 2 of
- * the word hold the four codes as nibbles (c0, c2, c1, c3) of t; the
- * magnitudes' bf16 bytes by table lookup (prmt: 8 entries per table, the high
- * and the low byte of the bf16 of {0, .5, 1, 1.5, 2, 3, 4, 6}), the signs to
- * bits 15 and 31, then one bf16x2 multiply by the scale (a product of a
- * 2-bit-mantissa value and a power of two is exact in bf16 down to 2^-133 and
- * is +-inf past the bf16 range, as the product in fp32 was). */
-__device__ __forceinline__ void e2m1x4(uint32_t w, int h, uint32_t m2, uint32_t &p01, uint32_t &p23) {
-    uint32_t t = __byte_perm(w, 0u, h ? 0x4431 : 0x4420);
-    uint32_t sel = t & 0x7777u, sg = t & 0x8888u;
-    uint32_t hb = __byte_perm(0x3f3f3f00u, 0x40404040u, sel); /* high bytes of 0 .5 1 1.5 | 2 3 4 6 */
-    uint32_t lb = __byte_perm(0xc0800000u, 0xc0804000u, sel); /* low bytes */
-    uint32_t a = __byte_perm(lb, hb, 0x6240) | ((sg * 0x00101000u) & 0x80008000u); /* signs 3, 11 -> 15, 31 */
-    uint32_t b = __byte_perm(lb, hb, 0x7351) | ((sg * 0x00010100u) & 0x80008000u); /* signs 7, 15 -> 15, 31 */
-    p01 = bmul2(a, m2);
-    p23 = bmul2(b, m2);
-}
-
-/* The same in fewer instructions (the tile and streaming kernels): a column pair's
- * codes are 16 bits apart (dsc_fp4_nib), so masking them, one multiply by
- * 2^6 + 2^12 (the two shifted copies cannot overlap) and a mask put each
- * code's magnitude bits at bf16 bits 6..8 and its sign at bit 15: the bf16 of
- * the e2m1 value times 2^-126 (exponent bits e, mantissa bit m: 2^(e-127)
- * (1 + m/2), or the subnormal m 2^-127 for e = 0). m2f is the scale times
- * 2^126 (fp4_m2_fast), so one bf16x2 multiply gives the same exact product
- * as e2m1x4. */
-__device__ __forceinline__ void e2m1x4_fast(uint32_t w, int h, uint32_t m2f, uint32_t &p01, uint32_t &p23) {
-    uint32_t v = h ? w >> 8 : w;
-    p01 = bmul2(((v & 0x000f000fu) * 0x1040u) & 0x81c081c0u, m2f);
-    p23 = bmul2(((v & 0x00f000f0u) * 0x0104u) & 0x81c081c0u, m2f);
-}
-
-/* An FP4 scale byte e as e2m1x4's m2: 2^(e-127) in both halves (e = 0: the
- * bf16 subnormal 2^-127; 255: NaN), exact. */
-__device__ __forceinline__ uint32_t fp4_m2(uint32_t e) {
-    return (e == 0 ? 0x40u : e == 255 ? 0x7fc0u : e << 7) * 0x10001u;
-}
-
-/* ... and as e2m1x4_fast's: 2^(e-1) (NaN for 255), or 0 where 2^(e-1) is
- * past bf16 (e = 129..254, weights beyond +-24): such a group takes e2m1x4. */
-__device__ __forceinline__ uint32_t fp4_m2_fast(uint32_t e) {
-    return (e == 255 ? 0x7fc0u : e <= 128 ? (e + 126) << 7 : 0u) * 0x10001u;
-}
-
-/* The same FP4 values through fp32 (the code placed in a float's exponent /
- * mantissa, scaled by a power of two, then its top half): more instructions
- * per weight, fewer registers where several token tiles share the fragment
- * (the decode kernels at NB > 1: FP4 experts' up at NB = 4 needs 98
- * registers with e2m1x4, 80 with these: 3 blocks per SM instead of 2).
- * Which one a kernel takes is not ORDER (the same values). ncu, the tile
- * kernel at prefill (40 launches): 15.3 ms with e2m1x4, 16.4 with these. */
-__device__ __forceinline__ float e2m1_f32(uint32_t w, int p, float s) { /* p: the nibble (dsc_fp4_nib) */
-    uint32_t mag = p <= 5 ? w << (22 - 4 * p) : w >> (4 * p - 22);
-    uint32_t sgn = w << (28 - 4 * p);
-    float v = __uint_as_float((mag & 0x01c00000u) | (sgn & 0x80000000u));
-    return __fmul_rn(__fmul_rn(v, 8.5070591730234615865843651857942052864e37f), s); /* 2^126 */
-}
-__device__ __forceinline__ uint32_t bf2_top(float lo, float hi) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
 /* The A fragment halves of one row for step s of chunk q (8 / CPT steps per
  * chunk): p01 = elements 0,1 and p23 = elements 2,3 of the step's 4 columns
- * (FP8: f16x2, the others bf16x2); m2: FP4's scale as bf16x2 (fp4_m2, or
- * fp4_m2_fast with FAST); F32: FP4 through fp32 (e2m1_f32). */
-template <int KIND, bool F32 = false, bool FAST = false>
-__device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t m2, uint32_t &p01, uint32_t &p23) {
+ * (FP8: f16x2, BF16: bf16x2). */
+template <int KIND> __device__ __forceinline__ void afrag(const uint4 &q, int s, uint32_t &p01, uint32_t &p23) {
     if (KIND == DS_W_BF16) {
         p01 = u4w(q, 2 * s);
         p23 = u4w(q, 2 * s + 1);
-    } else if (KIND == DS_W_FP8) {
+    } else {
         uint32_t w = u4w(q, s);
         p01 = e4m3h2(w, 0);
         p23 = e4m3h2(w, 1);
-    } else if (F32) {
-        uint32_t w = u4w(q, s >> 1);
-        int b = (s & 1) * 4;
-        float sc = __uint_as_float((m2 & 0xffffu) << 16);
-        p01 = bf2_top(e2m1_f32(w, dsc_fp4_nib(b), sc), e2m1_f32(w, dsc_fp4_nib(b + 1), sc));
-        p23 = bf2_top(e2m1_f32(w, dsc_fp4_nib(b + 2), sc), e2m1_f32(w, dsc_fp4_nib(b + 3), sc));
-    } else if (FAST) {
-        e2m1x4_fast(u4w(q, s >> 1), s & 1, m2, p01, p23);
-    } else {
-        e2m1x4(u4w(q, s >> 1), s & 1, m2, p01, p23);
     }
 }
 
@@ -310,7 +221,6 @@ template <int KIND> __device__ __forceinline__ void mma_view(dsc_w &w, int yb) {
     if (!yb) return;
     w.data += (size_t)yb * ((size_t)w.cols * dsc_kind<KIND>::NUM / dsc_kind<KIND>::DEN);
     if (KIND == DS_W_FP8) w.srow0 += yb;
-    if (KIND == DS_W_FP4) w.scale += (size_t)yb * (size_t)w.scale_cols * (w.scale_f32 ? 4 : 1);
 }
 
 template <int MODE> __device__ __forceinline__ size_t mma_xoff(const mma_args &a, int m0, int j, size_t xq) {
@@ -332,16 +242,8 @@ template <int MODE> __device__ __forceinline__ size_t mma_yoff(const mma_args &a
     return (size_t)(MODE == MMA_PLAIN ? j : m0 + j) * (size_t)a.ys + (size_t)r;
 }
 
-/* FP4 (E8M0 only: dsc_mma_fits): the byte of thread tig's 32-column group in
- * group g of a row (127, scale 1, past K: zero codes there). */
-__device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    int i = g * 4 + tig;
-    return i < w.scale_cols ? (uint32_t)__ldg(sp + i) : 127u;
-}
-
 /* The scales of group g of row sp, as loaded: FP8 the group's scale (F32:
- * its bits; E8M0: the byte), FP4 the 32-column group's E8M0 byte
- * (mma_e8_ldg); through the read-only path. The streaming kernels load them
+ * its bits; E8M0: the byte); through the read-only path. The streaming kernels load them
  * with the weights into their register ring, mma_group before its MMAs, and
  * both decode FP8's byte (mma_sc_dec) only when the unit is multiplied:
  * decoded at the load (a compare with 255 on the loaded byte), each warp
@@ -349,14 +251,13 @@ __device__ __forceinline__ uint32_t mma_e8_ldg(const dsc_w &w, const uint8_t *sp
  * (ncu, wq_b at one token: 31% of the stall samples on those compares, long
  * scoreboard). */
 template <int KIND>
-__device__ __forceinline__ uint32_t mma_sc_raw(const dsc_w &w, const uint8_t *sp, int g, int tig) {
+__device__ __forceinline__ uint32_t mma_sc_raw(const dsc_w &w, const uint8_t *sp, int g) {
     if (KIND == DS_W_FP8) return w.scale_f32 ? __ldg((const unsigned int *)sp + g) : (uint32_t)__ldg(sp + g);
-    if (KIND == DS_W_FP4) return mma_e8_ldg(w, sp, g, tig);
     return 0;
 }
 
-/* FP8: a loaded scale as fp32 bits (dsc_e8m0 of an E8M0 byte); FP4's byte
- * and BF16's nothing unchanged. */
+/* FP8: a loaded scale as fp32 bits (dsc_e8m0 of an E8M0 byte); BF16's
+ * nothing unchanged. */
 template <int KIND> __device__ __forceinline__ uint32_t mma_sc_dec(const dsc_w &w, uint32_t raw) {
     if (KIND == DS_W_FP8 && !w.scale_f32) return __float_as_uint(dsc_e8m0((uint8_t)raw));
     return raw;
@@ -364,22 +265,8 @@ template <int KIND> __device__ __forceinline__ uint32_t mma_sc_dec(const dsc_w &
 
 /* Both: the scale ready for mma_group_s (the tile kernel, loads without a ring). */
 template <int KIND>
-__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g, int tig) {
-    return mma_sc_dec<KIND>(w, mma_sc_raw<KIND>(w, sp, g, tig));
-}
-
-/* A warp's FP4 scale bytes s[0..N) (each lane its own rows') as afrag's m2,
- * in place: fp4_m2_fast's when every lane's fit its range (true: the short
- * decoding, e2m1x4_fast), else fp4_m2's (e2m1x4). The same products either
- * way; the whole warp takes one decoding (__any_sync). */
-template <int N> __device__ __forceinline__ bool fp4_warp_m2(uint32_t *s) {
-    bool big = false;
-#pragma unroll
-    for (int i = 0; i < N; i++) big |= fp4_m2_fast(s[i]) == 0u;
-    bool fast = !__any_sync(0xffffffffu, big);
-#pragma unroll
-    for (int i = 0; i < N; i++) s[i] = fast ? fp4_m2_fast(s[i]) : fp4_m2(s[i]);
-    return fast;
+__device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp, int g) {
+    return mma_sc_dec<KIND>(w, mma_sc_raw<KIND>(w, sp, g));
 }
 
 /* ---- few tokens ------------------------------------------------------------ */
@@ -400,12 +287,9 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
                                           int tig, int K, const float *const *xr, const bool *xv, int xal,
                                           float (*acc)[NB][4]) {
     const int SPC = 8 / mk<KIND>::CPT;
-    uint32_t sc[2 * MI], s8[2 * MI];
+    uint32_t s8[2 * MI];
 #pragma unroll
-    for (int i = 0; i < 2 * MI; i++) {
-        sc[i] = KIND == DS_W_FP4 ? fp4_m2(mma_e8_ldg(w, sp[i], g, tig)) : 0u;
-        s8[i] = KIND == DS_W_FP8 ? mma_sc_raw<KIND>(w, sp[i], g, tig) : 0u;
-    }
+    for (int i = 0; i < 2 * MI; i++) s8[i] = KIND == DS_W_FP8 ? mma_sc_raw<KIND>(w, sp[i], g) : 0u;
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -449,11 +333,10 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         uint32_t a[MI][4];
-        /* NB > 1: FP4 through fp32 (fewer registers; the same values) */
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
-            afrag<KIND, (NB > 1)>(q[2 * mi][kk / SPC], kk % SPC, sc[2 * mi], a[mi][0], a[mi][2]);
-            afrag<KIND, (NB > 1)>(q[2 * mi + 1][kk / SPC], kk % SPC, sc[2 * mi + 1], a[mi][1], a[mi][3]);
+            afrag<KIND>(q[2 * mi][kk / SPC], kk % SPC, a[mi][0], a[mi][2]);
+            afrag<KIND>(q[2 * mi + 1][kk / SPC], kk % SPC, a[mi][1], a[mi][3]);
         }
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
@@ -646,7 +529,7 @@ __global__ void __launch_bounds__(DSC_MMA_DSW * 32) mma_dec_kernel(mma_args a) {
 }
 
 /* The experts (one unit per tile: their grid follows the step's experts, so
- * no global partials) and FP8 / FP4 matrices of many tiles. One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
+ * no global partials) and FP8 matrices of many tiles. One block: a 16-row tile and 8*NB tokens; warp w takes groups g0 + w*GW ..
  * (DSC_MMA_DW warps, DSC_MMA_GW groups each per round); partials p_g in
  * shared memory; thread i of the block owns outputs i, i + 256, ... and adds
  * the round's partials in group order. */
@@ -743,28 +626,15 @@ __device__ __forceinline__ void mma_group_s(const uint4 *qa, const uint4 *qb, ui
                                             int tig, const uint4 *xs, float xi0, float xi1, float acc[4]) {
     const int SPC = 8 / mk<KIND>::CPT;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-    /* FP4: sca / scb are E8M0 bytes; the short decoding unless the warp has
-     * a scale past its range (the same values either way) */
-    bool fast = false;
-    if (KIND == DS_W_FP4) {
-        uint32_t sc[2] = {sca, scb};
-        fast = fp4_warp_m2<2>(sc);
-        sca = sc[0];
-        scb = sc[1];
-    }
-    auto steps = [&](auto fast_t) {
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-            uint32_t a0, a1, a2, a3;
-            afrag<KIND, false, decltype(fast_t)::value>(qa[kk / SPC], kk % SPC, sca, a0, a2);
-            afrag<KIND, false, decltype(fast_t)::value>(qb[kk / SPC], kk % SPC, scb, a1, a3);
-            uint4 b = xs[(g * 8 + kk) * 4 + tig];
-            mmak<KIND>(acc, a0, a1, a2, a3, b.x, b.y);
-            mmak<KIND>(acc, a0, a1, a2, a3, b.z, b.w);
-        }
-    };
-    if (KIND == DS_W_FP4 && fast) steps(bconst<true>());
-    else steps(bconst<false>());
+    for (int kk = 0; kk < 8; kk++) {
+        uint32_t a0, a1, a2, a3;
+        afrag<KIND>(qa[kk / SPC], kk % SPC, a0, a2);
+        afrag<KIND>(qb[kk / SPC], kk % SPC, a1, a3);
+        uint4 b = xs[(g * 8 + kk) * 4 + tig];
+        mmak<KIND>(acc, a0, a1, a2, a3, b.x, b.y);
+        mmak<KIND>(acc, a0, a1, a2, a3, b.z, b.w);
+    }
     if (KIND == DS_W_FP8) {
         float s0 = __uint_as_float(sca), s1 = __uint_as_float(scb);
         acc[0] = __fmul_rn(__fmul_rn(acc[0], xi0), s0);
@@ -835,7 +705,7 @@ __device__ __forceinline__ float mma_str_sum(const float *part, int o, int ng, i
     return tot;
 }
 
-/* One 16-row tile and up to 8 tokens (T <= 8), FP8 / FP4: the activations
+/* One 16-row tile and up to 8 tokens (T <= 8), FP8: the activations
  * split once per block into shared memory; warp w of the block's NW (launch
  * shape: more warps for matrices of few tiles) takes units (UG consecutive
  * groups) w, w + NW, ... and loads the next unit's weights and scales
@@ -887,8 +757,8 @@ __global__ void __launch_bounds__((UG == 2 ? DSC_MMA_DW : DSC_MMA_STR_MAXW) * 32
                     qb[v][c] = ok ? __ldg((const uint4 *)(pb + (size_t)ch * 16)) : make_uint4(0, 0, 0, 0);
                 }
                 bool gk = un < nu && g < ng;
-                ca[v] = gk ? mma_sc_raw<KIND>(w, sa, g, tig) : 0u;
-                cb[v] = gk ? mma_sc_raw<KIND>(w, sb, g, tig) : 0u;
+                ca[v] = gk ? mma_sc_raw<KIND>(w, sa, g) : 0u;
+                cb[v] = gk ? mma_sc_raw<KIND>(w, sb, g) : 0u;
             }
         };
         auto comp = [&](int un, const uint4(&qa)[UG][CPT], const uint4(&qb)[UG][CPT], const uint32_t(&ca)[UG],
@@ -1002,8 +872,8 @@ __global__ void __launch_bounds__(DSC_MMA_DW * 32, MINB) mma_strm_kernel(mma_arg
             qa[d][c] = okc ? __ldg((const uint4 *)(pa + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
             qb[d][c] = okc ? __ldg((const uint4 *)(pb + ((size_t)g * 4 * CPT + c) * 16)) : make_uint4(0, 0, 0, 0);
         }
-        ca[d] = ok ? mma_sc_raw<KIND>(w, sa, g, tig) : 0u; /* w: the kind-wide fields */
-        cb[d] = ok ? mma_sc_raw<KIND>(w, sb, g, tig) : 0u;
+        ca[d] = ok ? mma_sc_raw<KIND>(w, sa, g) : 0u; /* w: the kind-wide fields */
+        cb[d] = ok ? mma_sc_raw<KIND>(w, sb, g) : 0u;
         kl++;
         if (++ci == per) {
             ci = 0;
@@ -1065,12 +935,11 @@ __device__ __forceinline__ void cp4(void *smem, const void *g, bool ok) {
  * RB bytes), B (BN tokens of 512 bytes: 128 split activations) and FP8's BN
  * inverse scales, then the tokens' x offsets (FP8: their split segments). No padding: a 16-byte chunk's position p in an odd row
  * (token) is stored at p ^ 4 (AX / BX), so the 8 lanes of a quarter warp
- * (rows gid, gid + 1 x tig 0..3) read both halves of a 128-byte bank line.
- * FP4's 64-byte rows need no swizzle (rows gid, gid + 1 are the two halves). */
+ * (rows gid, gid + 1 x tig 0..3) read both halves of a 128-byte bank line. */
 template <int KIND, int BM, int BN, int NST> struct mt {
     enum {
         ASTR = mk<KIND>::RB,
-        AX = mk<KIND>::RB >= 128 ? 4 : 0,
+        AX = 4,
         BSTR = 32 * 16,
         BX = 4,
         ABYTES = BM * ASTR,
@@ -1156,8 +1025,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
     };
     /* the rows' scales as 32-bit offsets from w.scale (64-bit row pointers
      * were recomputed every group under the register cap: ~45 instructions a
-     * scale with dsc_e8m0's branches; mma_sc_ldg and mma_e8_ldg give the
-     * same values) */
+     * scale with dsc_e8m0's branches; mma_sc_ldg gives the same values) */
     uint32_t soff[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++)
@@ -1188,71 +1056,53 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
         __syncthreads();
         const uint8_t *As = sm + (g % NST) * T_::STAGE, *Bs = As + T_::ABYTES;
         /* the group's scales first (their loads overlap the MMAs) */
-        uint32_t sc[MI][2];
         float s[MI][2];
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                sc[mi][h] = 0;
-                s[mi][h] = 1.0f;
-            }
-        /* FP4: the short decoding (e2m1x4_fast) unless a scale of the warp's
-         * rows in this group is past its range (the same values either way) */
-        bool fast = false;
-        if (KIND == DS_W_FP4) {
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sc[mi][h] = mma_e8_ldg(w, w.scale + soff[mi][h], g, tig);
-            fast = fp4_warp_m2<2 * MI>(&sc[0][0]);
-        }
+            for (int h = 0; h < 2; h++) s[mi][h] = 1.0f;
         if (KIND == DS_W_FP8)
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    s[mi][h] = __uint_as_float(mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g, tig));
+                    s[mi][h] = __uint_as_float(mma_sc_ldg<KIND>(w, w.scale + soff[mi][h], g));
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
-        auto mmas = [&](auto fast_t) {
 #pragma unroll
-            for (int c = 0; c < CPT; c++) {
-                uint4 q[MI][2];
+        for (int c = 0; c < CPT; c++) {
+            uint4 q[MI][2];
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR +
-                                                    ((c * 4 + tig) ^ ax) * 16);
+                for (int h = 0; h < 2; h++)
+                    q[mi][h] = *(const uint4 *)(As + (wm * MI * 16 + mi * 16 + h * 8 + gid) * T_::ASTR +
+                                                ((c * 4 + tig) ^ ax) * 16);
 #pragma unroll
-                for (int s1 = 0; s1 < SPC; s1++) {
-                    int kk = c * SPC + s1;
-                    uint32_t af[MI][4];
+            for (int s1 = 0; s1 < SPC; s1++) {
+                int kk = c * SPC + s1;
+                uint32_t af[MI][4];
+#pragma unroll
+                for (int mi = 0; mi < MI; mi++) {
+                    afrag<KIND>(q[mi][0], s1, af[mi][0], af[mi][2]);
+                    afrag<KIND>(q[mi][1], s1, af[mi][1], af[mi][3]);
+                }
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {
+                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR +
+                                               ((kk * 4 + tig) ^ bx) * 16);
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][0], s1, sc[mi][0], af[mi][0], af[mi][2]);
-                        afrag<KIND, false, decltype(fast_t)::value>(q[mi][1], s1, sc[mi][1], af[mi][1], af[mi][3]);
-                    }
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++) {
-                        uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR +
-                                                   ((kk * 4 + tig) ^ bx) * 16);
-#pragma unroll
-                        for (int mi = 0; mi < MI; mi++) {
-                            mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
-                            mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
-                        }
+                        mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
+                        mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
                     }
                 }
             }
-        };
-        if (KIND == DS_W_FP4 && fast) mmas(bconst<true>());
-        else mmas(bconst<false>());
+        }
         /* FP8: the tokens' inverse activation scales of the group (the stage's) */
         float xi[NI][2];
 #pragma unroll
@@ -1359,8 +1209,8 @@ static int split_h(cudaStream_t st, dsc_buf *buf, const float *x, size_t nseg, i
 }
 
 int dsc_mma_fits(int kind, const dsc_w &w, int rpg) {
-    if (kind != DS_W_BF16 && kind != DS_W_FP8 && !(kind == DS_W_FP4 && !w.scale_f32)) return 0;
-    size_t rowbytes = kind == DS_W_BF16 ? (size_t)w.cols * 2 : kind == DS_W_FP8 ? (size_t)w.cols : (size_t)w.cols / 2;
+    if (kind != DS_W_BF16 && kind != DS_W_FP8) return 0;
+    size_t rowbytes = kind == DS_W_BF16 ? (size_t)w.cols * 2 : (size_t)w.cols;
     (void)rpg; /* a group's row block is a view (mma_setup): any rows per group */
     /* the tile kernel addresses a matrix's rows by 32-bit byte offsets */
     return w.rows > 0 && w.cols > 0 && rowbytes % 16 == 0 && ((uintptr_t)w.data & 15) == 0 &&
@@ -1402,9 +1252,9 @@ static int sm_count(void) {
     return nsm;
 }
 
-/* mma_strm_kernel over grid.x = min(tiles, dsc_mma_strm_minb blocks per SM / nz) */
+/* mma_strm_kernel over grid.x = min(tiles, DSC_MMA_STRM_MINB blocks per SM / nz) */
 template <int KIND, int MODE> static void launch_strm(cudaStream_t st, mma_args a, int rows, unsigned nz, int ntk) {
-    const int MINB = dsc_mma_strm_minb(KIND);
+    const int MINB = DSC_MMA_STRM_MINB;
     const auto kern = mma_strm_kernel<KIND, MODE, DSC_MMA_STRM_D, MINB>;
     static int attr = 0;
     if (!attr) {
@@ -1424,7 +1274,7 @@ template <int KIND, int MODE>
 static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T, unsigned nz, int split) {
     int NB = T <= 8 ? 1 : T <= 16 ? 2 : 4;
     unsigned ny = (unsigned)((T + 8 * NB - 1) / (8 * NB));
-    /* FP8 / FP4 at one token tile: the streaming kernels (the same bits).
+    /* FP8 at one token tile: the streaming kernels (the same bits).
      * The experts, and plain products of at least DSC_MMA_STRM_TILES tiles,
      * take the one that loops over tiles (the experts' tokens in passes where
      * all of them do not fit); else plain products of at least
@@ -1440,7 +1290,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
         size_t sm = mma_str_smem(a.w.cols, ntk);
         if (NB == 1 && (!split || (long)((rows + 15) / 16) * nz >= DSC_MMA_STR_TILES) && sm <= DSC_MMA_STR_SMEM) {
             dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
-            const int UGM = 2; /* FP4 units of 4 groups would spill (the scales in flight) */
+            const int UGM = 2; /* groups in the larger units */
             /* fewer blocks than DSC_MMA_STR_FEW: more warps per block (the
              * smaller units: fewer registers); else the larger units where
              * every warp gets one */
@@ -1452,7 +1302,7 @@ static int launch_dec(cudaStream_t st, dsc_buf *mb, mma_args a, int rows, int T,
             return 0;
         }
     }
-    /* FP8 / FP4 matrices with many tiles: the block kernel (measured faster
+    /* FP8 matrices with many tiles: the block kernel (measured faster
      * there; the same bits) */
     if (!split || (KIND != DS_W_BF16 && (long)((rows + 15) / 16) * nz >= DSC_MMA_BLK_TILES)) {
         dim3 grid((unsigned)((rows + 15) / 16), ny, nz);
@@ -1521,14 +1371,6 @@ static void launch_tile_shape(cudaStream_t st, const mma_args &a, int rows, int 
     dsc_launch(mma_tile_kernel<KIND, MODE, WM, WN, MI, NI, NST, MINB>, grid, WM * WN * 32, SMEM, st, a);
 }
 
-/* The experts' x16 / x8 shapes: FP4 with the registers capped for
- * DSC_MMA_X_MINB blocks per SM (heuristics.h), the other kinds as before. */
-template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz) {
-    if constexpr (KIND == DS_W_FP4)
-        launch_tile_shape<KIND, MODE, 4, 1, 2, NI, DSC_MMA_X_NST, DSC_MMA_X_MINB>(st, a, rows, T, nz);
-    else launch_tile_shape<KIND, MODE, 4, 1, 2, NI>(st, a, rows, T, nz);
-}
-
 /* The warps of a block: each warp its own rows, every token of the block
  * (WN = 1), for the quantized kinds: a weight fragment is decoded by one warp
  * only (with WN = 2 both warps sharing rows decoded it), at the price of
@@ -1540,8 +1382,8 @@ template <int KIND, int MODE, int NI> static void launch_tile_x(cudaStream_t st,
 static_assert(DSC_MMA_BM == 64 && DSC_MMA_BN == 64, "the 64 shape is 4 x 1 warps of 1 x 8 tiles (BF16: 2 x 2 of 2 x 4)");
 static_assert(DSC_MMA_XBM == 4 * 2 * 16, "the x16 / x8 shapes are 4 warps of 2 m16 tiles");
 template <int KIND, int MODE> static void launch_tile(cudaStream_t st, const mma_args &a, int rows, int T, unsigned nz, int ts) {
-    if (ts == DSC_MMA_TS_X16) launch_tile_x<KIND, MODE, 2>(st, a, rows, T, nz);
-    else if (ts == DSC_MMA_TS_X8) launch_tile_x<KIND, MODE, 1>(st, a, rows, T, nz);
+    if (ts == DSC_MMA_TS_X16) launch_tile_shape<KIND, MODE, 4, 1, 2, 2>(st, a, rows, T, nz);
+    else if (ts == DSC_MMA_TS_X8) launch_tile_shape<KIND, MODE, 4, 1, 2, 1>(st, a, rows, T, nz);
     else if (ts == DSC_MMA_TS_128) {
         if constexpr (KIND == DS_W_FP8 && MODE == MMA_PLAIN)
             launch_tile_shape<KIND, MODE, 8, 1, 1, 8, DSC_MMA_T128_NST, DSC_MMA_T128_MINB>(st, a, rows, T, nz);
@@ -1564,10 +1406,6 @@ static int launch_kind(cudaStream_t st, dsc_buf *mb, int kind, int dec, int ts, 
     case DS_W_FP8:
         if (dec) return launch_dec<DS_W_FP8, MODE>(st, mb, a, rows, T, nz, split);
         launch_tile<DS_W_FP8, MODE>(st, a, rows, T, nz, ts);
-        return 0;
-    case DS_W_FP4:
-        if (dec) return launch_dec<DS_W_FP4, MODE>(st, mb, a, rows, T, nz, split);
-        launch_tile<DS_W_FP4, MODE>(st, a, rows, T, nz, ts);
         return 0;
     }
     return -1;
@@ -1645,65 +1483,33 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
 
 /* ---- test hook ------------------------------------------------------------------ */
 
-/* The pairs afrag feeds the MMA (FP8: f16x2, FP4: bf16x2; tests/gpu/test_cuda_ops.c
- * checks them bitwise against host-computed values): words in the checkpoint's order,
- * reordered here as map_weights does; FAST: the tile and streaming kernels'
- * short decoding, e2m1x4 where fp4_m2_fast has no value (per thread here,
- * per warp there: fp4_warp_m2); F32: FP4 through fp32 (FP8 has one decoding). */
-template <bool F32, bool FAST>
-__global__ void mma_wprobe_kernel(int kind, const uint32_t *__restrict__ words, int nw,
-                                  const uint8_t *__restrict__ scales, int ns, uint32_t *__restrict__ out) {
+/* The pairs afrag feeds the MMA for FP8 weight words (f16x2; tests/gpu/test_cuda_ops.c
+ * checks them bitwise against host-computed values). */
+__global__ void mma_wprobe_kernel(const uint32_t *__restrict__ words, int nw, uint32_t *__restrict__ out) {
     DSC_PDL_WAIT();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (kind == DS_W_FP8) {
-        if (i >= nw) return;
-        afrag<DS_W_FP8>(make_uint4(words[i], 0, 0, 0), 0, 0, out[2 * i], out[2 * i + 1]);
-        return;
-    }
-    if (i >= nw * ns) return;
-    uint4 q = make_uint4(words[i / ns], 0, 0, 0);
-    uint32_t e = scales[i % ns], m2 = fp4_m2(e), m2f = fp4_m2_fast(e);
-    if (FAST && m2f) {
-        afrag<DS_W_FP4, false, true>(q, 0, m2f, out[4 * i], out[4 * i + 1]);
-        afrag<DS_W_FP4, false, true>(q, 1, m2f, out[4 * i + 2], out[4 * i + 3]);
-    } else {
-        afrag<DS_W_FP4, F32>(q, 0, m2, out[4 * i], out[4 * i + 1]);
-        afrag<DS_W_FP4, F32>(q, 1, m2, out[4 * i + 2], out[4 * i + 3]);
-    }
+    if (i >= nw) return;
+    afrag<DS_W_FP8>(make_uint4(words[i], 0, 0, 0), 0, out[2 * i], out[2 * i + 1]);
 }
 
-extern "C" int ds_cuda_mma_weight_probe(int gpu, int kind, int path, const uint32_t *words, int nw,
-                                        const uint8_t *scales, int ns, uint32_t *out, ds_err *err) {
+extern "C" int ds_cuda_mma_weight_probe(int gpu, const uint32_t *words, int nw, uint32_t *out, ds_err *err) {
     const char *op = "mma weight probe";
-    if (kind != DS_W_FP8 && kind != DS_W_FP4) return dsc_failmsg(err, op, "kind %d is neither FP8 nor FP4", kind);
-    if (kind == DS_W_FP8) ns = 1;
-    if (nw <= 0 || ns <= 0) return dsc_failmsg(err, op, "no words or no scales");
+    if (nw <= 0) return dsc_failmsg(err, op, "no words");
     if (cudaSetDevice(gpu) != cudaSuccess) return dsc_failmsg(err, op, "GPU %d cannot be selected", gpu);
-    size_t n = (size_t)nw * (size_t)ns, no = n * (kind == DS_W_FP8 ? 2 : 4);
+    size_t no = (size_t)nw * 2;
     uint32_t *dw = NULL, *dout = NULL;
-    uint8_t *ds = NULL;
     int rc = 0;
-    if (cudaMalloc(&dw, (size_t)nw * 4) != cudaSuccess || cudaMalloc(&ds, (size_t)ns) != cudaSuccess ||
-        cudaMalloc(&dout, no * 4) != cudaSuccess)
+    if (cudaMalloc(&dw, (size_t)nw * 4) != cudaSuccess || cudaMalloc(&dout, no * 4) != cudaSuccess)
         rc = dsc_failmsg(err, op, "out of device memory");
-    else if (cudaMemcpy(dw, words, (size_t)nw * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-             (kind == DS_W_FP4 && cudaMemcpy(ds, scales, (size_t)ns, cudaMemcpyHostToDevice) != cudaSuccess))
+    else if (cudaMemcpy(dw, words, (size_t)nw * 4, cudaMemcpyHostToDevice) != cudaSuccess)
         rc = dsc_failmsg(err, op, "upload failed");
-    else if (kind == DS_W_FP4 && dsc_fp4_reorder(0, dw, (size_t)nw) != cudaSuccess)
-        rc = dsc_failmsg(err, op, "reordering the FP4 words failed");
     else {
-        unsigned nb = (unsigned)((n + 255) / 256);
-        if (path == 1)
-            dsc_launch(mma_wprobe_kernel<true, false>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
-        else if (path == 2)
-            dsc_launch(mma_wprobe_kernel<false, true>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
-        else
-            dsc_launch(mma_wprobe_kernel<false, false>, nb, 256, 0, 0, kind, dw, nw, ds, ns, dout);
+        unsigned nb = (unsigned)(((size_t)nw + 255) / 256);
+        dsc_launch(mma_wprobe_kernel, nb, 256, 0, 0, dw, nw, dout);
         cudaError_t e = cudaMemcpy(out, dout, no * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) rc = dsc_failmsg(err, op, "kernel or download failed: %s", cudaGetErrorString(e));
     }
     cudaFree(dw);
-    cudaFree(ds);
     cudaFree(dout);
     return rc;
 }
