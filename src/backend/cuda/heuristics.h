@@ -28,15 +28,15 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MOE_NT 8            /* tokens per weight load in the experts (not ORDER:
                                  * a token's fmaf chain is the same for any tile) */
 
-/* tensor-core products (mma.cu): BF16 and FP8 weights, shapes with 16-byte
+/* tensor-core products (mma/): BF16 and FP8 weights, shapes with 16-byte
  * rows. ORDER: K in groups of DSC_MMA_G columns, each
  * group a fresh fp32 MMA accumulator (8 steps of m16n8k16, x_hi then x_lo),
  * the groups' partials (times the FP8 scale) added in ascending order; inside
  * a step thread tig's 4 fragment slots hold columns tig*32 + kk*4 + 0..3 of
- * the group (mma.cu). */
+ * the group (mma/common.cuh). */
 #define DSC_MMA_G 128           /* ORDER */
 #define DSC_MMA_BM 64           /* tile kernel: rows per block (not ORDER; the
-                                 * 64 shape's warps (mma.cu launch_tile) assume 64) */
+                                 * 64 shape's warps (mma/tile.cu launch_tile) assume 64) */
 #define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
 #define DSC_MMA_DW 8            /* experts' decode kernel: warps per 16-row tile (not ORDER) */
 #define DSC_MMA_GW 2            /* experts' decode kernel: groups per warp per round (not ORDER) */
