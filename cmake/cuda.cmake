@@ -31,7 +31,7 @@ endif()
 
 if(DSV4_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
-  file(GLOB DSV4_CUDA_SOURCES CONFIGURE_DEPENDS src/backend/cuda/*.cu)
+  file(GLOB DSV4_CUDA_SOURCES CONFIGURE_DEPENDS src/backend/cuda/*.cu src/backend/cuda/mma/*.cu)
   option(DSV4_CUDA_SHARED "Build the CUDA backend as a shared library" OFF)
   if(DSV4_CUDA_SHARED)
     add_library(dsv4cuda SHARED ${DSV4_CUDA_SOURCES})

@@ -26,16 +26,11 @@ int ds_backend_cuda_count(void);
  * used; 0 and the reason when not. desc may be NULL. */
 int ds_backend_cuda_available(char *desc, size_t n);
 
-/* Test hook (tests/gpu/test_cuda_ops.c): the bf16 values the tensor-core
- * products feed their MMAs for weight words. FP8: out[2i], out[2i+1] = the
- * bf16x2 of bytes (0, 1) and (2, 3) of words[i] (scales unused). FP4, E8M0
- * scales: out[4(i ns + j) + h] = the bf16x2 of nibbles (2h, 2h+1) of words[i]
- * (the checkpoint's order: reordered on the device as map_weights does) times
- * the E8M0 scale byte scales[j]. Low half: the lower-numbered element. path:
- * 0 the bf16x2 decoding, 1 the fp32 one, 2 (FP4) the tile kernel's short one
- * (all in use: mma.cu). Returns 0, or -1 with err. */
-int ds_cuda_mma_weight_probe(int gpu, int kind, int path, const uint32_t *words, int nw, const uint8_t *scales, int ns,
-                             uint32_t *out, ds_err *err);
+/* Test hook (tests/gpu/test_cuda_ops.c): the values the tensor-core products
+ * feed their MMAs for FP8 weight words: out[2i], out[2i+1] = the f16x2 of
+ * bytes (0, 1) and (2, 3) of words[i] (e4m3 codes). Low half: the
+ * lower-numbered element. Returns 0, or -1 with err. */
+int ds_cuda_mma_weight_probe(int gpu, const uint32_t *words, int nw, uint32_t *out, ds_err *err);
 
 #ifdef __cplusplus
 }

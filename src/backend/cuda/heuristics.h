@@ -28,19 +28,19 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
 #define DSC_MOE_NT 8            /* tokens per weight load in the experts (not ORDER:
                                  * a token's fmaf chain is the same for any tile) */
 
-/* tensor-core products (mma.cu): BF16, FP8 and FP4 (E8M0 scales) weights,
- * shapes with 16-byte rows. ORDER: K in groups of DSC_MMA_G columns, each
+/* tensor-core products (mma/): BF16 and FP8 weights, shapes with 16-byte
+ * rows. ORDER: K in groups of DSC_MMA_G columns, each
  * group a fresh fp32 MMA accumulator (8 steps of m16n8k16, x_hi then x_lo),
  * the groups' partials (times the FP8 scale) added in ascending order; inside
  * a step thread tig's 4 fragment slots hold columns tig*32 + kk*4 + 0..3 of
- * the group (mma.cu). */
+ * the group (mma/common.cuh). */
 #define DSC_MMA_G 128           /* ORDER */
 #define DSC_MMA_BM 64           /* tile kernel: rows per block (not ORDER; the
-                                 * 64 shape's warps (mma.cu launch_tile) assume 64) */
+                                 * 64 shape's warps (mma/tile.cu launch_tile) assume 64) */
 #define DSC_MMA_BN 64           /* tile kernel: tokens per block (not ORDER; idem) */
 #define DSC_MMA_DW 8            /* experts' decode kernel: warps per 16-row tile (not ORDER) */
 #define DSC_MMA_GW 2            /* experts' decode kernel: groups per warp per round (not ORDER) */
-#define DSC_MMA_BLK_TILES 256   /* FP8 / FP4 plain products with at least this many 16-row
+#define DSC_MMA_BLK_TILES 256   /* FP8 plain products with at least this many 16-row
                                  * tiles (all row groups) take the block kernel, the rest
                                  * (and BF16) the split kernel (not ORDER). ncu, b1: wq_b
                                  * (2048 tiles) 33 vs 40 µs, wo_a (512) 29 vs 40, wo_b (256)
@@ -76,15 +76,10 @@ static inline int dsc_gemv_rows(int rows) { return rows >= 2048 ? 2 : 1; }
  * a block, no padding). ncu, flash 4 layers, prefill 512: those products 10.9
  * -> 8.6 ms (1 block per SM before: 12.5% occupancy); the 2,048-row ones (128
  * blocks, 1 per SM either way) 1.49 -> 1.63. 3 or 4 stages at 1 block per SM:
- * no gain (prefill 15.7k tok/s either way against 16.9k at 2 x 2). FP4 experts
- * in the x16 / x8 shapes: 4 blocks per SM (x16: 136 -> 122 registers, no
- * spills; 3 blocks before); 3 or 4 stages at 3 blocks: no gain. One H200, with
- * 432b65d's binary in the same call: prefill 512 16.2k -> 16.8k (FP8 alone)
- * -> 17.4k tok/s (both). */
+ * no gain (prefill 15.7k tok/s either way against 16.9k at 2 x 2). One H200:
+ * prefill 512 16.2k -> 16.8k tok/s. */
 #define DSC_MMA_T128_NST 2
 #define DSC_MMA_T128_MINB 2
-#define DSC_MMA_X_NST 2
-#define DSC_MMA_X_MINB 4
 #define DSC_MMA_TS_32 4        /* 64 x 32: 4 warps of 16 rows x 32 tokens */
 /* The plain products' tile shape, by the grid each would fill (nsm: the
  * GPU's SMs): 128 x 64 for at least 1,024 rows while its blocks number at
@@ -116,7 +111,7 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
     size_t mean = ny ? (P + ny - 1) / ny : P;
     return mean <= 4 ? DSC_MMA_TS_X8 : mean <= 32 ? DSC_MMA_TS_X16 : DSC_MMA_TS_64;
 }
-#define DSC_MMA_STR_TILES 128  /* streaming kernel (one token tile, FP8 / FP4, activations
+#define DSC_MMA_STR_TILES 128  /* streaming kernel (one token tile, FP8, activations
                                  * split once per block in shared memory): plain products of
                                  * at least this many 16-row tiles, and the experts (not ORDER).
                                  * Flash b1, one H200: 2.081 ms/token; 32 (wq_a, wkv too):
@@ -142,14 +137,13 @@ static inline int dsc_mma_expert_tile(size_t P, unsigned ny) {
 #define DSC_MMA_STRM_D 2        /* mma_strm_kernel: units in a warp's register ring (D - 1
                                  * loading while one is multiplied; 3 and 4: more registers,
                                  * fewer warps, slower: wq_b 22.9 / 23.8 us) */
-/* mma_strm_kernel: blocks per SM its registers allow and the grid gives, by
- * kind (not ORDER). FP4 at 4 (64 registers, no spills); FP8, whose ring holds
- * twice the bytes, at 3 (at 4: 64 registers and ~70 B of spills). wq_b with
- * the kernel before its load cursor: 2 blocks 22.0 us, 3 20.4, 4 20.5. FP8 at
- * 4 again (2026-12-05, ncu on an H100, one token): wq_b 15.9 -> 21.6 us, wo_a
+/* mma_strm_kernel (FP8): blocks per SM its registers allow and the grid
+ * gives (not ORDER): 3 (at 4: 64 registers and ~70 B of spills). wq_b with
+ * the kernel before its load cursor: 2 blocks 22.0 us, 3 20.4, 4 20.5. At 4
+ * again (2026-12-05, ncu on an H100, one token): wq_b 15.9 -> 21.6 us, wo_a
  * 19.8 -> 20.9 (then one tile a block instead of 1-2), batch 1 1.386 -> 1.412
  * ms/token: a block's tiles are not what holds these products. */
-static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP8 ? 3 : 4; }
+#define DSC_MMA_STRM_MINB 3
 #define DSC_MMA_STRM_XSMEM (56 * 1024) /* mma_strm_kernel for the experts: an expert's tokens in
                                  * passes of the most whose split activations and partials fit
                                  * this much shared memory (4 blocks per SM: flash's up, K =
@@ -160,8 +154,8 @@ static inline constexpr int dsc_mma_strm_minb(int kind) { return kind == DS_W_FP
                                  * kernels (not ORDER) */
 #define DSC_MMA_DSW 4           /* decode kernel: warps per block, each its own unit (not ORDER) */
 #define DSC_MMA_DLOADS 8        /* decode kernel: 16-byte weight loads in flight per thread
-                                 * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2, FP4 4;
-                                 * not ORDER) */
+                                 * (GR = 8 / (2 CPT) groups a round: BF16 1, FP8 2; not
+                                 * ORDER) */
 #define DSC_MMA_DEC_MI2_T 8      /* decode kernel: BF16 plain products of at least
                                  * DSC_MMA_DEC_MI2_ROWS rows (all row groups) at this many to 8
                                  * tokens give a warp two m16 tiles that share each activation

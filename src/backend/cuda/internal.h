@@ -94,7 +94,7 @@ enum {
     DSC_S_A, DSC_S_B,             /* op scratch */
     DSC_S_ATT,                    /* attention block partials */
     DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7, DSC_S_MOE8,
-    DSC_S_XHL,                    /* mma.cu, three in a row: activations split into bf16 hi / lo, */
+    DSC_S_XHL,                    /* mma/, three in a row: activations split into bf16 hi / lo, */
     DSC_S_MMAP, DSC_S_MMAC,       /* the decode kernel's partials and per-tile counters */
     DSC_S_XHL2, DSC_S_MMAP2, DSC_S_MMAC2, /* the same three for products on the side stream (moe.cu, the side lane) */
     DSC_S_IDX,                    /* the indexer's scores (indexer.cu; either lane) */
@@ -211,7 +211,7 @@ int dsc_fp4_matmul(cudaStream_t st, dsc_buf *mb, dsc_w w, const float *x, int xs
 int dsc_fp4_experts(cudaStream_t st, dsc_buf *mb, int up, dsc_w shape, const dsc_expert_ptrs *t1,
                     const dsc_expert_ptrs *t3, const float *x, int xs, int T, int maxcnt, const int *off,
                     const int *active, const int *n_active, const int *members, int k, unsigned ny, float *y, int ys);
-/* mma.cu: whether a matrix takes the tensor-core path (by kind and shape
+/* mma/launch.cu: whether a matrix takes the tensor-core path (by kind and shape
  * only, never by T), and the products there. */
 int dsc_mma_fits(int kind, const dsc_w &w, int rpg);
 int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float *x, int xs, int xg, int rpg, int T,
@@ -268,8 +268,8 @@ __device__ __forceinline__ float dsc_e2m1(int code) {
 /* FP4 codes in device memory (map_weights with DS_MAP_FP4_CODES) are
  * reordered inside each aligned 32-bit word: the word's codes 2j and 2j + 1
  * (the checkpoint's order: two columns side by side) sit at nibbles j and
- * j + 4, 16 bits apart, so that a mask, a multiply and a mask put a column
- * pair into a bf16x2 (mma.cu afrag). Code p (0..7) of a word is at nibble
+ * j + 4, 16 bits apart (fp4.cu stores its activation digits in the same
+ * order). Code p (0..7) of a word is at nibble
  * dsc_fp4_nib(p). Every FP4 reader here goes through it; the values, and so
  * every bit, are those of the checkpoint's order. */
 __host__ __device__ constexpr int dsc_fp4_nib(int p) { return (p >> 1) | ((p & 1) << 2); }

@@ -1,7 +1,8 @@
 /* matmul.cu — products y = w x for every storage kind (weights dequantized in
  * registers, fp32 accumulation), and the grouped output projection.
- * BF16, FP8 and FP4-E8M0 matrices with 16-byte rows go to the tensor cores
- * (mma.cu) for every T; the SIMT kernels below serve the other kinds/shapes.
+ * MXFP4 matrices (FP4-E8M0) go to fp4.cu, BF16 and FP8 matrices with 16-byte
+ * rows to the tensor cores (mma/) for every T; the SIMT kernels below serve
+ * the other kinds/shapes.
  *
  * One warp per weight row r; lane l reads the row's 16-byte chunks l, l+32,
  * ... (coalesced 512-byte warp loads, DSC_MM_UNROLL in flight) and FMAs them

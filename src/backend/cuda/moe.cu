@@ -429,6 +429,20 @@ __global__ void __launch_bounds__(DSC_MM_WARPS * 32) moe_down_gemv_kernel(down_a
     }
 }
 
+/* f(kind as a compile-time constant: decltype(f's argument)::value) for each
+ * storage kind the SIMT kernels take (F32, BF16, F16, FP8, FP4); nothing for
+ * another value. One switch for every kernel family's launch. */
+template <int K> struct moe_kind_c { static constexpr int value = K; };
+template <typename F> static void moe_for_kind(int kind, F &&f) {
+    switch (kind) {
+    case DS_W_F32: f(moe_kind_c<DS_W_F32>()); break;
+    case DS_W_BF16: f(moe_kind_c<DS_W_BF16>()); break;
+    case DS_W_F16: f(moe_kind_c<DS_W_F16>()); break;
+    case DS_W_FP8: f(moe_kind_c<DS_W_FP8>()); break;
+    case DS_W_FP4: f(moe_kind_c<DS_W_FP4>()); break;
+    }
+}
+
 /* Rows of every expert 16-byte aligned, whole chunks, x / h rows aligned. */
 static int moe_regular(const ds_moe_params *p, const float *h) {
     const ds_weight *ws[3] = {&p->w1[0], &p->w3[0], &p->w2[0]};
@@ -562,7 +576,7 @@ static int launch_shared(cudaStream_t st, dsc_buf *xhl, const ds_moe_params *p, 
     return dsc_launch_matmul(st, xhl, p->sw2->kind, dsc_wdesc(p->sw2), hs1, Is, 0, 1 << 30, T, ys, p->D);
 }
 
-/* The tensor-core path (mma.cu): the experts' kinds and shapes fit it, w1 / w3
+/* The tensor-core path (mma/): the experts' kinds and shapes fit it, w1 / w3
  * rows split into whole tiles, every expert 16-byte aligned. By shape only. */
 static int moe_mma_ok(const ds_moe_params *p) {
     dsc_w a = dsc_wdesc(&p->w1[0]), b = dsc_wdesc(&p->w2[0]);
@@ -675,100 +689,25 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
             up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x,    k,        D,
                           off,      active,       n_active,      members, p->limit, h};
             int regular = moe_regular(p, h), tiled = T >= DSC_MM_TILED_MIN_T && regular, gemv = !tiled && regular;
-            if (gemv) {
-                int rpb = DSC_MM_WARPS * DSC_MOE_GEMV_RW;
-                dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-                switch (w1->kind) {
-                case DS_W_F32: dsc_launch(moe_up_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_BF16:
-                    dsc_launch(moe_up_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                case DS_W_F16: dsc_launch(moe_up_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_FP8: dsc_launch(moe_up_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_FP4: dsc_launch(moe_up_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                }
-            }
-            if (tiled) {
-                int rpb = DSC_MM_WARPS * DSC_MM_RW;
-                dim3 gt((unsigned)((w1->rows + rpb - 1) / rpb), ny);
-                switch (w1->kind) {
-                case DS_W_F32:
-                    dsc_launch(moe_up_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                case DS_W_BF16:
-                    dsc_launch(moe_up_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                case DS_W_F16:
-                    dsc_launch(moe_up_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                case DS_W_FP8:
-                    dsc_launch(moe_up_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                case DS_W_FP4:
-                    dsc_launch(moe_up_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, ua);
-                    break;
-                }
-            }
-            dim3 gu((unsigned)((w1->rows + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-            if (!tiled && !gemv) switch (w1->kind) {
-                case DS_W_F32: dsc_launch(moe_up_kernel<DS_W_F32>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_BF16: dsc_launch(moe_up_kernel<DS_W_BF16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_F16: dsc_launch(moe_up_kernel<DS_W_F16>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_FP8: dsc_launch(moe_up_kernel<DS_W_FP8>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                case DS_W_FP4: dsc_launch(moe_up_kernel<DS_W_FP4>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua); break;
-                }
+            /* rows a block: gemv DSC_MOE_GEMV_RW (up) / 4 (down) a warp, tiled DSC_MM_RW, else one */
+            int rpu = DSC_MM_WARPS * (gemv ? DSC_MOE_GEMV_RW : tiled ? DSC_MM_RW : 1);
+            dim3 gu((unsigned)((w1->rows + rpu - 1) / rpu), ny);
+            moe_for_kind(w1->kind, [&](auto kc) {
+                const int K = decltype(kc)::value;
+                if (gemv) dsc_launch(moe_up_gemv_kernel<K>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                else if (tiled) dsc_launch(moe_up_tiled_kernel<K>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua);
+                else dsc_launch(moe_up_kernel<K>, gu, DSC_MM_WARPS * 32, 0, I->stream, ua);
+            });
             if (dsc_check_launch(err, op)) return -1;
             down_args da = {tab->dev + 2 * (size_t)E, dsc_wdesc(w2), h, off, active, n_active, y2};
-            if (gemv) {
-                int rpb = DSC_MM_WARPS * 4;
-                dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-                switch (w2->kind) {
-                case DS_W_F32:
-                    dsc_launch(moe_down_gemv_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_BF16:
-                    dsc_launch(moe_down_gemv_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_F16:
-                    dsc_launch(moe_down_gemv_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_FP8:
-                    dsc_launch(moe_down_gemv_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_FP4:
-                    dsc_launch(moe_down_gemv_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                }
-            }
-            if (tiled) {
-                int rpb = DSC_MM_WARPS * DSC_MM_RW;
-                dim3 gt((unsigned)((D + rpb - 1) / rpb), ny);
-                switch (w2->kind) {
-                case DS_W_F32:
-                    dsc_launch(moe_down_tiled_kernel<DS_W_F32>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_BF16:
-                    dsc_launch(moe_down_tiled_kernel<DS_W_BF16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_F16:
-                    dsc_launch(moe_down_tiled_kernel<DS_W_F16>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_FP8:
-                    dsc_launch(moe_down_tiled_kernel<DS_W_FP8>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                case DS_W_FP4:
-                    dsc_launch(moe_down_tiled_kernel<DS_W_FP4>, gt, DSC_MM_WARPS * 32, 0, I->stream, da);
-                    break;
-                }
-            }
-            dim3 gd((unsigned)((D + DSC_MM_WARPS - 1) / DSC_MM_WARPS), ny);
-            if (!tiled && !gemv) switch (w2->kind) {
-                case DS_W_F32: dsc_launch(moe_down_kernel<DS_W_F32>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-                case DS_W_BF16: dsc_launch(moe_down_kernel<DS_W_BF16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-                case DS_W_F16: dsc_launch(moe_down_kernel<DS_W_F16>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-                case DS_W_FP8: dsc_launch(moe_down_kernel<DS_W_FP8>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-                case DS_W_FP4: dsc_launch(moe_down_kernel<DS_W_FP4>, gd, DSC_MM_WARPS * 32, 0, I->stream, da); break;
-                }
+            int rpd = DSC_MM_WARPS * (gemv ? 4 : tiled ? DSC_MM_RW : 1);
+            dim3 gd((unsigned)((D + rpd - 1) / rpd), ny);
+            moe_for_kind(w2->kind, [&](auto kc) {
+                const int K = decltype(kc)::value;
+                if (gemv) dsc_launch(moe_down_gemv_kernel<K>, gd, DSC_MM_WARPS * 32, 0, I->stream, da);
+                else if (tiled) dsc_launch(moe_down_tiled_kernel<K>, gd, DSC_MM_WARPS * 32, 0, I->stream, da);
+                else dsc_launch(moe_down_kernel<K>, gd, DSC_MM_WARPS * 32, 0, I->stream, da);
+            });
             if (dsc_check_launch(err, op)) return -1;
         }
         return 0;
