@@ -196,24 +196,24 @@ static inline v16 fp4q_scales_avx2(const ds_weight *w, int r, int m, int left) {
  * of pairs (vpmaddwd by 1). Per span and half h, the loads of groups 4p +
  * 2h, 4p + 2h + 1 (p = 0..3) give per token 8 dwords of partial sums each,
  * and a hadd tree puts group 4p + q (q = 2h, 2h + 1) in lane 4q + p — exact
- * integers, in any grouping; then minus C and one fp32 fma per group,
- * fp4_span_acc's operations. */
-__attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w, int r, const float *xq, size_t xs,
-                                                               float *out, const int nt, const int l2) {
+ * integers, in any grouping — for the digits hi and lo (H: hi's pairs times
+ * 256 in the widening) and for lo2 (L); then minus CH, CL, S = fma(H, 256,
+ * L) and one fp32 fma per group, fp4_span_acc's operations. */
+/* One token (16 ymm registers hold one token's trees, not two: tokens go
+ * one at a time, the row's span re-decoded from L1 for each). */
+__attribute__((always_inline)) static inline float fp4q_1_avx2(const ds_weight *w, int r, const uint8_t *xb, const int l2) {
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
-    v16 acc[AVX2_NT];
-    UNROLL for (int t = 0; t < nt; t++) acc[t] = v16_zero();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), i256 = _mm256_set1_epi16(256);
+    v16 acc = v16_zero();
     for (int m = 0; 16 * m < G; m++) {
-        const uint8_t *p = row + 256 * (size_t)m;
+        const uint8_t *p = row + 256 * (size_t)m, *sp = xb + (size_t)m * Q4_SPAN_BYTES;
         PF_SPAN(p);
         int left = G - 16 * m;
         v16 ws = fp4q_scales_avx2(w, r, m, left);
-        __m256i S[AVX2_NT][2][2]; /* [token][half][H, L] */
         UNROLL for (int h = 0; h < 2; h++) {
-            __m256i u[AVX2_NT][2], v2[AVX2_NT][2];
+            __m256i u[2], v2[2], S[2]; /* [H, L] */
             UNROLL for (int b = 0; b < 4; b++) {
                 int g = 4 * b + 2 * h; /* groups g, g + 1 of the span */
                 __m256i d;
@@ -225,41 +225,39 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
                     d = _mm256_setzero_si256();
                 __m256i L = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
                 __m256i H = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
-                UNROLL for (int t = 0; t < nt; t++) {
-                    const uint8_t *x0 =
-                        (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES + Q4_BLK * b + 32 * h;
+                const uint8_t *x0 = sp + Q4_BLK * b + 32 * h;
 #define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
-#define DIG(o) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(o)), _mm256_maddubs_epi16(H, LDX((o) + 64))), one)
-                    __m256i vv[2] = {_mm256_add_epi32(_mm256_slli_epi32(DIG(0), 8), DIG(128)), DIG(256)};
+#define DIG(o, k) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(o)), _mm256_maddubs_epi16(H, LDX((o) + 64))), k)
+                /* hi's pair sums times 256 in the widening (exact: < 2^23) */
+                __m256i vv[2] = {_mm256_add_epi32(DIG(0, i256), DIG(128, one)), DIG(256, one)};
 #undef DIG
 #undef LDX
-                    UNROLL for (int k = 0; k < 2; k++) {
-                        if (b == 0 || b == 2)
-                            v2[t][k] = vv[k];
-                        else if (b == 1)
-                            u[t][k] = _mm256_hadd_epi32(v2[t][k], vv[k]);
-                        else
-                            S[t][h][k] = _mm256_hadd_epi32(u[t][k], _mm256_hadd_epi32(v2[t][k], vv[k]));
-                    }
+                UNROLL for (int k = 0; k < 2; k++) {
+                    if (b == 0 || b == 2)
+                        v2[k] = vv[k];
+                    else if (b == 1)
+                        u[k] = _mm256_hadd_epi32(v2[k], vv[k]);
+                    else
+                        S[k] = _mm256_hadd_epi32(u[k], _mm256_hadd_epi32(v2[k], vv[k]));
                 }
             }
-        }
-        const __m256 k256 = _mm256_set1_ps(256.0f);
-        UNROLL for (int t = 0; t < nt; t++) {
-            const uint8_t *sp = (const uint8_t *)(xq + (size_t)t * xs) + (size_t)m * Q4_SPAN_BYTES;
-            const float *sx = (const float *)(const void *)(sp + Q4_SX);
-            __m256 Sf[2];
-            UNROLL for (int h = 0; h < 2; h++) {
-                __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CH + 32 * h));
-                __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CL + 32 * h));
-                Sf[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][h][0], ch)), k256,
-                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[t][h][1], cl)));
-            }
-            acc[t].lo = _mm256_fmadd_ps(Sf[0], _mm256_mul_ps(ws.lo, _mm256_loadu_ps(sx)), acc[t].lo);
-            acc[t].hi = _mm256_fmadd_ps(Sf[1], _mm256_mul_ps(ws.hi, _mm256_loadu_ps(sx + 8)), acc[t].hi);
+            __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CH + 32 * h));
+            __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CL + 32 * h));
+            __m256 Sf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[0], ch)), _mm256_set1_ps(256.0f),
+                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[1], cl)));
+            __m256 f = _mm256_mul_ps(h ? ws.hi : ws.lo, _mm256_loadu_ps((const float *)(const void *)(sp + Q4_SX + 32 * h)));
+            if (h)
+                acc.hi = _mm256_fmadd_ps(Sf, f, acc.hi);
+            else
+                acc.lo = _mm256_fmadd_ps(Sf, f, acc.lo);
         }
     }
-    UNROLL for (int t = 0; t < nt; t++) out[t] = v16_hsum(acc[t]);
+    return v16_hsum(acc);
+}
+
+__attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w, int r, const float *xq, size_t xs,
+                                                               float *out, const int nt, const int l2) {
+    for (int t = 0; t < nt; t++) out[t] = fp4q_1_avx2(w, r, (const uint8_t *)(xq + (size_t)t * xs), l2);
 }
 
 /* the AVX2 instances: tokens AVX2_NT at a time */
