@@ -4,7 +4,7 @@
  * decoder layer's attention output (DeepseekV4Attention), MoE output
  * (DeepseekV4SparseMoeBlock) and residual streams after the layer
  * (DeepseekV4DecoderLayer) — our "attn_out", "ffn_out" and "ffn_res".
- * Tolerance 1e-3 absolute, as for the logits (which agree to ~6e-6; the
+ * Tolerance 1e-4 absolute, as for the logits (which agree to ~6e-6; the
  * intermediates are of the same magnitude, fp32 on both sides). Also checks
  * that every name of the list arrives for every layer, in order, and that the
  * "logits" intermediate is bitwise the logits the step returns. */
@@ -16,7 +16,7 @@
 #include "model/forward.h"
 #include "testutil.h"
 
-#define TOL 1e-3
+#define TOL 1e-4
 
 static const char *const per_layer[] = {"attn_in", "attn_norm", "q",       "kv",       "attn_o",  "attn_out",
                                         "attn_res", "ffn_in",   "ffn_norm", "ffn_out", "ffn_res"};
