@@ -27,7 +27,6 @@
  *   then S and the fma into the lane's accumulator. At the end the 16 lanes
  *   of each output meet in shared memory and one thread adds them in hsum's
  *   order. Tokens go 8 * NB a pass (NB token tiles share each decoded word). */
-#include <math.h>
 #include <string.h>
 
 #include "backend/cuda/internal.h"

@@ -654,36 +654,27 @@ static int moe_compute(dsc_impl *I, const ds_moe_params *p, const char *op, ds_e
         if (dsc_check_launch(err, op)) return -1;
 
         unsigned ny = (unsigned)(P < (size_t)E ? P : (size_t)E); /* active experts, at most */
-        if (moe_fp4_ok(p)) {
-            /* MXFP4 experts: exact integer sums, the CPU's bits (fp4.cu): up (w1 and w3
-             * rows) into u, SwiGLU, down */
+        int fp4 = moe_fp4_ok(p);
+        if (fp4 || moe_mma_ok(p)) {
+            /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down. MXFP4:
+             * exact integer sums with the CPU's bits (fp4.cu); BF16 / FP8: mma/ */
             float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
             if (!u) return -1;
-            dsc_buf *xq = &I->scratch[DSC_S_XHL];
-            if (dsc_fp4_experts(I->stream, xq, 1, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off, active,
-                                n_active, members, k, ny, u, 2 * (int)Ie))
-                return dsc_failmsg(err, op, "out of device memory for the quantized activations");
+            dsc_buf *xs = &I->scratch[DSC_S_XHL];
+            auto product = [&](int up, const ds_weight *w, const dsc_expert_ptrs *t1, const dsc_expert_ptrs *t3,
+                               const float *x, int xw, float *y, int yw) {
+                return fp4 ? dsc_fp4_experts(I->stream, xs, up, dsc_wdesc(w), t1, t3, x, xw, T, T, off, active,
+                                             n_active, members, k, ny, y, yw)
+                           : dsc_mma_experts(I->stream, xs, up, w->kind, dsc_wdesc(w), t1, t3, x, xw, T, T, off,
+                                             active, n_active, members, k, ny, y, yw);
+            };
+            if (product(1, w1, tab->dev, tab->dev + E, p->x, D, u, 2 * (int)Ie))
+                return dsc_failmsg(err, op, "out of device memory for the experts' activations");
             size_t n = P * Ie, b = (n + 255) / 256;
             dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
                        p->limit);
-            if (dsc_fp4_experts(I->stream, xq, 0, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, T, T, off,
-                                active, n_active, members, k, ny, y2, D))
-                return dsc_failmsg(err, op, "out of device memory for the quantized activations");
-            if (dsc_check_launch(err, op)) return -1;
-        } else if (moe_mma_ok(p)) {
-            /* tensor cores for every T: up (w1 and w3 rows) into u, SwiGLU, down */
-            float *u = (float *)dsc_scratch(I, DSC_S_MOE6, P * 2 * Ie * sizeof(float), err, op);
-            if (!u) return -1;
-            dsc_buf *xhl = &I->scratch[DSC_S_XHL];
-            if (dsc_mma_experts(I->stream, xhl, 1, w1->kind, dsc_wdesc(w1), tab->dev, tab->dev + E, p->x, D, T, T, off,
-                                active, n_active, members, k, ny, u, 2 * (int)Ie))
-                return dsc_failmsg(err, op, "out of device memory for the split activations");
-            size_t n = P * Ie, b = (n + 255) / 256;
-            dsc_launch(swiglu_pairs_kernel, (unsigned)(b < 65536 ? b : 65536), 256, 0, I->stream, u, h, n, (int)Ie,
-                       p->limit);
-            if (dsc_mma_experts(I->stream, xhl, 0, w2->kind, dsc_wdesc(w2), tab->dev + 2 * (size_t)E, NULL, h, (int)Ie,
-                                T, T, off, active, n_active, members, k, ny, y2, D))
-                return dsc_failmsg(err, op, "out of device memory for the split activations");
+            if (product(0, w2, tab->dev + 2 * (size_t)E, NULL, h, (int)Ie, y2, D))
+                return dsc_failmsg(err, op, "out of device memory for the experts' activations");
             if (dsc_check_launch(err, op)) return -1;
         } else {
             up_args ua = {tab->dev, tab->dev + E, dsc_wdesc(w1), p->x,    k,        D,
