@@ -155,11 +155,9 @@ static int send_step(const ds_model *m, const ds_batch_item *items, int n_items,
     return 0;
 }
 
-int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
-                        const ds_observer *obs, ds_err *err) {
-    if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
-    if (n_items < 1) return ds_fail(err, "empty batch");
-    if (check_items(m, items, n_items, err)) return -1;
+/* One step of at most m's step budget (every item's tokens together). */
+static int one_step(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                    const ds_observer *obs, ds_err *err) {
     if (!m->ep) return forward(m, be, items, n_items, NULL, obs, err);
     if (obs && obs->tensor && ds_ep_dp(m->ep))
         return ds_fail(err, "intermediates of a step under expert parallelism with data-parallel attention live on "
@@ -174,6 +172,77 @@ int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_
         ds_ep_session_fatal(msg);
     }
     return 0;
+}
+
+/* A call over the step budget, run as several steps: each takes the items'
+ * next tokens in item order up to the budget; a piece's logits rows are the
+ * item's rows from its first token on (one row: only with the last token).
+ * The observer sees the caller's item and token numbers. */
+typedef struct {
+    const ds_observer *obs;
+    const int *item, *tok0; /* per piece: the caller's item, its first token */
+} split_obs;
+
+static void split_route(void *ctx, int layer, int item, int tok, const int *experts, int k) {
+    const split_obs *o = ctx;
+    o->obs->route(o->obs->ctx, layer, o->item[item], o->tok0[item] + tok, experts, k);
+}
+
+static void split_index(void *ctx, int layer, int item, int tok, const int *entries, int n) {
+    const split_obs *o = ctx;
+    o->obs->index(o->obs->ctx, layer, o->item[item], o->tok0[item] + tok, entries, n);
+}
+
+static int split_steps(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                       const ds_observer *obs, int budget, ds_err *err) {
+    if (obs && obs->tensor)
+        return ds_fail(err, "intermediates of a call over %d tokens: dump them in steps of at most %d tokens", budget,
+                       budget);
+    ds_batch_item *piece = malloc((size_t)n_items * sizeof *piece);
+    int *done = calloc((size_t)n_items, sizeof *done), *item = malloc((size_t)n_items * 2 * sizeof *item);
+    if (!piece || !done || !item) {
+        free(piece), free(done), free(item);
+        return ds_fail(err, "out of memory for a call's steps");
+    }
+    int V = m->cfg.vocab_size, rc = 0, left = 1;
+    split_obs so = {obs, item, item + n_items};
+    ds_observer wrap = {obs && obs->route ? split_route : NULL, NULL, &so, obs && obs->index ? split_index : NULL};
+    while (!rc && left) {
+        int n = 0, room = budget;
+        left = 0;
+        for (int i = 0; i < n_items; i++) {
+            const ds_batch_item *it = &items[i];
+            int take = it->n_tokens - done[i] < room ? it->n_tokens - done[i] : room;
+            if (take <= 0) {
+                left |= done[i] < it->n_tokens;
+                continue;
+            }
+            int last = done[i] + take == it->n_tokens;
+            float *lg = !it->logits                 ? NULL
+                        : it->all_logits            ? it->logits + (size_t)done[i] * (size_t)V
+                        : last                      ? it->logits
+                                                    : NULL;
+            piece[n] = (ds_batch_item){it->seq, it->tokens + done[i], take, lg, it->all_logits};
+            item[n] = i, item[n_items + n] = done[i];
+            n++, room -= take, done[i] += take;
+            left |= !last;
+        }
+        rc = one_step(m, be, piece, n, obs ? &wrap : NULL, err);
+    }
+    free(piece), free(done), free(item);
+    return rc;
+}
+
+int ds_forward_observed(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,
+                        const ds_observer *obs, ds_err *err) {
+    if (!m->be) return ds_fail(err, "%s: the model is not bound to a backend", m->path);
+    if (n_items < 1) return ds_fail(err, "empty batch");
+    if (check_items(m, items, n_items, err)) return -1;
+    long long total = 0;
+    int budget = m->step_tokens > 0 ? m->step_tokens : DS_STEP_TOKENS;
+    for (int i = 0; i < n_items; i++) total += items[i].n_tokens;
+    if (total > budget) return split_steps(m, be, items, n_items, obs, budget, err);
+    return one_step(m, be, items, n_items, obs, err);
 }
 
 int ds_forward_follow(const ds_model *m, const ds_backend *be, const ds_batch_item *items, int n_items,

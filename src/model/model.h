@@ -72,7 +72,12 @@ typedef struct ds_model {
      * process. Not owned. Only the routed experts this rank serves are bound
      * (and ever read). */
     struct ds_ep *ep;
+    /* the most tokens one step runs: a ds_forward call with more is run as
+     * several steps of at most this many (chunking is bitwise invariant, so
+     * the results are the one-step results); 0: DS_STEP_TOKENS */
+    int step_tokens;
 } ds_model;
+#define DS_STEP_TOKENS 4096 /* tokens x experts per token inside the CUDA grids (65,535) */
 
 /* Opens DIR (config.json + safetensors), validates every tensor the model
  * needs (missing, dtype, shape, scale grid) with the tensor's name in the

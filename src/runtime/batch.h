@@ -12,7 +12,7 @@
  * it bounds a step's activation memory and keeps tokens x experts per token
  * inside the CUDA grids (65,535). Where a step ends changes no bits (docs/design.md
  * §1: chunking and batching never do). */
-#define DS_RUN_STEP_TOKENS 4096
+#define DS_RUN_STEP_TOKENS DS_STEP_TOKENS
 
 /* Feeds tokens[i][0..n[i]) to seqs[i] for every i, `chunk` tokens per
  * sequence per step (chunk <= 0: as many as fit) and at most
