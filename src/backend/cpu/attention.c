@@ -84,6 +84,11 @@ static size_t n_keys(const ds_attention_params *P, const ds_step_desc *st, int t
     return n;
 }
 
+/* A group's keys and scores take at most this much scratch (at least one
+ * row's): the rows of a long context attend in groups, so memory does not
+ * grow with T times the context. */
+#define ATTN_GROUP_BYTES ((size_t)256 << 20)
+
 int ds_cpu_attention(const ds_backend *be, const ds_attention_params *P, ds_err *err) {
     double t_start = be->profile ? ds_now() : 0;
     const ds_cpu *c = ds_cpu_of(be);
@@ -92,34 +97,40 @@ int ds_cpu_attention(const ds_backend *be, const ds_attention_params *P, ds_err 
     if (P->out_inv_freq && (P->out_rope_half < 0 || 2 * P->out_rope_half > d))
         return ds_fail(err, "cpu attention (layer %d): out_rope_half %d outside a head of %d", P->layer,
                        P->out_rope_half, d);
-    size_t total = 0;
-    for (int t = 0; t < T; t++) total += n_keys(P, st, t);
-    size_t bytes = (size_t)(T + 1) * sizeof(size_t) + total * sizeof(float *) + total * (size_t)P->H * sizeof(float);
+    size_t per_key = sizeof(float *) + (size_t)P->H * sizeof(float), most = 0;
+    for (int t = 0; t < T; t++)
+        if (n_keys(P, st, t) > most) most = n_keys(P, st, t);
+    size_t cap = ATTN_GROUP_BYTES / per_key > most ? ATTN_GROUP_BYTES / per_key : most;
+    size_t bytes = (size_t)(T + 1) * sizeof(size_t) + cap * per_key;
     char *buf = ds_cpu_scratch(be, DS_SCR_ATTN, bytes);
-    if (!buf) return ds_fail(err, "cpu attention (layer %d): out of memory for %zu keys", P->layer, total);
+    if (!buf) return ds_fail(err, "cpu attention (layer %d): out of memory for %zu keys", P->layer, cap);
     size_t *key0 = (size_t *)buf;
     const float **keys = (const float **)(key0 + T + 1);
-    float *scores = (float *)(keys + total);
-    total = 0;
-    for (int t = 0; t < T; t++) {
-        int s = st->tok_seq[t];
-        const float *ring = st->seq_mem[s][P->layer].ring, *entries = st->seq_mem[s][P->layer].comp.entries;
-        int64_t p = st->tok_pos[t], lo = p - W + 1 < 0 ? 0 : p - W + 1, pos0 = st->seq_pos0[s];
-        key0[t] = total;
-        const float **k = keys + total;
-        for (int64_t pp = lo; pp <= p; pp++)
-            *k++ = pp >= pos0 ? P->kv + (size_t)(st->seq_row0[s] + (pp - pos0)) * d : ring + (size_t)(pp % W) * d;
-        if (P->sel) {
-            for (int j = 0; j < P->n_sel[t]; j++) *k++ = entries + (size_t)P->sel[(size_t)t * P->topk + j] * d;
-        } else if (P->ratio) {
-            int nv = (int)((p + 1) / P->ratio);
-            for (int j = 0; j < nv; j++) *k++ = entries + (size_t)j * d;
+    float *scores = (float *)(keys + cap);
+    for (int t0 = 0, t1; t0 < T; t0 = t1) {
+        size_t total = 0;
+        for (t1 = t0; t1 < T && total + n_keys(P, st, t1) <= cap; t1++) {
+            int s = st->tok_seq[t1];
+            const float *ring = st->seq_mem[s][P->layer].ring, *entries = st->seq_mem[s][P->layer].comp.entries;
+            int64_t p = st->tok_pos[t1], lo = p - W + 1 < 0 ? 0 : p - W + 1, pos0 = st->seq_pos0[s];
+            key0[t1 - t0] = total;
+            const float **k = keys + total;
+            for (int64_t pp = lo; pp <= p; pp++)
+                *k++ = pp >= pos0 ? P->kv + (size_t)(st->seq_row0[s] + (pp - pos0)) * d : ring + (size_t)(pp % W) * d;
+            if (P->sel) {
+                for (int j = 0; j < P->n_sel[t1]; j++) *k++ = entries + (size_t)P->sel[(size_t)t1 * P->topk + j] * d;
+            } else if (P->ratio) {
+                int64_t nv = (p + 1) / P->ratio;
+                for (int64_t j = 0; j < nv; j++) *k++ = entries + (size_t)j * d;
+            }
+            total = (size_t)(k - keys);
         }
-        total = (size_t)(k - keys);
+        key0[t1 - t0] = total;
+        ds_attention_params G = *P;
+        G.q = P->q + (size_t)t0 * P->H * d, G.out = P->out + (size_t)t0 * P->H * d;
+        attn_job J = {&G, keys, key0, scores, st->tok_pos + t0, c->path};
+        ds_cpu_parallel_for(be, (t1 - t0) * P->H, attend_one, &J);
     }
-    key0[T] = total;
-    attn_job J = {P, keys, key0, scores, st->tok_pos, c->path};
-    ds_cpu_parallel_for(be, T * P->H, attend_one, &J);
     if (be->profile) be->profile->attend_seconds += ds_now() - t_start;
     return 0;
 }
