@@ -406,6 +406,9 @@ struct ds_backend {
     int (*threads)(const ds_backend *be);
     void (*set_threads)(ds_backend *be, int n);
     const char *(*note)(const ds_backend *be);
+    /* Bytes alloc can still hand out now (the CPU: MemAvailable; a GPU: its
+     * free memory); 0 if unknown. For sizing contexts, not a promise. */
+    uint64_t (*avail)(const ds_backend *be);
 
     /* Releases everything the backend owns (not the struct itself). */
     void (*close)(ds_backend *be);

@@ -9,15 +9,55 @@
 #include "runtime/backend_select.h"
 #include "model/model.h"
 #include "model/state.h"
+#include "runtime/context.h"
 #include "runtime/model_load.h"
+
+static void print_bytes(const char *label, double b) {
+    printf("%s%.2f %s", label, b >= 1e9 ? b / 1e9 : b >= 1e6 ? b / 1e6 : b / 1e3, b >= 1e9 ? "GB" : b >= 1e6 ? "MB" : "kB");
+}
+
+/* the state a sequence holds per token of context, and with a backend the
+ * longest context its free memory holds */
+static int print_context(const ds_model *m, const ds_backend_opts *bo) {
+    const ds_config *c = &m->cfg;
+    int64_t big = c->max_pos;
+    double fixed = (double)ds_seq_bytes(m, 0), per = ((double)ds_seq_bytes(m, big) - fixed) / (double)big;
+    printf("context    at most %lld tokens (max_position_embeddings); a sequence's state: %.0f bytes per token",
+           (long long)big, per);
+    print_bytes(" + ", fixed);
+    print_bytes(" (", (double)ds_seq_bytes(m, 4096));
+    print_bytes(" at 4,096 tokens, ", (double)ds_seq_bytes(m, big));
+    printf(" at the maximum)\n");
+    if (!bo->name) return 0;
+    ds_backend be = {0};
+    ds_err err;
+    ds_ctx_budget b;
+    if (ds_backend_open(bo, &be, &err) || ds_ctx_budget_of(m, &be, &b, &err)) {
+        fprintf(stderr, "dsv4 info: %s\n", err.msg);
+        if (be.close) be.close(&be);
+        return 1;
+    }
+    printf("fits       %s: %.2f GB free - %.2f GB of weights - %.2f GB for a step of %d tokens = %.2f GB for state:",
+           be.name, b.avail / 1e9, b.weights / 1e9, b.activations / 1e9, DS_STEP_TOKENS, b.state / 1e9);
+    const int ns[] = {1, 4, 16, 64};
+    for (int i = 0; i < 4; i++)
+        printf("%s %d sequence%s of %lld tokens", i ? "," : "", ns[i], ns[i] > 1 ? "s" : "",
+               (long long)ds_seq_fit(m, b.state, ns[i]));
+    printf("\n");
+    be.close(&be);
+    return 0;
+}
 
 int cmd_info(int argc, char **argv) {
     cli_model_arg ma = {0};
-    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma}};
-    const cli_cmd cmd = {"info", "-m DIR",
+    ds_backend_opts bo = {0};
+    const cli_group groups[] = {{NULL, cli_model_req_opts, &ma}, {"backend", cli_backend_opts, &bo}};
+    const cli_cmd cmd = {"info", "-m DIR [--backend cpu|cuda [--gpu N]]",
                          "Prints the config, the tensors and bytes per dtype, the layer kinds, the backends of this "
-                         "build and whether it has MPI (expert parallelism over ranks).\n",
-                         NULL, groups, 1};
+                         "build, whether it has MPI (expert parallelism over ranks) and the state a sequence holds "
+                         "per token of context; with --backend, the longest context that backend's free memory "
+                         "holds next to the weights (1, 4, 16 and 64 sequences).\n",
+                         NULL, groups, 2};
     int rc;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     if (!ma.dir) return cli_usage_error(&cmd, "-m DIR is required");
@@ -59,8 +99,11 @@ int cmd_info(int argc, char **argv) {
         if (count[d])
             printf("  %-8s %8llu tensors %14.3f MB\n", ds_dtype_name((ds_dtype)d), (unsigned long long)count[d],
                    (double)bytes[d] / 1e6);
-    printf("decode     %.3f GB of weights read per token (batch 1); state %.1f MiB per 4096-token sequence\n",
-           (double)ds_model_decode_bytes(m) / 1e9, (double)ds_seq_bytes(m, 4096) / (1 << 20));
+    printf("decode     %.3f GB of weights read per token (batch 1)\n", (double)ds_model_decode_bytes(m) / 1e9);
+    if (print_context(m, &bo)) {
+        ds_model_free(m);
+        return 1;
+    }
     printf("layers\n");
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *ly = &m->layers[li];

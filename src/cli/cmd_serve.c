@@ -12,6 +12,8 @@
 #include "cli/util.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
+#include "model/state.h"
+#include "runtime/context.h"
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
 
@@ -27,7 +29,9 @@ static const cli_opt serve_opts[] = {
     CLI_STRING_OPT("--api-key", NULL, serve_args, key, "KEY",
                    "require 'Authorization: Bearer KEY' on /v1/ (default: $DSV4_API_KEY, else none)"),
     CLI_LONG_OPT("--max-seqs", NULL, serve_args, max_seqs, 1, 256, "N", "requests decoded together at most (default 16)"),
-    CLI_LONG_OPT("--ctx", NULL, serve_args, ctx, 2, 1 << 24, "N", "tokens per request, prompt + completion (default 4096)"),
+    CLI_LONG_OPT("--ctx", NULL, serve_args, ctx, 2, 1LL << 40, "N",
+                 "tokens per request, prompt + completion (default: the model's max_position_embeddings, or less so "
+                 "that --max-seqs + --cache-seqs sequences of it fit the backend's free memory)"),
     CLI_LONG_OPT("--max-queue", NULL, serve_args, max_queue, 0, 1 << 20, "N",
                  "requests waiting at most; more get 429 (default 64)"),
     CLI_LONG_OPT("--step-tokens", NULL, serve_args, step, 1, 1 << 20, "N",
@@ -46,8 +50,39 @@ static const cli_opt serve_opts[] = {
     CLI_END,
 };
 
+/* The context of every request: *ctx as given (0: the longest that n
+ * sequences' state fits next to the weights, at most max_position_embeddings);
+ * an error naming the numbers when it is over the model's maximum or n
+ * sequences of it do not fit. */
+static int serve_ctx(const ds_model *m, const ds_backend *be, long long n, long long *ctx) {
+    ds_ctx_budget b;
+    ds_err err;
+    if (*ctx > m->cfg.max_pos) {
+        fprintf(stderr, "dsv4 serve: --ctx %lld is over the model's max_position_embeddings (%lld)\n", *ctx,
+                (long long)m->cfg.max_pos);
+        return -1;
+    }
+    if (ds_ctx_budget_of(m, be, &b, &err)) {
+        if (*ctx) return 0; /* as given: the sequences' allocations will say if they do not fit */
+        fprintf(stderr, "dsv4 serve: %s: give --ctx\n", err.msg);
+        return -1;
+    }
+    long long fit = (long long)ds_seq_fit(m, b.state, (int)n);
+    if (!*ctx) *ctx = fit;
+    if (*ctx < 2 || *ctx > fit) {
+        fprintf(stderr,
+                "dsv4 serve: %lld sequences (--max-seqs + --cache-seqs) of %lld tokens need %.2f GB of state; the %s "
+                "backend has %.2f GB free, %.2f GB of it for a step's activations: %lld tokens fit (--ctx), or fewer "
+                "sequences\n",
+                n, *ctx < 2 ? 2 : *ctx, (double)ds_seq_bytes(m, *ctx < 2 ? 2 : *ctx) * (double)n / 1e9, be->name,
+                b.avail / 1e9, b.activations / 1e9, fit);
+        return -1;
+    }
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
-    serve_args sa = {.host = "127.0.0.1", .key = getenv("DSV4_API_KEY"), .port = 8080, .max_seqs = 16, .ctx = 4096,
+    serve_args sa = {.host = "127.0.0.1", .key = getenv("DSV4_API_KEY"), .port = 8080, .max_seqs = 16, .ctx = 0,
                      .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
@@ -100,6 +135,7 @@ int cmd_serve(int argc, char **argv) {
         rc = cli_bind_done(brc);
         goto out;
     }
+    if (serve_ctx(m, &be, max_seqs + cache, &ctx)) goto out;
     ds_sched_opts so;
     ds_sched_opts_init(&so);
     so.max_seqs = (int)max_seqs;

@@ -109,6 +109,12 @@ int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, const ds_step_size 
     return 0;
 }
 
+uint64_t ds_runstate_bytes(const ds_config *c, int T) {
+    ds_runstate rs = {0};
+    ds_step_size z = {T, T, 1, T, 0, T};
+    return carve(&rs, c, NULL, &z);
+}
+
 void ds_runstate_free(ds_runstate *rs) {
     if (rs->arena) rs->be->free(rs->be, rs->arena);
     free(rs->host);

@@ -63,5 +63,8 @@ typedef struct ds_step_size {
  * host table) only when this step is larger than every earlier one. */
 int ds_runstate_reserve(ds_runstate *rs, const ds_config *c, const ds_step_size *z, ds_err *err);
 void ds_runstate_free(ds_runstate *rs);
+/* The arena's bytes for a step of T tokens with a head row each (no
+ * expert parallelism). */
+uint64_t ds_runstate_bytes(const ds_config *c, int T);
 
 #endif

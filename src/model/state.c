@@ -107,3 +107,15 @@ void ds_seq_free(ds_seq *s) {
 void ds_seq_reset(ds_seq *s) { s->pos = 0; }
 
 uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len) { return layout(m, max_len, NULL, NULL) * sizeof(float); }
+
+int64_t ds_seq_fit(const ds_model *m, uint64_t bytes, int n) {
+    int64_t lo = 0, hi = m->cfg.max_pos; /* state(lo) fits; find the largest */
+    if (n < 1) n = 1;
+    if ((double)ds_seq_bytes(m, hi) * n <= (double)bytes) return hi;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if ((double)ds_seq_bytes(m, mid) * n <= (double)bytes) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}

@@ -35,5 +35,8 @@ int ds_seq_new_follower(const ds_model *m, int64_t max_len, int id, int home, ds
 void ds_seq_reset(ds_seq *s);
 /* Bytes of backend state one sequence of max_len holds. */
 uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len);
+/* The longest capacity, at most max_position_embeddings, for which n
+ * sequences' state fits in `bytes`; 0 if not even one token's does. */
+int64_t ds_seq_fit(const ds_model *m, uint64_t bytes, int n);
 
 #endif

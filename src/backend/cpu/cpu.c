@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
+#include "format/safetensors.h"
 
 /* 1 when a test's injected allocation failure is due now */
 static int alloc_fails(const ds_backend *be) {
@@ -226,6 +227,11 @@ void ds_cpu_parallel_for_sized(const ds_backend *be, int n, void (*fn)(void *ctx
     for (int i = 0; i < n; i++) fn(ctx, i);
 }
 
+static uint64_t cpu_avail(const ds_backend *be) {
+    (void)be;
+    return ds_mem_available();
+}
+
 static void cpu_close(ds_backend *be) {
     ds_cpu *c = ds_cpu_of(be);
     if (!c) return;
@@ -303,6 +309,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->threads = ds_backend_cpu_threads;
     be->set_threads = ds_backend_cpu_set_threads;
     be->note = cpu_note;
+    be->avail = cpu_avail;
     be->close = cpu_close;
     return 0;
 }

@@ -529,6 +529,11 @@ static int c_gather(const ds_backend *be, const ds_gather_params *p, ds_err *err
 static int c_threads(const ds_backend *) { return 0; }
 static void c_set_threads(ds_backend *, int) {}
 static const char *c_note(const ds_backend *) { return ""; }
+static uint64_t c_avail(const ds_backend *be) {
+    size_t fr = 0, tot = 0;
+    cudaSetDevice(dsc_of(be)->gpu);
+    return cudaMemGetInfo(&fr, &tot) == cudaSuccess ? (uint64_t)fr : 0;
+}
 
 static void c_close(ds_backend *be) {
     dsc_impl *I = dsc_of(be);
@@ -746,6 +751,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->threads = c_threads;
     be->set_threads = c_set_threads;
     be->note = c_note;
+    be->avail = c_avail;
     be->close = c_close;
     return 0;
 }
