@@ -105,14 +105,24 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     if (bw < 0) goto fail;
     printf("memory     device copy bandwidth %.0f GB/s (1 GiB, read + written, best of 5): the floor\n", bw);
     fflush(stdout);
-    ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
-    if (ds_forward(m, &be, &it, 1, &err)) goto fail; /* warm-up */
+    /* warm-up: two steps' worth of the prompt (kernels loaded, the arena at its size) */
+    long long warm = prompt < 2 * DS_STEP_TOKENS ? prompt : 2 * DS_STEP_TOKENS;
+    ds_batch_item it = {seq, toks, (int)warm, logits, 0};
+    if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
+    uint64_t free0 = be.avail ? be.avail(&be) : 0;
+    it.n_tokens = (int)prompt;
     double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     double tp = ds_now() - t0, fl = token_flops(m);
-    printf("prefill    %lld tokens in %.2f ms: %.0f tokens/s, %.2f TFLOP/s (%.2f GFLOP per token)\n", prompt, tp * 1e3,
-           (double)prompt / tp, fl * (double)prompt / tp / 1e12, fl / 1e9);
+    printf("prefill    %lld tokens in %.2f ms: %.0f tokens/s, %.2f TFLOP/s (%.2f GFLOP per token at a short context; "
+           "steps of %d tokens)\n",
+           prompt, tp * 1e3, (double)prompt / tp, fl * (double)prompt / tp / 1e12, fl / 1e9, DS_STEP_TOKENS);
+    if (free0)
+        printf("memory     %.2f GB of weights; the sequence's state %.3f GB (capacity %lld tokens); %.2f GB free "
+               "after the prefill (%.2f GB more scratch than after the warm-up)\n",
+               m->weight_bytes / 1e9, ds_seq_bytes(m, prompt + 2 * gen + 1) / 1e9, prompt + 2 * gen + 1,
+               be.avail(&be) / 1e9, ((double)free0 - (double)be.avail(&be)) / 1e9);
     t0 = ds_now();
     for (long long g = 0; g < gen; g++) {
         ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
