@@ -15,7 +15,7 @@ B=$1 OUT=$2
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/b/lib"
-for f in dsv4 test_cuda_ops test_kernels test_reference test_batch test_intermediates; do
+for f in dsv4 test_cuda_ops test_kernels test_reference test_batch test_intermediates test_long; do
   [ -x "$B/$f" ] || { echo "gpu-pack: $B/$f missing (build it first)" >&2; exit 1; }
   cp "$B/$f" "$W/b/"
 done

@@ -342,10 +342,11 @@ int cmd_bench(int argc, char **argv) {
            "mapped weights %.1f GB/s)\n",
            bw, n_threads, bw_anon, bw_mapped);
     fflush(stdout);
-    /* warm-up: one pass over the prompt */
-    ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
+    /* warm-up: two steps' worth of the prompt (the arena and scratch at their sizes) */
+    ds_batch_item it = {seq, toks, (int)(prompt < 2 * DS_STEP_TOKENS ? prompt : 2 * DS_STEP_TOKENS), logits, 0};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
+    it.n_tokens = (int)prompt;
     ds_profile prof_prefill = {0};
     be.profile = &prof_prefill;
     double t0 = ds_now();
