@@ -19,6 +19,9 @@ static int check_items(const ds_model *m, const ds_batch_item *items, int n, ds_
             if (items[j].seq == it->seq) return ds_fail(err, "batch items %d and %d share one sequence", j, i);
         if (it->seq->be != m->be)
             return ds_fail(err, "sequence %d: its state is not in the memory of the model's backend", i);
+        if (it->seq->pos + it->n_tokens > m->cfg.max_pos)
+            return ds_fail(err, "sequence %d: %lld + %d tokens go beyond the model's max_position_embeddings (%lld)", i,
+                           (long long)it->seq->pos, it->n_tokens, (long long)m->cfg.max_pos);
         if (it->seq->pos + it->n_tokens > it->seq->max_len)
             return ds_fail(err, "sequence %d: %lld + %d tokens exceed its capacity of %lld tokens (raise --ctx)", i,
                            (long long)it->seq->pos, it->n_tokens, (long long)it->seq->max_len);
