@@ -57,7 +57,7 @@ int cmd_synth(int argc, char **argv) {
     if (experts > 0) cfg.n_routed_experts = (int)experts;
     if (active > 0) cfg.n_active_experts = (int)active;
     if (vocab > 0) cfg.vocab_size = (int)vocab;
-    ds_synth_opts o = {!bf16, (uint64_t)seed, (uint64_t)shard_gb << 30, 1};
+    ds_synth_opts o = {!bf16, (uint64_t)seed, (uint64_t)shard_gb << 30, 1, 0};
     if (ds_synth_write(&cfg, &o, out, &err)) {
         fprintf(stderr, "dsv4 synth: %s\n", err.msg);
         return 1;
