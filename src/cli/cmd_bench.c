@@ -157,7 +157,7 @@ int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long promp
     *seconds = 0;
     for (long long g = 0; ok && g < gen; g++) {
         for (int i = 0; i < B; i++)
-            its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
+            its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0, NULL, NULL};
         be->profile = prof; /* the decode steps only, not the prefill */
         double t1 = ds_now();
         ok = ds_forward_observed(m, be, its, B, obs, err) == 0;
@@ -343,7 +343,7 @@ int cmd_bench(int argc, char **argv) {
            bw, n_threads, bw_anon, bw_mapped);
     fflush(stdout);
     /* warm-up: one pass over the prompt */
-    ds_batch_item it = {seq, toks, (int)prompt, logits, 0};
+    ds_batch_item it = {seq, toks, (int)prompt, logits, 0, NULL, NULL};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
     ds_profile prof_prefill = {0};
@@ -376,7 +376,7 @@ int cmd_bench(int argc, char **argv) {
         t0 = ds_now();
         long long g0 = (long long)ch * CHUNK, g1 = g0 + CHUNK < gen ? g0 + CHUNK : gen;
         for (long long g = g0; g < g1; g++) {
-            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0, NULL, NULL};
             if (ds_forward(m, &be, &d, 1, &err)) {
                 free(bw_at), free(ratio);
                 goto fail;

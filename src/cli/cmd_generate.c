@@ -81,7 +81,7 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
-    ds_batch_item it = {seq, prompt, n_prompt, logits, 0};
+    ds_batch_item it = {seq, prompt, n_prompt, logits, 0, NULL, NULL};
     int n_hist = n_prompt;
     for (long long g = 0; g < n_gen; g++) {
         if (seq->pos + it.n_tokens >= m->cfg.max_pos) { /* the next token's position is beyond the model's */
