@@ -264,7 +264,7 @@ int ds_forward_follow(const ds_model *m, const ds_backend *be, const ds_batch_it
     return forward(m, be, items, n_items, want, NULL, err);
 }
 
-/* The MTP block's input streams (doc §3.8) into rs->X: every stream of token
+/* The MTP block's input streams (doc §3.7) into rs->X: every stream of token
  * t is e_proj(enorm(embed[tok])) + h_proj(hnorm(h_in[t][i])), the sum as
  * the hc_post op with post = 1 and comb = I (one rounding, y + X). */
 static int mtp_input(const ds_step *S, const ds_batch_item *items, const int *mine, int n_loc, ds_err *err) {

@@ -18,7 +18,7 @@ typedef struct ds_batch_item {
                               layer, before the hc head (what the MTP block reads); not under expert
                               parallelism */
     const float *h_in;     /* with m->mtp_model only, required: [n_tokens][hc_mult * dim] the main
-                              model's `hidden` of the tokens before these (doc §3.8) */
+                              model's `hidden` of the tokens before these (doc §3.7) */
 } ds_batch_item;
 
 /* Optional observer of a step's decisions and intermediates (for statistics

@@ -278,7 +278,7 @@ static void free_mtp(ds_mtp *t) {
     free(t);
 }
 
-/* The MTP block (doc §3.8): mtp.0.{enorm,hnorm,norm}.weight, e_proj, h_proj,
+/* The MTP block (doc §3.7): mtp.0.{enorm,hnorm,norm}.weight, e_proj, h_proj,
  * hc_head_{fn,base,scale} and one V4 layer named mtp.0.* (sliding window
  * only, routed by its gate). A block with any tensor missing is not loaded
  * (m->mtp stays NULL, m->mtp_off names the first missing tensor); a tensor

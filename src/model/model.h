@@ -50,7 +50,7 @@ typedef struct ds_layer {
     ds_weight sw1, sw2, sw3; /* shared expert */
 } ds_layer;
 
-/* The multi-token-prediction block (doc §3.8): the next token's embedding
+/* The multi-token-prediction block (doc §3.7): the next token's embedding
  * and the main model's last streams, each RMS-normed (enorm, hnorm) and
  * projected (e_proj, h_proj: [D, D]), summed into n streams, one V4 layer
  * (its own mHC sites), then its own hc head and final norm before the
@@ -83,7 +83,7 @@ typedef struct ds_model {
     /* the MTP block as a model of one layer (bound with m, none under expert
      * parallelism): its layer, hc head and final norm, m's embedding, head
      * and arena; NULL without a block. A ds_forward of it takes each item's
-     * h_in (the main model's last streams) with the next tokens (doc §3.8). */
+     * h_in (the main model's last streams) with the next tokens (doc §3.7). */
     struct ds_model *mtp_model;
     const struct ds_model *mtp_of; /* in mtp_model: the model it drafts for */
     const void **host_ptrs;   /* the loader's pointers, restored before freeing */
