@@ -66,16 +66,16 @@ static int32_t argmax(const float *x, int n) {
 
 /* Speculative decoding's buffers and the MTP block's sequence. */
 typedef struct spec {
-    const ds_model *mt;  /* m->mtp_model */
-    ds_seq *ms;          /* the block's sequence: position q holds (h_q, x_{q+1}) */
+    const ds_model *mt; /* m->mtp_model */
+    ds_seq *ms;         /* the block's sequence: position q holds (h_q, x_{q+1}) */
     ds_seq_snap snap, msnap;
-    float *vlog;         /* [k+1][V] the verify step's logits */
-    float *vhid;         /* [max(k+1, chunk)][nD] the model's streams of a step */
-    float *chid;         /* [k+1][nD] rows the block has yet to see */
-    int32_t *ctok;       /* [k+1] their next tokens */
+    float *vlog;   /* [k+1][V] the verify step's logits */
+    float *vhid;   /* [max(k+1, chunk)][nD] the model's streams of a step */
+    float *chid;   /* [k+1][nD] rows the block has yet to see */
+    int32_t *ctok; /* [k+1] their next tokens */
     int nc;
-    float *mlog, *mhid;  /* [V], [nD] the block's last row */
-    int32_t *vtok;       /* [k+1] */
+    float *mlog, *mhid; /* [V], [nD] the block's last row */
+    int32_t *vtok;      /* [k+1] */
 } spec;
 
 static void spec_free(const ds_backend *be, spec *x) {
