@@ -65,6 +65,41 @@ static void test_load_rules(void) {
     }
 }
 
+/* A block with a tensor of the wrong shape and dtype is an error naming it:
+ * the names of mtp.0.ffn_norm.weight [D] F32 and mtp.0.attn.wkv.weight
+ * [d, D] FP8 (the same length) swapped in a copy's safetensors header. */
+static void test_bad_block(void) {
+    char bad[64], cmd[256], file[128];
+    strcpy(bad, "/tmp/dsv4_mtp_XXXXXX");
+    if (!mkdtemp(bad)) return;
+    snprintf(cmd, sizeof cmd, "cp '%s'/* '%s'/", dir_mtp, bad);
+    CHECK(system(cmd) == 0, "copying the model");
+    snprintf(file, sizeof file, "%s/model-00001-of-00001.safetensors", bad);
+    FILE *f = fopen(file, "r+b");
+    CHECK(f != NULL, "open %s", file);
+    if (f) {
+        static char head[1 << 20];
+        size_t n = fread(head, 1, sizeof head - 1, f);
+        head[n] = 0;
+        const char *a = "\"mtp.0.ffn_norm.weight\"", *b = "\"mtp.0.attn.wkv.weight\"";
+        char *pa = memmem(head, n, a, strlen(a)), *pb = memmem(head, n, b, strlen(b));
+        CHECK(pa && pb && strlen(a) == strlen(b), "both names in the header");
+        if (pa && pb) {
+            memcpy(pa, b, strlen(b));
+            memcpy(pb, a, strlen(a));
+            CHECK(fseek(f, 0, SEEK_SET) == 0 && fwrite(head, 1, n, f) == n, "rewriting the header");
+        }
+        fclose(f);
+        ds_model *m = NULL;
+        ds_err err = {0};
+        int rc = ds_model_load(bad, &m, &err);
+        CHECK(rc != 0 && strstr(err.msg, "mtp.0.ffn_norm.weight"), "a bad block tensor is an error naming it: %s",
+              rc ? err.msg : "(loaded)");
+        ds_model_free(m);
+    }
+    rm_dir(bad);
+}
+
 static int32_t tokv(int i) { return (int32_t)((i * 37 + 11) % 1000 + 3); }
 
 /* A sequence that saw `junk` extra tokens after n, rewound, then fed the
@@ -216,6 +251,7 @@ int main(void) {
         return test_summary("test_mtp");
     }
     test_load_rules();
+    test_bad_block();
     ds_model *m = NULL;
     ds_backend be;
     ds_err err = {0};
