@@ -299,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     double t_bind = ds_now();
+    m->bind_mtp = ba.mtp > 0;
     int brc = cli_bind("bench", m, &bo, &be);
     if (brc) {
         ds_model_free(m);

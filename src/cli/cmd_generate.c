@@ -77,6 +77,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (ds_sampling_validate(&sp, &err)) goto fail;
     if (cli_load_model("generate", dir, &bo, &m)) goto out;
+    m->bind_mtp = ga.mtp > 0;
     int brc = cli_bind("generate", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);

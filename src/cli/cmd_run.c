@@ -169,6 +169,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
         goto out;
     }
+    m->bind_mtp = o.mtp > 0;
     int brc = cli_bind("run", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);

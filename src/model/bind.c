@@ -94,7 +94,7 @@ static void walk(ds_model *m, visit_fn fn, void *ctx) {
     floats(&m->inv_freq_main, (size_t)c->rope_dim / 2, fn, ctx);
     floats(&m->inv_freq_compress, (size_t)c->rope_dim / 2, fn, ctx);
     for (int li = 0; li < c->n_layers; li++) walk_layer(m, &m->layers[li], li, fn, ctx);
-    if (m->mtp && !m->ep) { /* the MTP block (not under expert parallelism) */
+    if (m->mtp && m->bind_mtp && !m->ep) { /* the MTP block (asked for; not under expert parallelism) */
         ds_mtp *t = m->mtp;
         floats(&t->enorm, D, fn, ctx);
         floats(&t->hnorm, D, fn, ctx);
@@ -226,7 +226,7 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
         ds_model_unbind(m);
         return ds_fail_prefix(err, "%s: uploading the weights to the %s backend", m->path, be->name);
     }
-    if (m->mtp && !m->ep) { /* the MTP block as a one-layer model (model.h) */
+    if (m->mtp && m->bind_mtp && !m->ep) { /* the MTP block as a one-layer model (model.h) */
         ds_model *t = malloc(sizeof *t);
         if (!t) {
             ds_model_unbind(m);

@@ -71,6 +71,8 @@ typedef struct ds_model {
     ds_hc_w hc_head;       /* fn [n, nD], base [n], scale [1] */
     ds_layer *layers;
     ds_mtp *mtp;              /* NULL: the checkpoint has no (complete) MTP block */
+    int bind_mtp;             /* set before ds_model_bind: 1 binds the block too (mtp_model), 0 (the
+                                 default) leaves its weights out of the backend's memory */
     char mtp_off[700];        /* why mtp is NULL */
     float *inv_freq_main;     /* [rope_dim/2], rope_theta */
     float *inv_freq_compress; /* [rope_dim/2], compress_rope_theta (+ YaRN) */
@@ -80,8 +82,8 @@ typedef struct ds_model {
      * backend's memory, and the model owns its step arena */
     const ds_backend *be;
     ds_runstate *rs;
-    /* the MTP block as a model of one layer (bound with m, none under expert
-     * parallelism): its layer, hc head and final norm, m's embedding, head
+    /* the MTP block as a model of one layer (bound with m when bind_mtp, none
+     * under expert parallelism): its layer, hc head and final norm, m's embedding, head
      * and arena; NULL without a block. A ds_forward of it takes each item's
      * h_in (the main model's last streams) with the next tokens (doc §3.7). */
     struct ds_model *mtp_model;
