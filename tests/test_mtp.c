@@ -172,8 +172,8 @@ static int on_token(void *ctx, int32_t token, int is_stop, const char *text, siz
     return 0;
 }
 
-static int gen(ds_model *m, const ds_backend *be, int mtp, int sample, const run_log *ref, int wrong, run_log *out,
-               ds_gen_result *res, float *next) {
+static int gen_cap(ds_model *m, const ds_backend *be, int mtp, int sample, const run_log *ref, int wrong,
+                   run_log *out, ds_gen_result *res, float *next, int64_t cap) {
     ds_err err = {0};
     int32_t prompt[30];
     for (int i = 0; i < 30; i++) prompt[i] = tokv(i);
@@ -191,17 +191,48 @@ static int gen(ds_model *m, const ds_backend *be, int mtp, int sample, const run
     out->wrong = wrong, out->count = 0;
     p.on_logits = on_logits, p.draft = ref ? draft : NULL, p.hook_ctx = out;
     ds_seq *s = NULL;
-    int rc = ds_seq_new(m, 128, &s, &err) || ds_generate(m, be, NULL, s, prompt, 30, 0, &p, on_token, out, res, &err);
+    int rc = ds_seq_new(m, cap, &s, &err) || ds_generate(m, be, NULL, s, prompt, 30, 0, &p, on_token, out, res, &err);
     CHECK(!rc, "generate --mtp %d: %s", mtp, err.msg);
     /* the state it ends in: one more token's logits */
     if (!rc) {
         CHECK(s->pos == 30 + out->n - 1, "--mtp %d: the sequence holds %lld tokens", mtp, (long long)s->pos);
-        ds_batch_item it = {s, &out->tok[out->n - 1], 1, next, 0, NULL, NULL};
-        rc = ds_forward(m, be, &it, 1, &err);
-        CHECK(!rc, "next step: %s", err.msg);
+        if (s->pos < s->max_len) {
+            ds_batch_item it = {s, &out->tok[out->n - 1], 1, next, 0, NULL, NULL};
+            rc = ds_forward(m, be, &it, 1, &err);
+            CHECK(!rc, "next step: %s", err.msg);
+        }
     }
     ds_seq_free(s);
     return rc;
+}
+
+static int gen(ds_model *m, const ds_backend *be, int mtp, int sample, const run_log *ref, int wrong, run_log *out,
+               ds_gen_result *res, float *next) {
+    return gen_cap(m, be, mtp, sample, ref, wrong, out, res, next, 128);
+}
+
+/* A sequence that fills up mid-step: drafts are cut to the room left, the
+ * same tokens come out and the sequence ends as full. */
+static void test_capacity(ds_model *m, const ds_backend *be) {
+    int V = m->cfg.vocab_size;
+    run_log base = {0}, r = {0};
+    base.V = r.V = V;
+    base.lg = malloc((size_t)64 * V * sizeof(float));
+    r.lg = malloc((size_t)64 * V * sizeof(float));
+    float *nx = malloc((size_t)V * sizeof *nx);
+    ds_gen_result res;
+    for (int64_t cap = 31; cap <= 37; cap += 3) {
+        if (gen_cap(m, be, 0, 1, NULL, 0, &base, &res, nx, cap)) continue;
+        CHECK(base.n == cap - 30 + 1, "capacity %lld: %d tokens", (long long)cap, base.n);
+        for (int k = 1; k <= DS_GEN_MTP_MAX; k++)
+            for (int w = 0; w < 2; w++) {
+                if (gen_cap(m, be, k, 1, &base, w ? 2 : 0, &r, &res, nx, cap)) continue;
+                CHECK(r.n == base.n && !memcmp(r.tok, base.tok, (size_t)r.n * sizeof *r.tok) &&
+                          !memcmp(r.lg, base.lg, (size_t)r.n * V * sizeof(float)),
+                      "capacity %lld, --mtp %d: the tokens or logits differ", (long long)cap, k);
+            }
+    }
+    free(base.lg), free(r.lg), free(nx);
 }
 
 static void test_generate(ds_model *m, const ds_backend *be) {
@@ -270,6 +301,7 @@ int main(void) {
         CHECK(m->mtp_model != NULL, "the bound model has the block");
         test_rewind(m, &be);
         test_generate(m, &be);
+        test_capacity(m, &be);
         test_unload(m, &be);
     }
     rm_dir(dir_mtp);
