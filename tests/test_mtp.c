@@ -172,8 +172,8 @@ static int on_token(void *ctx, int32_t token, int is_stop, const char *text, siz
     return 0;
 }
 
-static int gen_cap(ds_model *m, const ds_backend *be, int mtp, int sample, const run_log *ref, int wrong,
-                   run_log *out, ds_gen_result *res, float *next, int64_t cap) {
+static int gen_cap(ds_model *m, const ds_backend *be, int mtp, int sample, const run_log *ref, int wrong, run_log *out,
+                   ds_gen_result *res, float *next, int64_t cap) {
     ds_err err = {0};
     int32_t prompt[30];
     for (int i = 0; i < 30; i++) prompt[i] = tokv(i);
@@ -185,7 +185,8 @@ static int gen_cap(ds_model *m, const ds_backend *be, int mtp, int sample, const
     p.max_len = 128;
     p.mtp = mtp;
     if (sample)
-        p.sampling.temperature = 0.9, p.sampling.seed = 1234, p.sampling.top_k = 40, p.sampling.repetition_penalty = 1.1;
+        p.sampling.temperature = 0.9, p.sampling.seed = 1234, p.sampling.top_k = 40,
+        p.sampling.repetition_penalty = 1.1;
     out->n = 0;
     out->ref = ref ? ref->tok : NULL, out->ref_pos0 = 30, out->n_ref = ref ? ref->n : 0;
     out->wrong = wrong, out->count = 0;
@@ -261,14 +262,12 @@ static void test_generate(ds_model *m, const ds_backend *be) {
                       k, wrongs[w]);
                 CHECK(!memcmp(nr, nb, (size_t)V * sizeof *nr), "%s, --mtp %d, drafts %d: the final state differs",
                       sample ? "sampled" : "greedy", k, wrongs[w]);
-                CHECK(res.mtp_steps > 0 && res.mtp_accepted <= res.mtp_drafted, "--mtp %d: %d steps", k,
-                      res.mtp_steps);
+                CHECK(res.mtp_steps > 0 && res.mtp_accepted <= res.mtp_drafted, "--mtp %d: %d steps", k, res.mtp_steps);
                 if (wrongs[w] == 0) /* every draft right: k+1 tokens a step */
                     CHECK(res.mtp_accepted == res.mtp_drafted && res.mtp_steps <= (40 + k) / (k + 1),
-                          "--mtp %d, right drafts: %d of %d accepted in %d steps", k, res.mtp_accepted,
-                          res.mtp_drafted, res.mtp_steps);
-                if (wrongs[w] > 0)
-                    CHECK(res.mtp_accepted < res.mtp_drafted, "--mtp %d, wrong drafts rejected", k);
+                          "--mtp %d, right drafts: %d of %d accepted in %d steps", k, res.mtp_accepted, res.mtp_drafted,
+                          res.mtp_steps);
+                if (wrongs[w] > 0) CHECK(res.mtp_accepted < res.mtp_drafted, "--mtp %d, wrong drafts rejected", k);
                 printf("%s --mtp %d drafts %2d: %2d steps, %3d drafted, %3d accepted (%.2f tokens a step)\n",
                        sample ? "sampled" : "greedy ", k, wrongs[w], res.mtp_steps, res.mtp_drafted, res.mtp_accepted,
                        res.mtp_steps ? (double)(res.mtp_steps + res.mtp_accepted) / res.mtp_steps : 0.0);
