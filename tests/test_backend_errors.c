@@ -90,7 +90,7 @@ static int step(ds_model *m, const ds_backend *be, const int32_t *toks, int L, f
     if (ds_seq_new(m, L, &s, err)) return -1;
     int routes = 0;
     ds_observer obs = {on_route, NULL, &routes, NULL};
-    ds_batch_item it = {s, toks, L, out, 1};
+    ds_batch_item it = {s, toks, L, out, 1, NULL, NULL};
     int rc = ds_forward_observed(m, be, &it, 1, &obs, err);
     ds_seq_free(s);
     return rc;

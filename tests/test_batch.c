@@ -42,7 +42,7 @@ static void fixture(const char *name, int target_len) {
     float *scratch = malloc(sizeof(float) * 256 * (size_t)V);
     ds_seq *ts;
     ds_seq_new(m, target_len, &ts, &err);
-    ds_batch_item it = {ts, target, target_len, alone, 1};
+    ds_batch_item it = {ts, target, target_len, alone, 1, NULL, NULL};
     CHECK(ds_forward(m, &be, &it, 1, &err) == 0, "%s", err.msg);
 
     const int sizes[] = {2, 3, 8, 17};
@@ -69,14 +69,14 @@ static void fixture(const char *name, int target_len) {
                         int n = rnd(1, 40);
                         if (n > target_len - tfed) n = target_len - tfed;
                         tpos = k;
-                        items[k++] = (ds_batch_item){ts, target + tfed, n, got + (size_t)tfed * V, 1};
+                        items[k++] = (ds_batch_item){ts, target + tfed, n, got + (size_t)tfed * V, 1, NULL, NULL};
                         continue;
                     }
                     other *q = &o[j++];
                     if (step < q->join || q->fed >= q->len) continue; /* not joined yet / left */
                     int n = q->fed >= q->decode_from ? 1 : rnd(1, q->decode_from - q->fed);
                     if (n > q->len - q->fed) n = q->len - q->fed;
-                    items[k++] = (ds_batch_item){q->seq, q->toks + q->fed, n, rnd(0, 1) ? scratch : NULL, 1};
+                    items[k++] = (ds_batch_item){q->seq, q->toks + q->fed, n, rnd(0, 1) ? scratch : NULL, 1, NULL, NULL};
                     q->fed += n;
                 }
                 int rc = ds_forward(m, &be, items, k, &err);
@@ -104,7 +104,7 @@ static void fixture(const char *name, int target_len) {
         ds_seq *ss[3] = {NULL, NULL, ts};
         ds_seq_new(m, nl, &ss[0], &err);
         ds_seq_new(m, nb, &ss[1], &err);
-        ds_batch_item bi = {ss[1], bt, nb, bl, 1};
+        ds_batch_item bi = {ss[1], bt, nb, bl, 1, NULL, NULL};
         CHECK(ds_forward(m, &be, &bi, 1, &err) == 0, "%s", err.msg);
         ds_seq_reset(ss[1]);
         ds_seq_reset(ts);
@@ -168,7 +168,7 @@ static void route_hook(const char *name) {
     routes whole = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
     routes step = {0, cap, k, 0, malloc(sizeof(int) * (size_t)cap * (3 + k))};
     ds_observer obs = {on_route, NULL, &whole, NULL};
-    ds_batch_item it[2] = {{sa, ta, NA, NULL, 0}, {sb, tb, NB, NULL, 0}};
+    ds_batch_item it[2] = {{sa, ta, NA, NULL, 0, NULL, NULL}, {sb, tb, NB, NULL, 0, NULL, NULL}};
     CHECK(ds_forward_observed(m, &be, it, 2, &obs, &err) == 0, "%s", err.msg);
     CHECK(!whole.bad_k && whole.n == L * (NA + NB), "%s: %d route calls for %d layers x %d tokens", name, whole.n, L,
           NA + NB);
@@ -198,7 +198,7 @@ static void route_hook(const char *name) {
     obs.ctx = &step;
     int same = 1;
     for (int t = 0; t < NA; t++) {
-        ds_batch_item one[2] = {{sa, ta + t, 1, NULL, 0}, {sb, tb + t, 1, NULL, 0}};
+        ds_batch_item one[2] = {{sa, ta + t, 1, NULL, 0, NULL, NULL}, {sb, tb + t, 1, NULL, 0, NULL, NULL}};
         int n = t < NB ? 2 : 1;
         step.n = 0;
         CHECK(ds_forward_observed(m, &be, one, n, &obs, &err) == 0, "%s", err.msg);

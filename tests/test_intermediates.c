@@ -90,7 +90,7 @@ static void fixture(const char *name) {
         ds_seq *s;
         CHECK(ds_seq_new(m, L, &s, &err) == 0, "%s", err.msg);
         ds_observer obs = {NULL, on_tensor, &P, NULL};
-        ds_batch_item it = {s, (const int32_t *)(const void *)tt->data, L, logits, 1};
+        ds_batch_item it = {s, (const int32_t *)(const void *)tt->data, L, logits, 1, NULL, NULL};
         CHECK(ds_forward_observed(m, &be, &it, 1, &obs, &err) == 0, "%s", err.msg);
         CHECK(P.order_ok && P.next == 1 + P.n_layers * N_PER_LAYER + 3, "%s: %d intermediates, names or order differ",
               name, P.next);

@@ -265,7 +265,7 @@ static void fixture(const char *name) {
             float *lg = malloc(sizeof(float) * V);
             int32_t *hist = malloc(sizeof(int32_t) * (size_t)(P + N));
             memcpy(hist, p->data, sizeof(int32_t) * (size_t)P);
-            ds_batch_item it = {s, hist, P, lg, 0};
+            ds_batch_item it = {s, hist, P, lg, 0, NULL, NULL};
             int same = 1;
             double maxd = 0;
             for (int j = 0; j < N && same; j++) {

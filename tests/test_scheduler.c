@@ -78,7 +78,7 @@ static int masked_ref(const ds_model *m, const ds_backend *be, const int32_t *pr
     if (!lg || !hist || !scr || ds_seq_new(m, np + rp->max_new, &sq, err)) goto out;
     memcpy(hist, prompt, sizeof(int32_t) * (size_t)np);
     for (int fed = 0; o->n < rp->max_new;) {
-        ds_batch_item it = {sq, hist + fed, n_hist - fed, lg, 0};
+        ds_batch_item it = {sq, hist + fed, n_hist - fed, lg, 0, NULL, NULL};
         if (ds_forward(m, be, &it, 1, err)) goto out;
         fed = n_hist;
         ds_gen_mask_logits(lg, mask, n_mask);

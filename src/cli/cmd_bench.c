@@ -19,6 +19,7 @@
 #include "ep/ep.h"
 #include "cli/util.h"
 #include "common/io.h"
+#include "runtime/generate.h"
 #include "model/forward.h"
 #include "runtime/batch.h"
 
@@ -157,7 +158,7 @@ int bench_batch_decode(const ds_model *m, ds_backend *be, int B, long long promp
     *seconds = 0;
     for (long long g = 0; ok && g < gen; g++) {
         for (int i = 0; i < B; i++)
-            its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0};
+            its[i] = (ds_batch_item){ss[i], toks + (i * 13 + g) % (prompt + gen), 1, lg + (size_t)i * V, 0, NULL, NULL};
         be->profile = prof; /* the decode steps only, not the prefill */
         double t1 = ds_now();
         ok = ds_forward_observed(m, be, its, B, obs, err) == 0;
@@ -227,7 +228,7 @@ static void count_step(void *ctx) {
 }
 
 typedef struct {
-    long long prompt, gen;
+    long long prompt, gen, mtp;
     cli_ids batch;
     int kernels, batch_profile;
 } bench_args;
@@ -241,6 +242,9 @@ static const cli_opt bench_opts[] = {
     CLI_FLAG_OPT("--batch-profile", NULL, bench_args, batch_profile,
                  "run each --batch size once more with the backend's profile on (ops synchronized) and print where "
                  "a step's time goes"),
+    CLI_LONG_OPT("--mtp", NULL, bench_args, mtp, 0, DS_GEN_MTP_MAX, "K",
+                 "also generate N tokens greedily from the prompt without and with speculative decoding (the MTP "
+                 "block drafting K tokens a step): tokens/s of each and the acceptance (CPU)"),
     CLI_FLAG_OPT("--kernels", NULL, bench_args, kernels,
                  "each decode kernel against the plain read of the same memory (dsv4 bench --kernels --help)"),
     CLI_END,
@@ -265,7 +269,7 @@ int cmd_bench(int argc, char **argv) {
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"bench",
-                         "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--backend cpu|cuda]\n"
+                         "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--mtp K] [--backend cpu|cuda]\n"
                          "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]",
                          BENCH_ABOUT, NULL, groups, 6};
     int crc;
@@ -279,6 +283,10 @@ int cmd_bench(int argc, char **argv) {
     int32_t *batches = ba.batch.v; /* freed below */
     int n_batches = ba.batch.n;
     if (bo.name && strcmp(bo.name, "cpu")) {
+        if (ba.mtp) {
+            free(batches);
+            return cli_usage_error(&cmd, "--mtp: the CPU benchmark only");
+        }
         int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches, ba.batch_profile);
         free(batches);
         return drc;
@@ -291,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     double t_bind = ds_now();
+    m->bind_mtp = ba.mtp > 0;
     int brc = cli_bind("bench", m, &bo, &be);
     if (brc) {
         ds_model_free(m);
@@ -343,7 +352,8 @@ int cmd_bench(int argc, char **argv) {
            bw, n_threads, bw_anon, bw_mapped);
     fflush(stdout);
     /* warm-up: two steps' worth of the prompt (the arena and scratch at their sizes) */
-    ds_batch_item it = {seq, toks, (int)(prompt < 2 * DS_STEP_TOKENS ? prompt : 2 * DS_STEP_TOKENS), logits, 0};
+    ds_batch_item it = {seq, toks, (int)(prompt < 2 * DS_STEP_TOKENS ? prompt : 2 * DS_STEP_TOKENS), logits, 0,
+                        NULL, NULL};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
     it.n_tokens = (int)prompt;
@@ -377,7 +387,7 @@ int cmd_bench(int argc, char **argv) {
         t0 = ds_now();
         long long g0 = (long long)ch * CHUNK, g1 = g0 + CHUNK < gen ? g0 + CHUNK : gen;
         for (long long g = g0; g < g1; g++) {
-            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0, NULL, NULL};
             if (ds_forward(m, &be, &d, 1, &err)) {
                 free(bw_at), free(ratio);
                 goto fail;
@@ -405,6 +415,28 @@ int cmd_bench(int argc, char **argv) {
     free(bw_at);
     free(ratio);
     if (sink == -1) printf("\n"); /* keeps the reads */
+    if (ba.mtp && !m->mtp_model)
+        printf("mtp        --mtp %lld: no MTP block (%s)\n", ba.mtp, m->mtp ? "not under expert parallelism" : m->mtp_off);
+    if (ba.mtp && m->mtp_model) { /* the same tokens both ways (greedy; ds_generate's promise) */
+        const int32_t none = -1;
+        double tps[2] = {0, 0};
+        ds_gen_result res[2];
+        for (int w = 0; w < 2; w++) {
+            ds_gen_params gp;
+            ds_gen_params_init(&gp);
+            gp.max_new = (int)gen;
+            gp.stop_ids = &none, gp.n_stop = 1;
+            gp.mtp = w ? (int)ba.mtp : 0;
+            if (ds_generate(m, &be, NULL, NULL, toks, (int)prompt, 0, &gp, NULL, NULL, &res[w], &err)) goto fail;
+            tps[w] = res[w].gen_s > 0 ? res[w].n_gen / res[w].gen_s : 0;
+        }
+        const ds_gen_result *r = &res[1];
+        printf("mtp        greedy, %d tokens: --mtp 0 %.2f tokens/s; --mtp %lld %.2f tokens/s (x%.2f): %d steps, %d of "
+               "%d drafts accepted, acceptance length %.2f tokens a step\n",
+               res[0].n_gen, tps[0], ba.mtp, tps[1], tps[0] > 0 ? tps[1] / tps[0] : 0, r->mtp_steps, r->mtp_accepted,
+               r->mtp_drafted, r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 0);
+        fflush(stdout);
+    }
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};

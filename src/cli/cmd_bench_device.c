@@ -107,7 +107,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     fflush(stdout);
     /* warm-up: two steps' worth of the prompt (kernels loaded, the arena at its size) */
     long long warm = prompt < 2 * DS_STEP_TOKENS ? prompt : 2 * DS_STEP_TOKENS;
-    ds_batch_item it = {seq, toks, (int)warm, logits, 0};
+    ds_batch_item it = {seq, toks, (int)warm, logits, 0, NULL, NULL};
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     ds_seq_reset(seq);
     uint64_t free0 = be.avail ? be.avail(&be) : 0;
@@ -125,7 +125,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
                be.avail(&be) / 1e9, ((double)free0 - (double)be.avail(&be)) / 1e9);
     t0 = ds_now();
     for (long long g = 0; g < gen; g++) {
-        ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+        ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0, NULL, NULL};
         if (ds_forward(m, &be, &d, 1, &err)) goto fail;
     }
     double td = (ds_now() - t0) / (double)gen, bytes = (double)ds_model_decode_bytes(m);
@@ -142,7 +142,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         be.profile = &prof;
         double tw = ds_now();
         for (long long g = 0; g < gen; g++) {
-            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0};
+            ds_batch_item d = {seq, toks + prompt + g, 1, logits, 0, NULL, NULL};
             if (ds_forward(m, &be, &d, 1, &err)) {
                 be.profile = NULL;
                 goto fail;

@@ -101,6 +101,8 @@ static int run_trial(ctx *C, const request *reqs, int n_req, const request *nois
             items[k].n_tokens = take;
             items[k].logits = buf[i];
             items[k].all_logits = 1;
+            items[k].hidden = NULL;
+            items[k].h_in = NULL;
             order[k++] = i;
         }
         if (!k) break;

@@ -9,19 +9,36 @@
 #include "ep/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
 
 typedef struct {
     cli_ids tokens, stop;
-    long long n;
+    long long n, mtp;
 } generate_args;
 
 static const cli_opt generate_opts[] = {
     CLI_IDS_OPT("--tokens", NULL, generate_args, tokens, 0, INT32_MAX, "5,17,42", "the prompt's token ids; required"),
     CLI_LONG_OPT("-n", NULL, generate_args, n, 0, 1 << 24, "N", "tokens to generate (default 16)"),
     CLI_IDS_OPT("--stop", NULL, generate_args, stop, 0, INT32_MAX, "ID,...", "token ids that end the generation"),
+    CLI_LONG_OPT("--mtp", NULL, generate_args, mtp, 0, DS_GEN_MTP_MAX, "K",
+                 "speculative decoding: tokens the model's MTP block drafts a step (default 0: off; the same ids for "
+                 "any K; acceptance on standard error)"),
     CLI_END,
 };
+
+typedef struct {
+    int n;
+} gen_print;
+
+static int print_id(void *ctx, int32_t token, int is_stop, const char *text, size_t n) {
+    gen_print *g = ctx;
+    (void)is_stop, (void)text, (void)n;
+    if (token < 0) return 0;
+    printf("%s%d", g->n++ ? " " : "", token);
+    fflush(stdout);
+    return 0;
+}
 
 int cmd_generate(int argc, char **argv) {
     generate_args ga = {.n = 16};
@@ -39,7 +56,7 @@ int cmd_generate(int argc, char **argv) {
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"generate",
                          "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
-                         "[--threads N] [--stop ID,...] [--backend cpu|cuda] [--gpu N]",
+                         "[--threads N] [--stop ID,...] [--mtp K] [--backend cpu|cuda] [--gpu N]",
                          "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
@@ -60,6 +77,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (ds_sampling_validate(&sp, &err)) goto fail;
     if (cli_load_model("generate", dir, &bo, &m)) goto out;
+    m->bind_mtp = ga.mtp > 0;
     int brc = cli_bind("generate", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);
@@ -81,7 +99,32 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
-    ds_batch_item it = {seq, prompt, n_prompt, logits, 0};
+    if (ga.mtp > 0) { /* through ds_generate: the same ids (test_mtp) */
+        if (!m->mtp_model)
+            fprintf(stderr, "dsv4 generate: --mtp %lld: no MTP block (%s); running without speculation\n", ga.mtp,
+                    m->mtp ? "not under expert parallelism" : m->mtp_off);
+        const int32_t none = -1;
+        ds_gen_params gp;
+        ds_gen_params_init(&gp);
+        gp.sampling = sp;
+        gp.max_new = (int)n_gen;
+        gp.stop_ids = n_stop ? stop : &none;
+        gp.n_stop = n_stop ? n_stop : 1;
+        gp.mtp = (int)ga.mtp;
+        gen_print gpr = {0};
+        ds_gen_result res;
+        if (ds_generate(m, &be, NULL, seq, prompt, n_prompt, 0, &gp, print_id, &gpr, &res, &err)) goto fail;
+        printf("\n");
+        if (res.at_max_pos)
+            fprintf(stderr, "dsv4 generate: stopped at the model's max_position_embeddings (%lld tokens)\n",
+                    (long long)m->cfg.max_pos);
+        if (res.mtp_steps)
+            fprintf(stderr, "mtp: %d steps, %d of %d drafts accepted, %.2f tokens a step\n", res.mtp_steps,
+                    res.mtp_accepted, res.mtp_drafted, (double)(res.mtp_steps + res.mtp_accepted) / res.mtp_steps);
+        rc = 0;
+        goto out;
+    }
+    ds_batch_item it = {seq, prompt, n_prompt, logits, 0, NULL, NULL};
     int n_hist = n_prompt;
     for (long long g = 0; g < n_gen; g++) {
         if (seq->pos + it.n_tokens >= m->cfg.max_pos) { /* the next token's position is beyond the model's */

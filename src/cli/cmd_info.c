@@ -93,8 +93,12 @@ int cmd_info(int argc, char **argv) {
         total += t->nbytes;
         if (!strncmp(t->name, "mtp.", 4)) mtp++;
     }
-    printf("tensors    %d in %d file(s), %.3f GB; %d used by the model, %d MTP (ignored)\n", n,
+    printf("tensors    %d in %d file(s), %.3f GB; %d used by the model (the MTP block's included), %d MTP\n", n,
            ds_checkpoint_file_count(m->ck), (double)total / 1e9, m->n_tensors_used, mtp);
+    if (m->mtp)
+        printf("mtp        block loaded (one layer, sliding window): dsv4 run / generate / bench --mtp K\n");
+    else
+        printf("mtp        off: %s\n", m->mtp_off);
     for (int d = 0; d < DS_DTYPE_COUNT; d++)
         if (count[d])
             printf("  %-8s %8llu tensors %14.3f MB\n", ds_dtype_name((ds_dtype)d), (unsigned long long)count[d],

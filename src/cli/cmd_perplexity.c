@@ -139,7 +139,7 @@ static int run_batch(const ds_model *m, const ds_backend *be, const text_windows
         toks[b][0] = bos;
         memcpy(toks[b] + 1, w->ids + w->start[w0 + b], (size_t)(n - 1) * sizeof **toks);
         ds_seq_reset(seqs[b]);
-        items[b] = (ds_batch_item){seqs[b], toks[b], n, logits ? logits[b] : NULL, 1};
+        items[b] = (ds_batch_item){seqs[b], toks[b], n, logits ? logits[b] : NULL, 1, NULL, NULL};
     }
 #ifdef DS_HAVE_ROUTE_HOOK
     if (obs) return ds_forward_observed(m, be, items, nb, obs, err);

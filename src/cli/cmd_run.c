@@ -21,12 +21,19 @@
 
 /* Options of run and chat beyond the model, the sampling and --threads. */
 typedef struct {
-    long long chunk;
+    long long chunk, mtp;
 } gen_opts;
 
 static const cli_opt gen_chunk_opts[] = {
     CLI_LONG_OPT("--prefill-chunk", NULL, gen_opts, chunk, 1, 1 << 20, "N",
                  "prompt tokens per forward step (default 512; same results)"),
+    CLI_END,
+};
+
+static const cli_opt gen_mtp_opts[] = {
+    CLI_LONG_OPT("--mtp", NULL, gen_opts, mtp, 0, DS_GEN_MTP_MAX, "K",
+                 "speculative decoding: tokens the model's MTP block drafts a step (default 0: off; a model "
+                 "without the block runs without it)"),
     CLI_END,
 };
 
@@ -99,12 +106,13 @@ int cmd_run(int argc, char **argv) {
                                 {NULL, run_opts, &ra},
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
+                                {SPEED, gen_mtp_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
                                 {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
-                                "[--special] [sampling options]",
-                         RUN_ABOUT, NULL, groups, 7};
+                                "[--special] [--mtp K] [sampling options]",
+                         RUN_ABOUT, NULL, groups, 8};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *prompt = ra.prompt, *file = ra.file;
@@ -161,6 +169,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "dsv4 run: the prompt is empty and --raw leaves no BOS: nothing to continue\n");
         goto out;
     }
+    m->bind_mtp = o.mtp > 0;
     int brc = cli_bind("run", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);
@@ -172,6 +181,10 @@ int cmd_run(int argc, char **argv) {
     gp.max_new = (int)ra.n;
     gp.prefill_chunk = (int)o.chunk;
     gp.detok_flags = special ? 0 : DS_DECODE_SKIP_SPECIAL;
+    gp.mtp = (int)o.mtp;
+    if (gp.mtp && !m->mtp_model)
+        fprintf(stderr, "dsv4 run: --mtp %d: no MTP block (%s); running without speculation\n", gp.mtp,
+                m->mtp ? "not under expert parallelism" : m->mtp_off);
     run_out ro = {0, 1};
     ds_gen_result res;
     if (ds_generate(m, &be, tok, NULL, full, n_full, 0, &gp, run_cb, &ro, &res, &err)) goto fail;
@@ -188,6 +201,9 @@ int cmd_run(int argc, char **argv) {
             rate(res.n_prompt, res.prompt_s));
     fprintf(stderr, "generated: %d tokens%s, %.3f s, %.1f tokens/s\n", res.n_gen,
             res.stop_token >= 0 ? " (end of sentence)" : "", res.gen_s, rate(res.n_gen, res.gen_s));
+    if (res.mtp_steps)
+        fprintf(stderr, "mtp: %d steps, %d of %d drafts accepted, %.2f tokens a step\n", res.mtp_steps,
+                res.mtp_accepted, res.mtp_drafted, (double)(res.mtp_steps + res.mtp_accepted) / res.mtp_steps);
     rc = 0;
     goto out;
 fail:

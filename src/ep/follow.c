@@ -72,7 +72,7 @@ int ds_ep_follow(const ds_model *m, const ds_backend *be) {
                 const int64_t *f = msg.items + (size_t)DS_EP_ITEM_FIELDS * i;
                 ds_seq *s = seq_of(&t, f[0]);
                 s->pos = f[1]; /* the leader's resets and rewinds */
-                t.items[i] = (ds_batch_item){s, tok, (int)f[2], NULL, 0};
+                t.items[i] = (ds_batch_item){s, tok, (int)f[2], NULL, 0, NULL, NULL};
                 t.want[i] = (unsigned char)f[3];
                 tok += f[2];
             }

@@ -42,52 +42,67 @@ static void comp(ds_compressor_w *w, visit_fn fn, void *ctx) {
     floats(&w->norm, (size_t)w->d, fn, ctx);
 }
 
-static void walk(ds_model *m, visit_fn fn, void *ctx) {
+/* One layer's weights; li: its index (the MTP layer's: n_layers, which no
+ * placement holds: it is walked without expert parallelism only). */
+static void walk_layer(ds_model *m, ds_layer *ly, int li, visit_fn fn, void *ctx) {
     const ds_config *c = &m->cfg;
     size_t n = (size_t)c->hc_mult, D = (size_t)c->dim, E = (size_t)c->n_routed_experts;
+    floats(&ly->attn_norm, D, fn, ctx);
+    floats(&ly->ffn_norm, D, fn, ctx);
+    hc(&ly->hc_attn, (2 + n) * n, 3, fn, ctx);
+    hc(&ly->hc_ffn, (2 + n) * n, 3, fn, ctx);
+    weight(&ly->wq_a, fn, ctx);
+    weight(&ly->wq_b, fn, ctx);
+    weight(&ly->wkv, fn, ctx);
+    weight(&ly->wo_a, fn, ctx);
+    weight(&ly->wo_b, fn, ctx);
+    floats(&ly->q_norm, (size_t)c->q_lora_rank, fn, ctx);
+    floats(&ly->kv_norm, (size_t)c->head_dim, fn, ctx);
+    floats(&ly->attn_sink, (size_t)c->n_heads, fn, ctx);
+    if (ly->ratio) comp(&ly->comp, fn, ctx);
+    if (ly->is_csa) {
+        weight(&ly->idx.wq_b, fn, ctx);
+        weight(&ly->idx.weights_proj, fn, ctx);
+        comp(&ly->idx.comp, fn, ctx);
+    }
+    weight(&ly->gate, fn, ctx);
+    if (ly->is_hash)
+        fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t),
+           DS_MAP_BYTES, NULL);
+    else
+        floats(&ly->gate_bias, E, fn, ctx);
+    for (size_t e = 0; e < E; e++) {
+        if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), ds_ep_rank(m->ep), li, (int)e)) continue;
+        weight(&ly->w1[e], fn, ctx);
+        weight(&ly->w2[e], fn, ctx);
+        weight(&ly->w3[e], fn, ctx);
+    }
+    if (c->n_shared_experts > 0) {
+        weight(&ly->sw1, fn, ctx);
+        weight(&ly->sw2, fn, ctx);
+        weight(&ly->sw3, fn, ctx);
+    }
+}
+
+static void walk(ds_model *m, visit_fn fn, void *ctx) {
+    const ds_config *c = &m->cfg;
+    size_t n = (size_t)c->hc_mult, D = (size_t)c->dim;
     weight(&m->embed, fn, ctx);
     weight(&m->head, fn, ctx);
     floats(&m->norm, D, fn, ctx);
     hc(&m->hc_head, n, 1, fn, ctx);
     floats(&m->inv_freq_main, (size_t)c->rope_dim / 2, fn, ctx);
     floats(&m->inv_freq_compress, (size_t)c->rope_dim / 2, fn, ctx);
-    for (int li = 0; li < c->n_layers; li++) {
-        ds_layer *ly = &m->layers[li];
-        floats(&ly->attn_norm, D, fn, ctx);
-        floats(&ly->ffn_norm, D, fn, ctx);
-        hc(&ly->hc_attn, (2 + n) * n, 3, fn, ctx);
-        hc(&ly->hc_ffn, (2 + n) * n, 3, fn, ctx);
-        weight(&ly->wq_a, fn, ctx);
-        weight(&ly->wq_b, fn, ctx);
-        weight(&ly->wkv, fn, ctx);
-        weight(&ly->wo_a, fn, ctx);
-        weight(&ly->wo_b, fn, ctx);
-        floats(&ly->q_norm, (size_t)c->q_lora_rank, fn, ctx);
-        floats(&ly->kv_norm, (size_t)c->head_dim, fn, ctx);
-        floats(&ly->attn_sink, (size_t)c->n_heads, fn, ctx);
-        if (ly->ratio) comp(&ly->comp, fn, ctx);
-        if (ly->is_csa) {
-            weight(&ly->idx.wq_b, fn, ctx);
-            weight(&ly->idx.weights_proj, fn, ctx);
-            comp(&ly->idx.comp, fn, ctx);
-        }
-        weight(&ly->gate, fn, ctx);
-        if (ly->is_hash)
-            fn(ctx, (const void **)&ly->tid2eid, (size_t)c->vocab_size * (size_t)c->n_active_experts * sizeof(int32_t),
-               DS_MAP_BYTES, NULL);
-        else
-            floats(&ly->gate_bias, E, fn, ctx);
-        for (size_t e = 0; e < E; e++) {
-            if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), ds_ep_rank(m->ep), li, (int)e)) continue;
-            weight(&ly->w1[e], fn, ctx);
-            weight(&ly->w2[e], fn, ctx);
-            weight(&ly->w3[e], fn, ctx);
-        }
-        if (c->n_shared_experts > 0) {
-            weight(&ly->sw1, fn, ctx);
-            weight(&ly->sw2, fn, ctx);
-            weight(&ly->sw3, fn, ctx);
-        }
+    for (int li = 0; li < c->n_layers; li++) walk_layer(m, &m->layers[li], li, fn, ctx);
+    if (m->mtp && m->bind_mtp && !m->ep) { /* the MTP block (asked for; not under expert parallelism) */
+        ds_mtp *t = m->mtp;
+        floats(&t->enorm, D, fn, ctx);
+        floats(&t->hnorm, D, fn, ctx);
+        floats(&t->norm, D, fn, ctx);
+        weight(&t->e_proj, fn, ctx);
+        weight(&t->h_proj, fn, ctx);
+        hc(&t->hc_head, n, 1, fn, ctx);
+        walk_layer(m, &t->layer, c->n_layers, fn, ctx);
     }
 }
 
@@ -129,6 +144,8 @@ static void unmap(void *ctx, const void **ptr, size_t bytes, ds_map_what what, d
 
 void ds_model_unbind(ds_model *m) {
     if (!m->be) return;
+    free(m->mtp_model);
+    m->mtp_model = NULL;
     if (m->rs) {
         ds_runstate_free(m->rs);
         free(m->rs);
@@ -208,6 +225,25 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
     if (B.rc) {
         ds_model_unbind(m);
         return ds_fail_prefix(err, "%s: uploading the weights to the %s backend", m->path, be->name);
+    }
+    if (m->mtp && m->bind_mtp && !m->ep) { /* the MTP block as a one-layer model (model.h) */
+        ds_model *t = malloc(sizeof *t);
+        if (!t) {
+            ds_model_unbind(m);
+            return ds_fail(err, "out of memory");
+        }
+        *t = *m;
+        t->cfg.n_layers = 1;
+        t->cfg.n_hash_layers = 0;
+        t->cfg.compress_ratio[0] = 0;
+        t->layers = &m->mtp->layer;
+        t->norm = m->mtp->norm;
+        t->hc_head = m->mtp->hc_head;
+        t->mtp = NULL;
+        t->mtp_model = NULL;
+        t->mtp_of = m;
+        t->host_ptrs = NULL, t->n_host_ptrs = 0;
+        m->mtp_model = t;
     }
     return 0;
 }

@@ -25,6 +25,12 @@ static int check_items(const ds_model *m, const ds_batch_item *items, int n, ds_
         if (it->seq->pos + it->n_tokens > it->seq->max_len)
             return ds_fail(err, "sequence %d: %lld + %d tokens exceed its capacity of %lld tokens (raise --ctx)", i,
                            (long long)it->seq->pos, it->n_tokens, (long long)it->seq->max_len);
+        if (!it->h_in != !m->mtp_of)
+            return ds_fail(err, "sequence %d: %s", i,
+                           m->mtp_of ? "the MTP block needs the main model's streams (h_in)"
+                                     : "h_in is for the MTP block only");
+        if ((it->hidden || it->h_in) && m->ep)
+            return ds_fail(err, "sequence %d: the streams (hidden, h_in) are not available under expert parallelism", i);
         for (int j = 0; j < it->n_tokens; j++)
             if (it->tokens[j] < 0 || it->tokens[j] >= m->cfg.vocab_size)
                 return ds_fail(err, "sequence %d: token %d at position %lld is out of range [0, %d)", i,
@@ -225,7 +231,14 @@ static int split_steps(const ds_model *m, const ds_backend *be, const ds_batch_i
                         : it->all_logits            ? it->logits + (size_t)done[i] * (size_t)V
                         : last                      ? it->logits
                                                     : NULL;
-            piece[n] = (ds_batch_item){it->seq, it->tokens + done[i], take, lg, it->all_logits};
+            size_t nD = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim;
+            piece[n] = (ds_batch_item){it->seq,
+                                       it->tokens + done[i],
+                                       take,
+                                       lg,
+                                       it->all_logits,
+                                       it->hidden ? it->hidden + (size_t)done[i] * nD : NULL,
+                                       it->h_in ? it->h_in + (size_t)done[i] * nD : NULL};
             item[n] = i, item[n_items + n] = done[i];
             n++, room -= take, done[i] += take;
             left |= !last;
@@ -252,6 +265,50 @@ int ds_forward_follow(const ds_model *m, const ds_backend *be, const ds_batch_it
                       const unsigned char *want, ds_err *err) {
     if (check_items(m, items, n_items, err)) return -1;
     return forward(m, be, items, n_items, want, NULL, err);
+}
+
+/* The MTP block's input streams (doc §3.7) into rs->X: every stream of token
+ * t is e_proj(enorm(embed[tok])) + h_proj(hnorm(h_in[t][i])), the sum as
+ * the hc_post op with post = 1 and comb = I (one rounding, y + X). */
+static int mtp_input(const ds_step *S, const ds_batch_item *items, const int *mine, int n_loc, ds_err *err) {
+    const ds_model *m = S->m, *o = m->mtp_of;
+    const ds_mtp *t = o->mtp;
+    const ds_config *c = &m->cfg;
+    const ds_backend *be = S->be;
+    ds_runstate *rs = S->rs;
+    int T = S->T, n = c->hc_mult, D = c->dim;
+    size_t nD = (size_t)n * (size_t)D;
+    int *rows = malloc((size_t)T * sizeof *rows);
+    float *one = malloc((size_t)T * (size_t)n * (1 + (size_t)n) * sizeof *one);
+    if (!rows || !one) {
+        free(rows), free(one);
+        return ds_fail(err, "out of memory for the MTP block's input");
+    }
+    float *eye = one + (size_t)T * n;
+    for (int r = 0; r < T; r++) {
+        rows[r] = r * n;
+        for (int i = 0; i < n; i++) {
+            one[(size_t)r * n + i] = 1.0f;
+            for (int j = 0; j < n; j++) eye[((size_t)r * n + i) * n + j] = i == j ? 1.0f : 0.0f;
+        }
+    }
+    ds_embed_params ep = {&m->embed, n, rs->X};
+    ds_gather_params g = {rs->X, rows, T, D, rs->x_in};
+    ds_rmsnorm_params en = {rs->x_in, t->enorm, rs->xn, T, D, c->rms_eps, NULL, 0};
+    ds_rmsnorm_params hn = {rs->X2, t->hnorm, rs->X, T * n, D, c->rms_eps, NULL, 0};
+    ds_hc_post_params add = {n, D, T, rs->X2, rs->y, rs->post, rs->comb, rs->X};
+    int rc = be->embed(be, &ep, err) || be->gather(be, &g, err) || be->rmsnorm(be, &en, 1, err) ||
+             ds_matmul(be, &t->e_proj, rs->xn, T, rs->y, err);
+    for (int s = 0, r = 0; !rc && s < n_loc; s++) {
+        const ds_batch_item *it = &items[mine[s]];
+        rc = be->upload(be, rs->X2 + (size_t)r * nD, it->h_in, (size_t)it->n_tokens * nD * sizeof(float), err);
+        r += it->n_tokens;
+    }
+    rc = rc || be->rmsnorm(be, &hn, 1, err) || ds_matmul(be, &t->h_proj, rs->X, T * n, rs->X2, err) ||
+         be->upload(be, rs->post, one, (size_t)T * n * sizeof(float), err) ||
+         be->upload(be, rs->comb, eye, (size_t)T * n * n * sizeof(float), err) || be->hc_post(be, &add, err);
+    free(rows), free(one);
+    return rc ? ds_fail_prefix(err, "MTP block input") : 0;
 }
 
 /* The step on this rank: every item, or with data-parallel attention the
@@ -303,11 +360,19 @@ static int forward(const ds_model *m, const ds_backend *be, const ds_batch_item 
                          rs->tok_seq, rs->seq_row0, rs->seq_n,   rs->seq_pos0, rs->seq_mem};
     ds_step S = {m, be, obs, rs, T, n_loc, dp ? &D : NULL};
     ds_embed_params ep = {&m->embed, c->hc_mult, rs->X};
-    if (T > 0 && (be->begin_step(be, &desc, err) || be->embed(be, &ep, err) ||
+    if (T > 0 && (be->begin_step(be, &desc, err) ||
+                  (m->mtp_of ? mtp_input(&S, items, mine, n_loc, err) : be->embed(be, &ep, err)) ||
                   ds_step_dump(&S, "embed", -1, rs->X, T, c->hc_mult * c->dim, err)))
         return -1;
     for (int li = 0; li < c->n_layers; li++)
         if (layer(&S, li, err)) return -1;
+    size_t nD = (size_t)c->hc_mult * (size_t)c->dim;
+    for (int s = 0; !dp && s < n_loc; s++) { /* the streams before the head */
+        const ds_batch_item *it = &items[mine[s]];
+        if (it->hidden && be->download(be, it->hidden, rs->X + (size_t)rs->seq_row0[s] * nD,
+                                       (size_t)it->n_tokens * nD * sizeof(float), err))
+            return -1;
+    }
     if (!dp) {
         if (R && (head_norm(&S, items, want, mine, n_loc, R, rs->xn, err) ||
                   head_out(&S, items, mine, n_loc, rs->xn, R, err)))

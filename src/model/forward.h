@@ -14,6 +14,11 @@ typedef struct ds_batch_item {
     int n_tokens;
     float *logits;         /* NULL, or [rows][vocab] */
     int all_logits;        /* 1: one row per token; 0: one row, the last token */
+    float *hidden;         /* NULL, or [n_tokens][hc_mult * dim]: every token's streams after the last
+                              layer, before the hc head (what the MTP block reads); not under expert
+                              parallelism */
+    const float *h_in;     /* with m->mtp_model only, required: [n_tokens][hc_mult * dim] the main
+                              model's `hidden` of the tokens before these (doc §3.7) */
 } ds_batch_item;
 
 /* Optional observer of a step's decisions and intermediates (for statistics

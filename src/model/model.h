@@ -50,6 +50,18 @@ typedef struct ds_layer {
     ds_weight sw1, sw2, sw3; /* shared expert */
 } ds_layer;
 
+/* The multi-token-prediction block (doc §3.7): the next token's embedding
+ * and the main model's last streams, each RMS-normed (enorm, hnorm) and
+ * projected (e_proj, h_proj: [D, D]), summed into n streams, one V4 layer
+ * (its own mHC sites), then its own hc head and final norm before the
+ * model's head. */
+typedef struct ds_mtp {
+    float *enorm, *hnorm, *norm; /* [D] */
+    ds_weight e_proj, h_proj;    /* [D, D] */
+    ds_hc_w hc_head;             /* fn [n, nD], base [n], scale [1] */
+    ds_layer layer;              /* tensors mtp.0.*, config entry n_layers */
+} ds_mtp;
+
 typedef struct ds_model {
     ds_config cfg;
     ds_checkpoint *ck;
@@ -58,6 +70,10 @@ typedef struct ds_model {
     float *norm;           /* [D] */
     ds_hc_w hc_head;       /* fn [n, nD], base [n], scale [1] */
     ds_layer *layers;
+    ds_mtp *mtp;              /* NULL: the checkpoint has no (complete) MTP block */
+    int bind_mtp;             /* set before ds_model_bind: 1 binds the block too (mtp_model), 0 (the
+                                 default) leaves its weights out of the backend's memory */
+    char mtp_off[700];        /* why mtp is NULL */
     float *inv_freq_main;     /* [rope_dim/2], rope_theta */
     float *inv_freq_compress; /* [rope_dim/2], compress_rope_theta (+ YaRN) */
     uint64_t weight_bytes;    /* every tensor the model reads */
@@ -66,6 +82,12 @@ typedef struct ds_model {
      * backend's memory, and the model owns its step arena */
     const ds_backend *be;
     ds_runstate *rs;
+    /* the MTP block as a model of one layer (bound with m when bind_mtp, none
+     * under expert parallelism): its layer, hc head and final norm, m's embedding, head
+     * and arena; NULL without a block. A ds_forward of it takes each item's
+     * h_in (the main model's last streams) with the next tokens (doc §3.7). */
+    struct ds_model *mtp_model;
+    const struct ds_model *mtp_of; /* in mtp_model: the model it drafts for */
     const void **host_ptrs;   /* the loader's pointers, restored before freeing */
     int n_host_ptrs;
     /* expert parallelism (ep/ep.h), set before ds_model_bind; NULL: one
@@ -81,8 +103,10 @@ typedef struct ds_model {
 
 /* Opens DIR (config.json + safetensors), validates every tensor the model
  * needs (missing, dtype, shape, scale grid) with the tensor's name in the
- * error. MTP tensors (mtp.*) are ignored; any other tensor the model does not
- * read is an error naming it (a config that does not match the checkpoint). */
+ * error. The MTP block (mtp.0.*) is loaded when all its tensors are there
+ * (m->mtp), else left out (m->mtp_off says why; other mtp.* tensors are
+ * ignored); any other tensor the model does not read is an error naming it
+ * (a config that does not match the checkpoint). */
 int ds_model_load(const char *dir, ds_model **out, ds_err *err);
 void ds_model_free(ds_model *m);
 /* How the weights reach memory. MMAP: used in place in the mapped files

@@ -119,3 +119,72 @@ int64_t ds_seq_fit(const ds_model *m, uint64_t bytes, int n) {
     }
     return lo;
 }
+
+/* The in-place parts of s's state, in a fixed order: visit(ptr, floats). */
+static void in_place(const ds_model *m, const ds_seq *s, void (*visit)(void *ctx, float *p, size_t n), void *ctx) {
+    const ds_config *c = &m->cfg;
+    for (int li = 0; li < s->n_layers; li++) {
+        const ds_layer *ly = &m->layers[li];
+        ds_layer_mem *lm = &s->layers[li];
+        visit(ctx, lm->ring, (size_t)c->window * (size_t)c->head_dim);
+        for (int which = 0; which < 2; which++) {
+            const ds_compressor_w *w = which ? &ly->idx.comp : &ly->comp;
+            ds_comp_mem *cm = which ? &lm->icomp : &lm->comp;
+            if (which ? !ly->is_csa : !ly->ratio) continue;
+            size_t R = (size_t)w->ratio, d = (size_t)w->d, cd = (w->overlap ? 2 : 1) * d;
+            visit(ctx, cm->pend_kv, R * cd);
+            visit(ctx, cm->pend_gate, R * cd);
+            if (w->overlap) {
+                visit(ctx, cm->prev_kv, R * d);
+                visit(ctx, cm->prev_gate, R * d);
+            }
+        }
+    }
+}
+
+typedef struct {
+    const ds_backend *be;
+    float *snap;
+    size_t off;
+    int dir, rc; /* dir 0: count; 1: state -> snap; 2: snap -> state */
+    ds_err *err;
+} snap_walk;
+
+static void snap_visit(void *ctx, float *p, size_t n) {
+    snap_walk *w = ctx;
+    if (w->rc) return;
+    if (w->dir == 1) w->rc = w->be->copy(w->be, w->snap + w->off, p, n * sizeof(float), w->err);
+    if (w->dir == 2) w->rc = w->be->copy(w->be, p, w->snap + w->off, n * sizeof(float), w->err);
+    w->off += n;
+}
+
+int ds_seq_snapshot(const ds_model *m, const ds_seq *s, ds_seq_snap *snap, ds_err *err) {
+    if (s->ep || !s->mem) return ds_fail(err, "a snapshot of a sequence under expert parallelism");
+    if (s->n_layers != m->cfg.n_layers) return ds_fail(err, "a snapshot with another model's layers");
+    snap_walk w = {s->be, NULL, 0, 0, 0, err};
+    in_place(m, s, snap_visit, &w);
+    if (!snap->mem || snap->bytes != w.off * sizeof(float)) {
+        ds_seq_snap_free(s, snap);
+        snap->mem = s->be->alloc(s->be, w.off * sizeof(float), err);
+        if (!snap->mem) return ds_fail_prefix(err, "a snapshot of a sequence's state");
+        snap->bytes = w.off * sizeof(float);
+    }
+    w.snap = snap->mem, w.off = 0, w.dir = 1;
+    in_place(m, s, snap_visit, &w);
+    snap->pos = s->pos;
+    return w.rc;
+}
+
+int ds_seq_rewind(const ds_model *m, ds_seq *s, const ds_seq_snap *snap, ds_err *err) {
+    if (!snap->mem) return ds_fail(err, "rewinding a sequence without a snapshot");
+    snap_walk w = {s->be, snap->mem, 0, 2, 0, err};
+    in_place(m, s, snap_visit, &w);
+    if (!w.rc) s->pos = snap->pos;
+    return w.rc;
+}
+
+void ds_seq_snap_free(const ds_seq *s, ds_seq_snap *snap) {
+    if (snap->mem) s->be->free(s->be, snap->mem);
+    snap->mem = NULL;
+    snap->bytes = 0;
+}

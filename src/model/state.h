@@ -39,4 +39,23 @@ uint64_t ds_seq_bytes(const ds_model *m, int64_t max_len);
  * sequences' state fits in `bytes`; 0 if not even one token's does. */
 int64_t ds_seq_fit(const ds_model *m, uint64_t bytes, int n);
 
+/* What a step overwrites in place of a sequence's state: per layer the
+ * window ring and the compressors' unfinished window and overlap rows
+ * (O(window + ratio) rows a layer; the compressed entries are appended at
+ * indices derived from the position, so they need no copy). Restoring it and
+ * the position gives the state as it was at the snapshot, bit for bit,
+ * whatever steps ran in between (ds_seq_rewind). */
+typedef struct ds_seq_snap {
+    void *mem;     /* backend memory */
+    size_t bytes;
+    int64_t pos;
+} ds_seq_snap;
+/* m: the model s was created for (a model's mtp_model for the MTP block's
+ * sequences). Not under expert parallelism. */
+int ds_seq_snapshot(const ds_model *m, const ds_seq *s, ds_seq_snap *snap, ds_err *err);
+/* Puts the snapshot back and sets s->pos = snap->pos: the tokens fed since
+ * are forgotten (feed the ones to keep again: chunking does not change bits). */
+int ds_seq_rewind(const ds_model *m, ds_seq *s, const ds_seq_snap *snap, ds_err *err);
+void ds_seq_snap_free(const ds_seq *s, ds_seq_snap *snap);
+
 #endif

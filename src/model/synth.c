@@ -93,10 +93,10 @@ static int expert_w(synth *S, int rows, int cols, const char *prefix) {
            add(S, F_SCALE, sc, 0, DS_F8_E8M0, 2, rows, cols / 32, "%s.scale", prefix);
 }
 
-static int compressor(synth *S, int li, const char *sub, int ratio, int d, int c) {
+static int compressor(synth *S, const char *pfx, const char *sub, int ratio, int d, int c) {
     const ds_config *g = S->cfg;
     char p[128];
-    snprintf(p, sizeof p, "layers.%d.attn.%s", li, sub);
+    snprintf(p, sizeof p, "%s.attn.%s", pfx, sub);
     char q[160];
     snprintf(q, sizeof q, "%s.wkv", p);
     if (linear(S, 0, c * d, g->dim, q)) return -1;
@@ -106,78 +106,99 @@ static int compressor(synth *S, int li, const char *sub, int ratio, int d, int c
            add(S, F_F32, 1, 0.1f, DS_F32, 1, d, 0, "%s.norm.weight", p);
 }
 
-static int enumerate(synth *S) {
+/* One V4 layer named "<pfx>.*" with compress ratio `ratio`; li: its index
+ * (the hash layers come first; the MTP block's layer: n_layers). */
+static int layer_tensors(synth *S, const char *pfx, int li, int ratio) {
     const ds_config *c = S->cfg;
     int D = c->dim, n = c->hc_mult, hcr = (2 + n) * n, H = c->n_heads, d = c->head_dim;
     float hstd = 1.0f / sqrtf((float)(n * D));
+    char p[160];
+    if (add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "%s.attn_norm.weight", pfx) ||
+        add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "%s.ffn_norm.weight", pfx))
+        return -1;
+    const char *site[2] = {"attn", "ffn"};
+    for (int s = 0; s < 2; s++)
+        if (add(S, F_F32, 0, hstd * 1.7f, DS_F32, 2, hcr, (int64_t)n * D, "%s.hc_%s_fn", pfx, site[s]) ||
+            add(S, F_F32, 0, 0.5f, DS_F32, 1, hcr, 0, "%s.hc_%s_base", pfx, site[s]) ||
+            add(S, F_F32, 1, 0.5f, DS_F32, 1, 3, 0, "%s.hc_%s_scale", pfx, site[s]))
+            return -1;
+    snprintf(p, sizeof p, "%s.attn.wq_a", pfx);
+    if (linear(S, 1, c->q_lora_rank, D, p)) return -1;
+    if (add(S, F_F32, 1, 0.1f, DS_F32, 1, c->q_lora_rank, 0, "%s.attn.q_norm.weight", pfx)) return -1;
+    snprintf(p, sizeof p, "%s.attn.wq_b", pfx);
+    if (linear(S, 1, H * d, c->q_lora_rank, p)) return -1;
+    snprintf(p, sizeof p, "%s.attn.wkv", pfx);
+    if (linear(S, 1, d, D, p)) return -1;
+    if (add(S, F_F32, 1, 0.1f, DS_F32, 1, d, 0, "%s.attn.kv_norm.weight", pfx)) return -1;
+    snprintf(p, sizeof p, "%s.attn.wo_a", pfx);
+    if (linear(S, 1, c->o_groups * c->o_lora_rank, H * d / c->o_groups, p)) return -1;
+    snprintf(p, sizeof p, "%s.attn.wo_b", pfx);
+    if (linear(S, 1, D, c->o_groups * c->o_lora_rank, p)) return -1;
+    if (add(S, F_F32, 0, 1.0f, DS_F32, 1, H, 0, "%s.attn.attn_sink", pfx)) return -1;
+    if (ratio) {
+        int csa = ratio == 4;
+        if (compressor(S, pfx, "compressor", ratio, d, csa ? 2 : 1)) return -1;
+        if (csa) {
+            snprintf(p, sizeof p, "%s.attn.indexer.wq_b", pfx);
+            if (linear(S, 1, c->index_n_heads * c->index_head_dim, c->q_lora_rank, p)) return -1;
+            snprintf(p, sizeof p, "%s.attn.indexer.weights_proj", pfx);
+            if (linear(S, 0, c->index_n_heads, D, p)) return -1;
+            if (compressor(S, pfx, "indexer.compressor", ratio, c->index_head_dim, 2)) return -1;
+        }
+    }
+    snprintf(p, sizeof p, "%s.ffn.gate", pfx);
+    if (linear(S, 0, c->n_routed_experts, D, p)) return -1;
+    if (li < c->n_hash_layers) {
+        if (add(S, F_TID2EID, 0, 0, DS_I64, 2, c->vocab_size, c->n_active_experts, "%s.ffn.gate.tid2eid", pfx))
+            return -1;
+    } else if (add(S, F_F32, 0, 0.1f, DS_F32, 1, c->n_routed_experts, 0, "%s.ffn.gate.bias", pfx)) {
+        return -1;
+    }
+    int I = c->moe_inter_dim;
+    for (int e = 0; e < c->n_routed_experts; e++) {
+        const int wr[3] = {I, D, I}, wc[3] = {D, I, D};
+        for (int w = 0; w < 3; w++) {
+            snprintf(p, sizeof p, "%s.ffn.experts.%d.w%d", pfx, e, w + 1);
+            if (expert_w(S, wr[w], wc[w], p)) return -1;
+        }
+    }
+    int IS = I * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+    if (c->n_shared_experts > 0) {
+        const int wr[3] = {IS, D, IS}, wc[3] = {D, IS, D};
+        for (int w = 0; w < 3; w++) {
+            snprintf(p, sizeof p, "%s.ffn.shared_experts.w%d", pfx, w + 1);
+            if (linear(S, 1, wr[w], wc[w], p)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int enumerate(synth *S) {
+    const ds_config *c = S->cfg;
+    int D = c->dim, n = c->hc_mult;
+    float hstd = 1.0f / sqrtf((float)(n * D));
     if (add(S, F_BF16, 0, 1.7f, DS_BF16, 2, c->vocab_size, D, "embed.weight")) return -1;
     for (int li = 0; li < c->n_layers; li++) {
-        char p[160];
-        int ratio = c->compress_ratio[li];
-        if (add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "layers.%d.attn_norm.weight", li) ||
-            add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "layers.%d.ffn_norm.weight", li))
-            return -1;
-        const char *site[2] = {"attn", "ffn"};
-        for (int s = 0; s < 2; s++)
-            if (add(S, F_F32, 0, hstd * 1.7f, DS_F32, 2, hcr, (int64_t)n * D, "layers.%d.hc_%s_fn", li, site[s]) ||
-                add(S, F_F32, 0, 0.5f, DS_F32, 1, hcr, 0, "layers.%d.hc_%s_base", li, site[s]) ||
-                add(S, F_F32, 1, 0.5f, DS_F32, 1, 3, 0, "layers.%d.hc_%s_scale", li, site[s]))
-                return -1;
-        snprintf(p, sizeof p, "layers.%d.attn.wq_a", li);
-        if (linear(S, 1, c->q_lora_rank, D, p)) return -1;
-        if (add(S, F_F32, 1, 0.1f, DS_F32, 1, c->q_lora_rank, 0, "layers.%d.attn.q_norm.weight", li)) return -1;
-        snprintf(p, sizeof p, "layers.%d.attn.wq_b", li);
-        if (linear(S, 1, H * d, c->q_lora_rank, p)) return -1;
-        snprintf(p, sizeof p, "layers.%d.attn.wkv", li);
-        if (linear(S, 1, d, D, p)) return -1;
-        if (add(S, F_F32, 1, 0.1f, DS_F32, 1, d, 0, "layers.%d.attn.kv_norm.weight", li)) return -1;
-        snprintf(p, sizeof p, "layers.%d.attn.wo_a", li);
-        if (linear(S, 1, c->o_groups * c->o_lora_rank, H * d / c->o_groups, p)) return -1;
-        snprintf(p, sizeof p, "layers.%d.attn.wo_b", li);
-        if (linear(S, 1, D, c->o_groups * c->o_lora_rank, p)) return -1;
-        if (add(S, F_F32, 0, 1.0f, DS_F32, 1, H, 0, "layers.%d.attn.attn_sink", li)) return -1;
-        if (ratio) {
-            int csa = ratio == 4;
-            if (compressor(S, li, "compressor", ratio, d, csa ? 2 : 1)) return -1;
-            if (csa) {
-                snprintf(p, sizeof p, "layers.%d.attn.indexer.wq_b", li);
-                if (linear(S, 1, c->index_n_heads * c->index_head_dim, c->q_lora_rank, p)) return -1;
-                snprintf(p, sizeof p, "layers.%d.attn.indexer.weights_proj", li);
-                if (linear(S, 0, c->index_n_heads, D, p)) return -1;
-                if (compressor(S, li, "indexer.compressor", ratio, c->index_head_dim, 2)) return -1;
-            }
-        }
-        snprintf(p, sizeof p, "layers.%d.ffn.gate", li);
-        if (linear(S, 0, c->n_routed_experts, D, p)) return -1;
-        if (li < c->n_hash_layers) {
-            if (add(S, F_TID2EID, 0, 0, DS_I64, 2, c->vocab_size, c->n_active_experts, "layers.%d.ffn.gate.tid2eid", li))
-                return -1;
-        } else if (add(S, F_F32, 0, 0.1f, DS_F32, 1, c->n_routed_experts, 0, "layers.%d.ffn.gate.bias", li)) {
-            return -1;
-        }
-        int I = c->moe_inter_dim;
-        for (int e = 0; e < c->n_routed_experts; e++) {
-            const int wr[3] = {I, D, I}, wc[3] = {D, I, D};
-            for (int w = 0; w < 3; w++) {
-                snprintf(p, sizeof p, "layers.%d.ffn.experts.%d.w%d", li, e, w + 1);
-                if (expert_w(S, wr[w], wc[w], p)) return -1;
-            }
-        }
-        int IS = I * (c->n_shared_experts > 1 ? c->n_shared_experts : 1);
-        if (c->n_shared_experts > 0) {
-            const int wr[3] = {IS, D, IS}, wc[3] = {D, IS, D};
-            for (int w = 0; w < 3; w++) {
-                snprintf(p, sizeof p, "layers.%d.ffn.shared_experts.w%d", li, w + 1);
-                if (linear(S, 1, wr[w], wc[w], p)) return -1;
-            }
-        }
+        char pfx[32];
+        snprintf(pfx, sizeof pfx, "layers.%d", li);
+        if (layer_tensors(S, pfx, li, c->compress_ratio[li])) return -1;
     }
     if (add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "norm.weight") ||
         add(S, F_F32, 0, hstd * 1.7f, DS_F32, 2, n, (int64_t)n * D, "hc_head_fn") ||
         add(S, F_F32, 0, 0.5f, DS_F32, 1, n, 0, "hc_head_base") ||
         add(S, F_F32, 1, 0.5f, DS_F32, 1, 1, 0, "hc_head_scale"))
         return -1;
-    return add(S, F_BF16, 0, 1.7320508f / sqrtf((float)D), DS_BF16, 2, c->vocab_size, D, "head.weight");
+    if (add(S, F_BF16, 0, 1.7320508f / sqrtf((float)D), DS_BF16, 2, c->vocab_size, D, "head.weight")) return -1;
+    if (S->o->mtp && c->n_mtp > 0) { /* the MTP block as published: its layer sliding only */
+        if (add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "mtp.0.enorm.weight") ||
+            add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "mtp.0.hnorm.weight") || linear(S, 1, D, D, "mtp.0.e_proj") ||
+            linear(S, 1, D, D, "mtp.0.h_proj") || add(S, F_F32, 1, 0.1f, DS_F32, 1, D, 0, "mtp.0.norm.weight") ||
+            add(S, F_F32, 0, hstd * 1.7f, DS_F32, 2, n, (int64_t)n * D, "mtp.0.hc_head_fn") ||
+            add(S, F_F32, 0, 0.5f, DS_F32, 1, n, 0, "mtp.0.hc_head_base") ||
+            add(S, F_F32, 1, 0.5f, DS_F32, 1, 1, 0, "mtp.0.hc_head_scale") || layer_tensors(S, "mtp.0", c->n_layers, 0))
+            return -1;
+    }
+    return 0;
 }
 
 static uint64_t spec_bytes(const ds_tensor_spec *s) {

@@ -16,6 +16,7 @@ typedef struct ds_synth_opts {
     uint64_t seed;
     uint64_t shard_bytes; /* target shard size */
     int progress;         /* print progress to stderr */
+    int mtp;              /* 1: also the MTP block (mtp.0.*) when the config has num_nextn_predict_layers */
 } ds_synth_opts;
 
 /* Fills cfg with a named shape: "flash", "pro" or "tiny". */

@@ -10,7 +10,7 @@ int ds_run_tokens(const ds_model *m, const ds_backend *be, ds_seq **seqs, const 
 
 int ds_run_tokens_observed(const ds_model *m, const ds_backend *be, ds_seq **seqs, const int32_t *const *tokens,
                            const int *n, int n_seqs, int chunk, float **logits, const ds_observer *obs, ds_err *err) {
-    ds_batch_item *items = malloc((size_t)(n_seqs ? n_seqs : 1) * sizeof *items);
+    ds_batch_item *items = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *items);
     int *done = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *done);
     if (!items || !done) {
         free(items);

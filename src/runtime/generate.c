@@ -56,10 +56,69 @@ void ds_gen_mask_logits(float *logits, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) logits[ids[i]] = -INFINITY;
 }
 
+/* The highest logit, ties to the lower id (a draft: the block's greedy pick). */
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Speculative decoding's buffers and the MTP block's sequence. */
+typedef struct spec {
+    const ds_model *mt; /* m->mtp_model */
+    ds_seq *ms;         /* the block's sequence: position q holds (h_q, x_{q+1}) */
+    ds_seq_snap snap, msnap;
+    float *vlog;   /* [k+1][V] the verify step's logits */
+    float *vhid;   /* [max(k+1, chunk)][nD] the model's streams of a step */
+    float *chid;   /* [k+1][nD] rows the block has yet to see */
+    int32_t *ctok; /* [k+1] their next tokens */
+    int nc;
+    float *mlog, *mhid; /* [V], [nD] the block's last row */
+    int32_t *vtok;      /* [k+1] */
+} spec;
+
+static void spec_free(const ds_backend *be, spec *x) {
+    if (x->ms) {
+        ds_seq_snap_free(x->ms, &x->msnap);
+        ds_seq_free(x->ms);
+    }
+    ds_host_free(be, x->vlog);
+    ds_host_free(be, x->mlog);
+    free(x->vhid), free(x->chid), free(x->ctok), free(x->mhid), free(x->vtok);
+}
+
+/* The block over the rows it has not seen (catch-up, one step), then chained
+ * on its own streams: drafts d[0..k) (k >= 1); its sequence is rewound to
+ * the catch-up after the chain. */
+static int spec_draft(const ds_backend *be, spec *x, int k, const int32_t *masked, int n_masked, int32_t *d,
+                      ds_err *err) {
+    const ds_model *mt = x->mt;
+    int V = mt->cfg.vocab_size;
+    size_t nD = (size_t)mt->cfg.hc_mult * (size_t)mt->cfg.dim;
+    ds_batch_item it = {x->ms, x->ctok, x->nc, x->mlog, 0, NULL, x->chid};
+    /* the last row's streams: all rows' go to vhid (free between steps) */
+    it.hidden = x->vhid;
+    if (ds_forward(mt, be, &it, 1, err)) return -1;
+    memcpy(x->mhid, x->vhid + (size_t)(x->nc - 1) * nD, nD * sizeof(float));
+    x->nc = 0;
+    ds_gen_mask_logits(x->mlog, masked, n_masked);
+    d[0] = argmax(x->mlog, V);
+    if (k > 1 && ds_seq_snapshot(mt, x->ms, &x->msnap, err)) return -1;
+    for (int i = 1; i < k; i++) {
+        ds_batch_item c = {x->ms, &d[i - 1], 1, x->mlog, 0, x->vhid, x->mhid};
+        if (ds_forward(mt, be, &c, 1, err)) return -1;
+        memcpy(x->mhid, x->vhid, nD * sizeof(float));
+        ds_gen_mask_logits(x->mlog, masked, n_masked);
+        d[i] = argmax(x->mlog, V);
+    }
+    return k > 1 ? ds_seq_rewind(mt, x->ms, &x->msnap, err) : 0;
+}
+
 int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok, ds_seq *seq, const int32_t *prompt,
                 int n_prompt, int n_cached, const ds_gen_params *p, ds_gen_token_fn cb, void *cb_ctx,
                 ds_gen_result *res, ds_err *err) {
-    ds_gen_result r = {0, 0, 0, 0, -1, 0};
+    ds_gen_result r = {0, 0, 0, 0, -1, 0, 0, 0, 0};
     if (res) *res = r;
     const int V = m->cfg.vocab_size;
     if (p->max_new < 0) return ds_fail(err, "generate: max_new is %d (must be >= 0)", p->max_new);
@@ -88,6 +147,11 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
         n_stop = eos >= 0 ? 1 : 0;
     }
     int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 512;
+    if (p->mtp < 0 || p->mtp > DS_GEN_MTP_MAX)
+        return ds_fail(err, "generate: mtp is %d (must be 0..%d)", p->mtp, DS_GEN_MTP_MAX);
+    int K = m->mtp_model && n_cached == 0 && p->max_new > 1 ? p->mtp : 0; /* drafts per step */
+    spec X = {0};
+    size_t nD = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim;
 
     int rc = -1;
     ds_seq *own = NULL;
@@ -117,14 +181,39 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     if (!(scr = ds_sample_scratch_create(V, err))) goto done;
     if (tok && ds_detok_stream_new(tok, p->detok_flags, &ds, err)) goto done;
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    if (K) {
+        int rows = chunk > K + 1 ? chunk : K + 1;
+        X.mt = m->mtp_model;
+        X.vlog = ds_host_alloc(be, (size_t)(K + 1) * (size_t)V * sizeof(float), err);
+        X.mlog = X.vlog ? ds_host_alloc(be, (size_t)V * sizeof(float), err) : NULL;
+        if (!X.vlog || !X.mlog) goto done;
+        X.vhid = malloc((size_t)rows * nD * sizeof(float));
+        X.chid = malloc((size_t)(K + 1) * nD * sizeof(float));
+        X.mhid = malloc(nD * sizeof(float));
+        X.ctok = malloc((size_t)(K + 1) * sizeof(int32_t));
+        X.vtok = malloc((size_t)(K + 1) * sizeof(int32_t));
+        if (!X.vhid || !X.chid || !X.mhid || !X.ctok || !X.vtok) {
+            ds_fail(err, "generate: out of memory for speculative decoding");
+            goto done;
+        }
+        if (ds_seq_new(X.mt, seq->max_len, &X.ms, err)) goto done;
+    }
 
     /* prefill: bounded steps; only the last one asks for logits (its last row) */
     double t0 = now_s();
     for (int done_n = n_cached; done_n < n_prompt;) {
         int take = n_prompt - done_n < chunk ? n_prompt - done_n : chunk;
         int last = done_n + take == n_prompt;
-        ds_batch_item it = {seq, prompt + done_n, take, last && p->max_new > 0 ? logits : NULL, 0};
+        ds_batch_item it = {seq, prompt + done_n, take, last && p->max_new > 0 ? logits : NULL, 0, X.vhid, NULL};
         if (ds_forward(m, be, &it, 1, err)) goto done;
+        if (K) { /* the block sees (h_i, x_{i+1}); the last row waits for the first sampled token */
+            int rows = last ? take - 1 : take;
+            if (rows > 0) {
+                ds_batch_item b = {X.ms, prompt + done_n + 1, rows, NULL, 0, NULL, X.vhid};
+                if (ds_forward(X.mt, be, &b, 1, err)) goto done;
+            }
+            if (last) memcpy(X.chid, X.vhid + (size_t)(take - 1) * nD, nD * sizeof(float));
+        }
         done_n += take;
     }
     double t1 = now_s();
@@ -132,6 +221,91 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     r.prompt_s = t1 - t0;
 
     int n_hist = n_prompt, stopped = 0;
+    if (K) {
+        /* the first token, as below */
+        int32_t t;
+        ds_gen_mask_logits(logits, masked, n_masked);
+        if (seq->pos >= m->cfg.max_pos) {
+            r.at_max_pos = 1;
+            stopped = 1;
+        } else {
+            if (p->on_logits) p->on_logits(p->hook_ctx, seq->pos, logits, V);
+            if (ds_sample(&p->sampling, logits, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
+            hist[n_hist++] = t;
+            r.n_gen++;
+            const char *text = "";
+            size_t n = 0;
+            int is_stop = ds_stop_check(stop, n_stop, t);
+            if (is_stop) {
+                r.stop_token = t;
+                stopped = 1;
+            } else if (push_text(ds, tok, t, &text, &n, err)) {
+                goto done;
+            }
+            if (cb && cb(cb_ctx, t, is_stop, text, n)) stopped = 1;
+            X.ctok[0] = t;
+            X.nc = 1;
+        }
+        /* each step: pending token x = hist[n_hist-1] (sampled, not fed) at position P = seq->pos */
+        while (!stopped && r.n_gen < p->max_new && seq->pos + 1 <= seq->max_len) {
+            int64_t P = seq->pos;
+            int k = K;
+            if (k > p->max_new - r.n_gen - 1) k = p->max_new - r.n_gen - 1;
+            if (k > seq->max_len - P - 1) k = (int)(seq->max_len - P - 1);
+            if (k > m->cfg.max_pos - P - 2) k = (int)(m->cfg.max_pos - P - 2);
+            if (k < 0) k = 0;
+            X.vtok[0] = hist[n_hist - 1];
+            if (k > 0) {
+                if (spec_draft(be, &X, k, masked, n_masked, X.vtok + 1, err)) goto done;
+                if (p->draft) p->draft(p->hook_ctx, P + 1, k, X.vtok + 1);
+                if (ds_seq_snapshot(m, seq, &X.snap, err)) goto done;
+                r.mtp_steps++;
+                r.mtp_drafted += k;
+            }
+            ds_batch_item it = {seq, X.vtok, k + 1, X.vlog, 1, X.vhid, NULL};
+            if (ds_forward(m, be, &it, 1, err)) goto done;
+            int j = 0; /* drafts kept: the state keeps vtok[0..j] */
+            for (int i = 0; i <= k; i++) {
+                int64_t pos = P + 1 + i;
+                if (pos >= m->cfg.max_pos) { /* only at i = 0 (k is bounded) */
+                    r.at_max_pos = 1;
+                    stopped = 1;
+                    break;
+                }
+                int32_t tk;
+                float *lg = X.vlog + (size_t)i * V;
+                ds_gen_mask_logits(lg, masked, n_masked);
+                if (p->on_logits) p->on_logits(p->hook_ctx, pos, lg, V);
+                if (ds_sample(&p->sampling, lg, V, hist, n_hist, pos, scr, &tk, err)) goto done;
+                hist[n_hist++] = tk;
+                r.n_gen++;
+                const char *text = "";
+                size_t n = 0;
+                int is_stop = ds_stop_check(stop, n_stop, tk);
+                if (is_stop) {
+                    r.stop_token = tk;
+                    stopped = 1;
+                } else if (push_text(ds, tok, tk, &text, &n, err)) {
+                    goto done;
+                }
+                if (cb && cb(cb_ctx, tk, is_stop, text, n)) stopped = 1;
+                j = i;
+                if (stopped || i == k || tk != X.vtok[i + 1]) break;
+                r.mtp_accepted++;
+            }
+            if (j < k) { /* forget the rejected drafts: rewind, feed the kept tokens again */
+                if (ds_seq_rewind(m, seq, &X.snap, err)) goto done;
+                ds_batch_item again = {seq, X.vtok, j + 1, NULL, 0, NULL, NULL};
+                if (ds_forward(m, be, &again, 1, err)) goto done;
+            }
+            /* the block's next rows: (h_{P+i}, x_{P+i+1}) for i <= j */
+            memcpy(X.chid, X.vhid, (size_t)(j + 1) * nD * sizeof(float));
+            for (int i = 0; i < j; i++) X.ctok[i] = X.vtok[i + 1];
+            X.ctok[j] = hist[n_hist - 1];
+            X.nc = j + 1;
+        }
+        stopped = 1; /* the plain loop below has nothing left to do */
+    }
     for (int g = 0; g < p->max_new && !stopped; g++) {
         int32_t t;
         if (seq->pos >= m->cfg.max_pos) { /* the next token's position is beyond the model's */
@@ -139,6 +313,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
             break;
         }
         ds_gen_mask_logits(logits, masked, n_masked);
+        if (p->on_logits) p->on_logits(p->hook_ctx, seq->pos, logits, V);
         if (ds_sample(&p->sampling, logits, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
         hist[n_hist++] = t;
         r.n_gen++;
@@ -153,7 +328,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
         }
         if (cb && cb(cb_ctx, t, is_stop, text, n)) stopped = 1;
         if (stopped || g + 1 == p->max_new || seq->pos + 1 > seq->max_len) break;
-        ds_batch_item it = {seq, &hist[n_hist - 1], 1, logits, 0};
+        ds_batch_item it = {seq, &hist[n_hist - 1], 1, logits, 0, NULL, NULL};
         if (ds_forward(m, be, &it, 1, err)) goto done;
     }
     if (ds) {
@@ -166,6 +341,8 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     if (res) *res = r;
     rc = 0;
 done:
+    if (X.ms) ds_seq_snap_free(seq, &X.snap);
+    spec_free(be, &X);
     free(masked);
     ds_detok_stream_free(ds);
     ds_sample_scratch_free(scr);

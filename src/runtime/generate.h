@@ -31,7 +31,19 @@ typedef struct ds_gen_params {
     int64_t max_len;         /* capacity of the sequence ds_generate creates; <= 0:
                                 n_prompt + max_new + 1 (unused when a sequence is given) */
     int detok_flags;         /* 0 or DS_DECODE_SKIP_SPECIAL, for the callback's text */
+    int mtp;                 /* speculative decoding with the model's MTP block: tokens drafted per
+                                step, 0..DS_GEN_MTP_MAX (0: off; without a block, or with cached
+                                prompt tokens, generation runs without it). The sampled tokens are
+                                the same bits with any value. */
+    /* observers for tests and tools (NULL: none); they never change results.
+     * on_logits: the logits every token is sampled from (masked), with its position.
+     * draft: replaces the block's k drafts d[0..k) for positions pos..pos+k-1
+     *   (a test forcing acceptance or rejection; the tokens stay the same bits) */
+    void (*on_logits)(void *ctx, int64_t pos, const float *logits, int vocab);
+    void (*draft)(void *ctx, int64_t pos, int k, int32_t *d);
+    void *hook_ctx;
 } ds_gen_params;
+#define DS_GEN_MTP_MAX 4
 
 /* max_new 64, greedy (temperature 0), EOS stops, chunk 512, no flags. */
 void ds_gen_params_init(ds_gen_params *p);
@@ -53,6 +65,9 @@ typedef struct ds_gen_result {
     double gen_s;       /* seconds from the end of prefill to the end of generation */
     int32_t stop_token; /* the stop token that ended generation, or -1 */
     int at_max_pos;     /* 1: generation stopped because the sequence reached max_position_embeddings */
+    int mtp_steps;      /* speculative decoding: verify steps run */
+    int mtp_drafted;    /* tokens the MTP block drafted */
+    int mtp_accepted;   /* drafted tokens the model's own sampling agreed with */
 } ds_gen_result;
 
 /* The ids in [0, vocab) that have no token in tok (a model vocabulary larger
@@ -77,7 +92,16 @@ void ds_gen_mask_logits(float *logits, const int32_t *ids, int n);
  * for the prompt, or a prompt longer than max_position_embeddings, is an
  * error, while generation simply stops when the sequence is full or reaches
  * max_position_embeddings (res->at_max_pos). With tok, ids without a token
- * are masked (ds_gen_mask_logits) and never sampled. */
+ * are masked (ds_gen_mask_logits) and never sampled.
+ *
+ * With p->mtp = k > 0 and an MTP block (m->mtp_model), each step drafts up to
+ * k tokens with the block (greedy, chained on its own streams), runs the
+ * pending token and the drafts through the model in one step with all
+ * logits, and samples them in order as without speculation (the same
+ * logits bits: chunking invariance; the same RNG position and history) until
+ * a sampled token differs from the draft. The state the rejected drafts
+ * wrote is rewound (ds_seq_rewind) and the kept tokens fed again, so the
+ * sequence ends as it would without speculation. */
 int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok, ds_seq *seq, const int32_t *prompt,
                 int n_prompt, int n_cached, const ds_gen_params *p, ds_gen_token_fn cb, void *cb_ctx,
                 ds_gen_result *res, ds_err *err);

@@ -95,7 +95,7 @@ static int load_synth(const char *spec, ds_model **out, ds_err *err) {
     if (ds_placement_build(&k.pl, ds_ep_session_size(), cfg.n_layers, cfg.n_routed_experts, ds_ep_session_opts(), err))
         return -1;
     /* progress on a terminal, from the first rank only */
-    ds_synth_opts so = {1, 1, (uint64_t)4 << 30, ds_ep_session_rank() == 0 && isatty(2)};
+    ds_synth_opts so = {1, 1, (uint64_t)4 << 30, ds_ep_session_rank() == 0 && isatty(2), 0};
     int (*skip)(void *, const char *) = ds_ep_session_size() > 1 ? skip_expert : NULL;
     char dir[1200];
     if (pick_dir(name, ds_synth_bytes(&cfg, &so, skip, &k), dir, sizeof dir, err)) {

@@ -571,7 +571,7 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
             if (r->n_prompt + r->info.n_out - r->n_fed != 1) continue;
-            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[r->n_fed], 1, s->logits + (size_t)n_items * V, 0};
+            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[r->n_fed], 1, s->logits + (size_t)n_items * V, 0, NULL, NULL};
             s->item_req[n_items++] = r;
             r->n_fed++;
             n_decode++;
@@ -586,7 +586,7 @@ static void *sched_main(void *arg) {
             if (take > budget) take = budget;
             int last = take == left;
             s->items[n_items] = (ds_batch_item){r->seq, r->hist + r->n_fed, take,
-                                                last ? s->logits + (size_t)n_items * V : NULL, 0};
+                                                last ? s->logits + (size_t)n_items * V : NULL, 0, NULL, NULL};
             s->item_req[n_items++] = r;
             r->n_fed += take;
             budget -= take;
