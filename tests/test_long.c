@@ -23,7 +23,7 @@ static void long_decode(long long n) {
     char dir[] = "/tmp/dsv4-long-XXXXXX";
     int rc = ds_synth_like("tiny", &c, &err);
     c.n_layers = 3, c.index_n_heads = 2, c.index_head_dim = 64;
-    ds_synth_opts so = {1, 7, 1u << 30, 0};
+    ds_synth_opts so = {1, 7, 1u << 30, 0, 0};
     CHECK(mkdtemp(dir) != NULL, "mkdtemp %s", dir);
     if (!rc) rc = ds_synth_write(&c, &so, dir, &err);
     CHECK(rc == 0, "synth: %s", err.msg);
@@ -47,11 +47,11 @@ static void long_decode(long long n) {
         CHECK(rc == 0, "%s", err.msg);
         if (rc) break;
         m->step_tokens = k ? 1500 : 0;
-        ds_batch_item it = {s[k], toks, (int)(n - tail), NULL, 0};
+        ds_batch_item it = {s[k], toks, (int)(n - tail), NULL, 0, NULL, NULL};
         rc = ds_forward(m, &be, &it, 1, &err);
         CHECK(rc == 0, "prefill of %lld tokens: %s", n - tail, err.msg);
         for (int j = 0; j < (k ? tail : 1) && !rc; j++) {
-            ds_batch_item d = {s[k], toks + n - tail + j, k ? 1 : tail, (k ? b : a) + (size_t)j * V, 1};
+            ds_batch_item d = {s[k], toks + n - tail + j, k ? 1 : tail, (k ? b : a) + (size_t)j * V, 1, NULL, NULL};
             rc = ds_forward(m, &be, &d, 1, &err);
             CHECK(rc == 0, "the last %d tokens: %s", tail, err.msg);
         }
