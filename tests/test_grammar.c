@@ -79,6 +79,9 @@ static void test_bytes(void) {
            (const char *const[]){"{}", "{\"q\":1,\"r\":2}", NULL}, (const char *const[]){"{\"q\":\"s\"}", NULL});
     expect("true", (const char *const[]){"{\"a\":[1,{\"b\":null}]}", "\"s\"", "12", NULL},
            (const char *const[]){"{a:1}", "[1,]", NULL});
+    expect("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+           (const char *const[]){"\"ab\"", "\"a\\u00e9\"", "\"\xc3\xa9\xc3\xa9\xc3\xa9\"", NULL},
+           (const char *const[]){"\"a\"", "\"abcd\"", "\"\"", NULL});
     expect_error("{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern'");
     expect_error("{\"type\":\"string\",\"format\":\"date\"}", "'format'");
     expect_error("{\"allOf\":[{}]}", "'allOf'");

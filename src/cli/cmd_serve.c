@@ -91,6 +91,7 @@ int cmd_serve(int argc, char **argv) {
     ds_model *m = NULL;
     ds_tokenizer *tok = NULL;
     ds_sched *sched = NULL;
+    ds_vocab_trie *trie = NULL;
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
@@ -119,6 +120,12 @@ int cmd_serve(int argc, char **argv) {
     }
     so.mask_ids = mask;
     so.n_mask = n_mask;
+    if (ds_vocab_trie_build(tok, &trie, &err)) { /* structured output's token masks */
+        free(mask);
+        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
+        goto out;
+    }
+    so.trie = trie;
     int src = ds_sched_start(m, &be, &so, &sched, &err);
     free(mask);
     if (src) {
@@ -137,6 +144,7 @@ out:
     if (sched) ds_sched_shutdown(sched); /* ends every request, so connections finish */
     serve_stop(srv);
     ds_sched_stop(sched);
+    ds_vocab_trie_free(trie);
     ds_tokenizer_free(tok);
     ds_model_free(m);
     ds_backend_close(&be);

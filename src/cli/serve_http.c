@@ -745,6 +745,13 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
                   "dsv4_decode_seconds_total counter\ndsv4_decode_seconds_total %.6f\n",
               st.decode_s);
     COUNTER("dsv4_steps_total", "Forward steps.", st.steps);
+    COUNTER("dsv4_grammar_masked_tokens_total",
+            "Draws of structured requests (response_format, required tool calls) under a grammar's token mask.",
+            st.mask_tokens);
+    sb_printf(&b, "# HELP dsv4_grammar_mask_seconds_total Time computing those masks (trie walk and masked copy of "
+                  "the logits).\n# TYPE dsv4_grammar_mask_seconds_total counter\ndsv4_grammar_mask_seconds_total "
+                  "%.6f\n",
+              st.mask_s);
     sb_printf(&b, "# HELP dsv4_step_phase_seconds_total The scheduler thread's time by phase of a step: admit "
                   "(dropping and admitting requests), forward, sample, publish (the tokens to the waiting "
                   "connections), retire (statistics, finished requests).\n"

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/json_schema.h"
+
 int ds_oai_fail(ds_oai_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
                 ...) {
     e->status = status;
@@ -215,6 +217,7 @@ static int parse_messages(const cJSON *body, msg_store *st, size_t *n_out, ds_oa
 
 void ds_oai_req_free(ds_oai_req *r) {
     free(r->prompt);
+    ds_grammar_free(r->grammar);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -284,52 +287,61 @@ static int check_model(const cJSON *b, const char *model_id, ds_oai_error *e) {
     return 0;
 }
 
-/* tool_choice "required" / a named function: the reply is forced to open a
- * DSML tool-call block as the V4 encoder renders one ("\n\n<｜DSML｜tool_calls>
- * \n<｜DSML｜invoke name=\"", then the name and "\">\n" when named) -- right
- * after the prompt's </think> in chat mode, after the reasoning's </think> in
- * thinking mode. The markup is control tokens, the name plain text. */
-static int force_tokens(ds_tokenizer *tok, const char *name, ds_oai_req *r, ds_oai_error *e) {
-    static const char OPEN[] = "\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML "invoke name=\"";
-    size_t on = sizeof OPEN - 1, nn = name ? strlen(name) : 0, n = on + (name ? nn + 3 : 0);
-    char *text = malloc(n + 1);
-    unsigned char *plain = calloc(n + 1, 1);
-    int32_t *ids = NULL;
-    size_t k = 0;
+/* response_format: "text", {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ...,
+ * "schema": ..., "strict": ...}} -> r->grammar (NULL for text) */
+static int parse_response_format(const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(b, "response_format");
+    if (!rf || cJSON_IsNull(rf)) return 0;
+    if (!cJSON_IsObject(rf))
+        return BAD("response_format", "'response_format' must be an object such as {\"type\": \"json_object\"}, not %s",
+                   type_name(rf));
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsString(ty))
+        return BAD("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     ds_err err = {{0}};
-    int rc = -1;
-    if (!text || !plain) {
-        BAD("tool_choice", "out of memory");
-        goto done;
+    if (!strcmp(ty->valuestring, "text")) return 0;
+    if (!strcmp(ty->valuestring, "json_object")) {
+        if (ds_grammar_json_object(&r->grammar, &err)) return BAD("response_format", "%s", err.msg);
+        return 0;
     }
-    memcpy(text, OPEN, on);
-    if (name) {
-        memcpy(text + on, name, nn);
-        memset(plain + on, 1, nn);
-        memcpy(text + on + nn, "\">\n", 3);
+    if (strcmp(ty->valuestring, "json_schema"))
+        return BAD("response_format.type", "'response_format.type' is '%.40s'; expected \"text\", \"json_object\" or "
+                   "\"json_schema\"", ty->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return BAD("response_format.json_schema", "'response_format.json_schema' must be an object {\"name\": ..., "
+                   "\"schema\": ...}");
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (nm && !cJSON_IsString(nm)) return BAD("response_format.json_schema.name", "'response_format.json_schema.name' must be a string");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
+        return BAD("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!sc) return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
+    ds_grammar *g = ds_grammar_new();
+    if (!g) return BAD("response_format", "out of memory");
+    int root = ds_json_schema_add(g, sc, 0, &err);
+    if (root >= 0) ds_grammar_set_root(g, root);
+    if (root < 0 || ds_grammar_finish(g, &err)) {
+        ds_grammar_free(g);
+        return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema': %s", err.msg);
     }
-    if (ds_tokenizer_encode_masked(tok, text, n, DS_TOK_PARSE_ALL, plain, &ids, &k, &err)) {
-        BAD("tool_choice", "%s", err.msg);
-        goto done;
-    }
-    if (k > DS_SCHED_MAX_FORCE) {
-        BAD("tool_choice", "the forced tool call takes %zu tokens; at most %d (a shorter function name)", k,
-            DS_SCHED_MAX_FORCE);
-        goto done;
-    }
-    memcpy(r->rp.force, ids, k * sizeof *ids);
-    r->rp.n_force = (int)k;
-    r->rp.force_after = -1;
-    if (r->thinking && (r->rp.force_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
-        BAD("tool_choice", "the tokenizer has no %s token to force a tool call after", DS_CHAT_THINK_END);
-        goto done;
-    }
-    rc = 0;
-done:
-    free(ids);
-    free(plain);
-    free(text);
-    return rc;
+    r->grammar = g;
+    return 0;
+}
+
+/* tool_choice "required" / a named function: the reply is one DSML tool call
+ * (json_schema.c, ds_json_schema_tool_call): the block the V4 encoder renders
+ * for an assistant's call, a name among the tools (or the named one), its
+ * parameters following the tool's schema -- right after the prompt in chat
+ * mode, after the reasoning's </think> in thinking mode. */
+static int tool_grammar(ds_tokenizer *tok, const cJSON *tools, const char *name, ds_oai_req *r, ds_oai_error *e) {
+    ds_err err = {{0}};
+    if (ds_json_schema_tool_call(tools, name, &r->grammar, &err)) return BAD("tools", "%s", err.msg);
+    r->rp.grammar_after = -1;
+    if (r->thinking && (r->rp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0)
+        return BAD("tool_choice", "the tokenizer has no %s token to start a tool call after", DS_CHAT_THINK_END);
+    return 0;
 }
 
 static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
@@ -449,7 +461,21 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
         goto done;
     }
     r->n_prompt = (int)n_ids;
-    if (force && force_tokens(tok, force_name, r, e)) goto done;
+    if (parse_response_format(b, r, e)) goto done;
+    if (force && r->grammar) {
+        BAD("response_format", "'response_format' and a required tool call ('tool_choice') together are not supported");
+        goto done;
+    }
+    if (force && tool_grammar(tok, tools, force_name, r, e)) goto done;
+    if (r->grammar && !force) {
+        r->rp.grammar_after = -1;
+        if (r->thinking && (r->rp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
+            BAD("response_format", "the tokenizer has no %s token to start the structured reply after",
+                DS_CHAT_THINK_END);
+            goto done;
+        }
+    }
+    r->rp.grammar = r->grammar;
     rc = 0;
 done:
     if (tools_json) cJSON_free(tools_json);

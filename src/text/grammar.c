@@ -1,6 +1,7 @@
 /* grammar.c — see grammar.h: the byte automaton of a grammar. */
 #include "text/grammar.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@ typedef struct {
 } gnode;
 
 struct ds_grammar {
+    _Atomic int refs;
     gnode *nodes;
     int n, cap;
     int root;
@@ -32,13 +34,20 @@ struct ds_grammar {
 ds_grammar *ds_grammar_new(void) {
     ds_grammar *g = calloc(1, sizeof *g);
     if (!g) return NULL;
+    atomic_init(&g->refs, 1);
     g->root = g->any = -1;
     g->t_popen = g->t_strue = g->t_sfalse = g->t_pclose = g->t_end = g->raw = -1;
     return g;
 }
 
-void ds_grammar_free(ds_grammar *g) {
-    if (!g) return;
+const ds_grammar *ds_grammar_ref(const ds_grammar *g) {
+    if (g) atomic_fetch_add(&((ds_grammar *)g)->refs, 1);
+    return g;
+}
+
+void ds_grammar_free(const ds_grammar *cg) {
+    ds_grammar *g = (ds_grammar *)cg;
+    if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     for (int i = 0; i < g->n; i++) {
         gnode *x = &g->nodes[i];
         for (int k = 0; k < x->n; k++)
@@ -65,6 +74,7 @@ int ds_grammar_node(ds_grammar *g, int kind) {
     x->kind = (uint8_t)kind;
     x->addl = -1;
     x->items = -1;
+    x->min = 0;
     x->max = -1;
     x->target = -1;
     return g->n++;
@@ -112,6 +122,11 @@ int ds_grammar_obj_prop(ds_grammar *g, int obj, const char *name, size_t n, int 
 void ds_grammar_obj_set(ds_grammar *g, int obj, int additional, int dsml) {
     g->nodes[obj].addl = additional;
     g->nodes[obj].dsml = (uint8_t)dsml;
+}
+
+void ds_grammar_str_set(ds_grammar *g, int str, int min_len, int max_len) {
+    g->nodes[str].min = min_len;
+    g->nodes[str].max = max_len;
 }
 
 void ds_grammar_arr_set(ds_grammar *g, int arr, int items, int min_items, int max_items) {
@@ -457,9 +472,14 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
                 f->n = 0;
                 KEEP();
             case DS_G_STR:
+                f->n = 0;
+                f->aux = 0;
+                if (f->cand) { /* raw (a DSML string parameter): no quotes */
+                    f->st = R_IN;
+                    continue;
+                }
                 if (c != '"') return;
                 f->st = S_IN;
-                f->aux = 0;
                 KEEP();
             case DS_G_NUM:
             case DS_G_INT:
@@ -597,7 +617,7 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
                 int v = x->kid[p];
                 const gnode *vx = &g->nodes[v];
                 f->n = (uint32_t)v;
-                if (vx->kind == DS_G_STR) f->n = (uint32_t)g->raw;
+                f->aux = vx->kind == DS_G_STR; /* a string: raw */
                 f->st = D_VAL;
                 PUSH(vx->kind == DS_G_STR ? g->t_strue : g->t_sfalse);
                 continue;
@@ -611,9 +631,10 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             KEEP();
         }
         case D_VAL: {
-            int v = (int)f->n;
+            int v = (int)f->n, raw = f->aux;
             f->st = D_PCLOSE;
             PUSH(v);
+            fr[d - 1].cand = (uint64_t)raw;
             continue;
         }
         case D_PCLOSE:
@@ -667,16 +688,18 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             if (c == ' ') KEEP();
             continue;
         /* ---- strings */
-        case S_IN: {
-            int r = str_byte(&f->aux, c);
-            if (!r) return;
-            if (r == 2) DONE();
-            KEEP();
-        }
+        case S_IN:
         case R_IN: {
-            int r = raw_byte(&f->aux, c);
+            int start = f->aux == 0; /* a character starts (or ends the string) */
+            int r = f->st == S_IN ? str_byte(&f->aux, c) : raw_byte(&f->aux, c);
             if (!r) return;
-            if (r == 2) REFEED();
+            if (r == 2) {
+                if ((int)f->n < x->min) return;
+                if (f->st == R_IN) REFEED();
+                DONE();
+            }
+            if (start && x->max >= 0 && (int)++f->n > x->max) return;
+            if (start && x->max < 0 && (int)f->n < x->min) f->n++; /* unbounded: counted up to min only */
             KEEP();
         }
         /* ---- numbers */
@@ -1005,7 +1028,8 @@ static int in_plain_string(const ds_gstate *s) {
         int d = s->off[t + 1] - s->off[t];
         if (!d) return 0;
         const gframe *f = &s->f[s->off[t + 1] - 1];
-        if (f->st != S_IN || f->aux) return 0;
+        const gnode *x = &s->g->nodes[f->node];
+        if (f->st != S_IN || f->aux || x->max >= 0 || (int)f->n < x->min) return 0;
     }
     return 1;
 }

@@ -47,8 +47,11 @@ enum {
     DS_G_REF,  /* the node target (set later: recursive $ref) */
 };
 
+/* A grammar is reference-counted (new: one reference): ds_grammar_ref adds
+ * one (any thread), ds_grammar_free drops one and frees at zero. */
 ds_grammar *ds_grammar_new(void);
-void ds_grammar_free(ds_grammar *g);
+const ds_grammar *ds_grammar_ref(const ds_grammar *g);
+void ds_grammar_free(const ds_grammar *g);
 /* A new node of the kind; returns its index or -1 (out of memory, too many). */
 int ds_grammar_node(ds_grammar *g, int kind);
 /* DS_G_OBJ: a property (name as its JSON-escaped bytes, without quotes). */
@@ -56,6 +59,8 @@ int ds_grammar_obj_prop(ds_grammar *g, int obj, const char *name, size_t n, int 
 /* DS_G_OBJ: additional properties: -1 none, else the node their values follow.
  * dsml: the object is written as DSML parameters (tool call arguments). */
 void ds_grammar_obj_set(ds_grammar *g, int obj, int additional, int dsml);
+/* DS_G_STR: length bounds in characters (code points; an escape is one), -1: none. */
+void ds_grammar_str_set(ds_grammar *g, int str, int min_len, int max_len);
 void ds_grammar_arr_set(ds_grammar *g, int arr, int items, int min_items, int max_items);
 /* DS_G_LIT / DS_G_TEXT: an exact text (LIT: one more alternative). */
 int ds_grammar_add_text(ds_grammar *g, int node, const char *s, size_t n, ds_err *err);

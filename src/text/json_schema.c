@@ -17,12 +17,12 @@ typedef struct {
     int depth;
 } ctx;
 
-static const char *const KEYWORDS[] = {"type",     "properties",  "required", "additionalProperties",
-                                       "items",    "minItems",    "maxItems", "enum",
-                                       "const",    "anyOf",       "oneOf",    "$ref",
-                                       "$defs",    "definitions", "title",    "description",
-                                       "default",  "examples",    "$schema",  "$id",
-                                       "$comment", "strict",      NULL};
+static const char *const KEYWORDS[] = {
+    "minLength", "maxLength", "type",     "properties",  "required", "additionalProperties",
+    "items",     "minItems",  "maxItems", "enum",        "const",    "anyOf",
+    "oneOf",     "$ref",      "$defs",    "definitions", "title",    "description",
+    "default",   "examples",  "$schema",  "$id",         "$comment", "strict",
+    NULL};
 
 static const char *const ANNOTATIONS[] = {"title",    "description", "default", "examples",    "$schema", "$id",
                                           "$comment", "strict",      "$defs",   "definitions", NULL};
@@ -164,9 +164,14 @@ static int type_node(ctx *c, const cJSON *s, const char *t, const char *path, in
         ds_grammar_arr_set(c->g, k, items, mn, mx);
         return k;
     }
-    if (!strcmp(t, "string"))
-        k = ds_grammar_node(c->g, DS_G_STR);
-    else if (!strcmp(t, "number"))
+    if (!strcmp(t, "string")) {
+        int mn = 0, mx = -1;
+        if (get_count(s, "minLength", path, &mn, err) || get_count(s, "maxLength", path, &mx, err)) return -1;
+        if (mx >= 0 && mn > mx) return ds_fail(err, "schema: minLength > maxLength at %s", path);
+        if ((k = ds_grammar_node(c->g, DS_G_STR)) < 0) return oom(err);
+        ds_grammar_str_set(c->g, k, mn, mx);
+        return k;
+    } else if (!strcmp(t, "number"))
         k = ds_grammar_node(c->g, DS_G_NUM);
     else if (!strcmp(t, "integer"))
         k = ds_grammar_node(c->g, DS_G_INT);
