@@ -20,6 +20,7 @@
 #include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
+#include "text/grammar.h"
 
 typedef struct ds_gen_params {
     ds_sampling sampling;
@@ -31,6 +32,14 @@ typedef struct ds_gen_params {
     int64_t max_len;         /* capacity of the sequence ds_generate creates; <= 0:
                                 n_prompt + max_new + 1 (unused when a sequence is given) */
     int detok_flags;         /* 0 or DS_DECODE_SKIP_SPECIAL, for the callback's text */
+    /* Constrained decoding (grammar.h; NULL: none): each token is sampled from
+     * a copy of the logits with every token that cannot continue a text of the
+     * grammar at -inf (EOS only once it is complete); after the first sampled
+     * grammar_after when that is >= 0 (</think>). Needs tok and trie (built
+     * from tok). */
+    const ds_grammar *grammar;
+    const ds_vocab_trie *trie;
+    int32_t grammar_after;
 } ds_gen_params;
 
 /* max_new 64, greedy (temperature 0), EOS stops, chunk 512, no flags. */
