@@ -853,7 +853,11 @@ struct ds_vocab_trie {
     int vocab;
     int32_t eos;
     int max_len;
-    trie all, odd;     /* every token; the tokens that are not plain */
+    /* every token; and the tokens that are not plain by the rest of their
+     * bytes after their longest plain prefix (inside a JSON string a plain
+     * prefix leaves the state as it was, so the rest decides) */
+    trie all, rest;
+    int32_t *rest_dup; /* [vocab]: the next token with the same rest, -1 */
     int32_t *dup_next; /* [vocab]: the next token with the same bytes, -1 */
     uint64_t
         *plain; /* [words]: tokens that stay inside a JSON string (no quote, backslash, control byte, whole UTF-8) */
@@ -917,6 +921,17 @@ static int is_plain(const unsigned char *s, uint32_t n) {
     return aux == 0;
 }
 
+/* the length of the longest prefix of s made of plain characters */
+static uint32_t plain_prefix(const unsigned char *s, uint32_t n) {
+    uint8_t aux = 0;
+    uint32_t end = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (str_byte(&aux, s[i]) != 1 || (aux & 7)) break;
+        if (!aux) end = i + 1;
+    }
+    return end;
+}
+
 int ds_vocab_trie_build(const ds_tokenizer *tok, ds_vocab_trie **out, ds_err *err) {
     int V = ds_tokenizer_vocab_size(tok);
     ds_vocab_trie *t = calloc(1, sizeof *t);
@@ -927,33 +942,26 @@ int ds_vocab_trie_build(const ds_tokenizer *tok, ds_vocab_trie **out, ds_err *er
     t->vocab = V;
     t->eos = ds_tokenizer_eos_id(tok);
     t->dup_next = malloc((size_t)V * sizeof *t->dup_next);
+    t->rest_dup = malloc((size_t)V * sizeof *t->rest_dup);
     t->plain = calloc(((size_t)V + 63) / 64, sizeof *t->plain);
-    if (!t->dup_next || !t->plain) goto oom;
+    if (!t->dup_next || !t->plain || !t->rest_dup) goto oom;
     for (int id = 0; id < V; id++) {
-        t->dup_next[id] = -1;
+        t->dup_next[id] = t->rest_dup[id] = -1;
         size_t len;
         const char *b = ds_tokenizer_token_bytes(tok, id, &len);
         if (!b || !len || id == t->eos || len > 255) continue;
         tk[n++] = (tokb){(const unsigned char *)b, (uint32_t)len, id};
         if (is_plain((const unsigned char *)b, (uint32_t)len))
             t->plain[id >> 6] |= 1ull << (id & 63);
-        else
-            odd[n_odd++] = tk[n - 1];
+        else {
+            uint32_t pp = plain_prefix((const unsigned char *)b, (uint32_t)len);
+            odd[n_odd++] = (tokb){(const unsigned char *)b + pp, (uint32_t)len - pp, id};
+        }
         if ((int)len > t->max_len) t->max_len = (int)len;
     }
     qsort(tk, (size_t)n, sizeof *tk, tokb_cmp);
     qsort(odd, (size_t)n_odd, sizeof *odd, tokb_cmp);
-    /* the plain tokens with the same bytes as an odd one: none (the same bytes are plain or not) */
-    if (trie_build(&t->all, tk, n, t->dup_next, err)) goto fail;
-    {
-        /* the odd trie shares dup_next: every chain of equal bytes is all odd or all plain */
-        int32_t *tmp = malloc((size_t)V * sizeof *tmp);
-        if (!tmp) goto oom;
-        for (int i = 0; i < V; i++) tmp[i] = -1;
-        int rc = trie_build(&t->odd, odd, n_odd, tmp, err);
-        free(tmp);
-        if (rc) goto fail;
-    }
+    if (trie_build(&t->all, tk, n, t->dup_next, err) || trie_build(&t->rest, odd, n_odd, t->rest_dup, err)) goto fail;
     free(tk);
     free(odd);
     *out = t;
@@ -970,7 +978,8 @@ fail:
 void ds_vocab_trie_free(ds_vocab_trie *t) {
     if (!t) return;
     free(t->all.n);
-    free(t->odd.n);
+    free(t->rest.n);
+    free(t->rest_dup);
     free(t->dup_next);
     free(t->plain);
     free(t);
@@ -1001,7 +1010,7 @@ void ds_mask_scratch_free(ds_mask_scratch *m) {
     free(m);
 }
 
-static int walk(const ds_vocab_trie *vt, const trie *t, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed) {
+static int walk(const trie *t, const int32_t *dup, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed) {
     int cnt = 0;
     st_copy(&m->st[0], s);
     for (uint32_t i = 0; i < t->nn;) {
@@ -1012,7 +1021,7 @@ static int walk(const ds_vocab_trie *vt, const trie *t, const ds_gstate *s, ds_m
             i = x->end;
             continue;
         }
-        for (int32_t id = x->tok; id >= 0; id = vt->dup_next[id]) {
+        for (int32_t id = x->tok; id >= 0; id = dup[id]) {
             allowed[id >> 6] |= 1ull << (id & 63);
             cnt++;
         }
@@ -1041,10 +1050,10 @@ int ds_grammar_mask(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch 
         memcpy(allowed, t->plain, words * sizeof *allowed);
         cnt = 0;
         for (size_t w = 0; w < words; w++) cnt += __builtin_popcountll(allowed[w]);
-        cnt += walk(t, &t->odd, s, m, allowed);
+        cnt += walk(&t->rest, t->rest_dup, s, m, allowed);
     } else {
         memset(allowed, 0, words * sizeof *allowed);
-        cnt = walk(t, &t->all, s, m, allowed);
+        cnt = walk(&t->all, t->dup_next, s, m, allowed);
     }
     if (t->eos >= 0 && ds_gstate_can_end(s)) {
         allowed[t->eos >> 6] |= 1ull << (t->eos & 63);
