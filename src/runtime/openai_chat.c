@@ -207,7 +207,10 @@ static int parse_messages(const cJSON *body, msg_store *st, size_t *n_out, ds_oa
         }
         if (d->role == DS_CHAT_ROLE_TOOL) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
-            if (cJSON_IsString(id)) d->tool_call_id = id->valuestring;
+            snprintf(pn, sizeof pn, "messages[%zu].tool_call_id", i);
+            if (!cJSON_IsString(id)) return BAD(pn, "a tool message needs 'tool_call_id' (a string)");
+            if (i == 0) return BAD("messages[0].role", "a tool message cannot come first (it answers a tool call)");
+            d->tool_call_id = id->valuestring;
         }
         i++;
     }
@@ -516,8 +519,17 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
                  const char *body, size_t n, ds_oai_req *r, ds_oai_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
-    cJSON *b = cJSON_ParseWithLength(body, n);
+    if (memchr(body, 0, n)) return BAD("", "the request body holds a NUL byte");
+    if (ds_utf8_valid_prefix(body, n) != n)
+        return BAD("", "the request body is not valid UTF-8 (byte %zu)", ds_utf8_valid_prefix(body, n));
+    const char *end = NULL;
+    cJSON *b = cJSON_ParseWithLengthOpts(body, n, &end, 0);
     if (!b) return BAD("", "the request body is not valid JSON");
+    for (const char *p = end; p && p < body + n; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(b);
+            return BAD("", "bytes after the JSON value of the request body (at byte %zu)", (size_t)(p - body));
+        }
     int rc = -1;
     if (!cJSON_IsObject(b)) {
         BAD("", "the request body must be a JSON object, not %s", type_name(b));
@@ -528,8 +540,13 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
     /* max tokens */
     long long mt = -1;
     const char *mt_name = "max_tokens";
-    if (get_int(b, "max_tokens", -1e18, 1e18, &mt, e) < 0) goto done;
-    if (chat && get_int(b, "max_completion_tokens", -1e18, 1e18, &mt, e) < 0) goto done;
+    int has_mt = get_int(b, "max_tokens", -1e18, 1e18, &mt, e);
+    if (has_mt < 0) goto done;
+    if (chat) {
+        int h2 = get_int(b, "max_completion_tokens", -1e18, 1e18, &mt, e);
+        if (h2 < 0) goto done;
+        has_mt |= h2;
+    }
     if (chat && cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens")) mt_name = "max_completion_tokens";
     if (r->n_prompt + 1 > ctx) {
         ds_oai_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
@@ -537,7 +554,7 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
                     (long long)ctx, r->n_prompt);
         goto done;
     }
-    if (mt == -1) mt = chat ? ctx - r->n_prompt : (16 < ctx - r->n_prompt ? 16 : ctx - r->n_prompt);
+    if (!has_mt) mt = chat ? ctx - r->n_prompt : (16 < ctx - r->n_prompt ? 16 : ctx - r->n_prompt);
     if (mt < 1) {
         BAD(mt_name, "'%s' is %lld; it must be at least 1", mt_name, mt);
         goto done;

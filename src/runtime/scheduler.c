@@ -195,6 +195,9 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     if (n < 1 || n > DS_SCHED_MAX_GROUP) return ds_fail(err, "%d requests at once (must be in [1, %d])", n,
                                                         DS_SCHED_MAX_GROUP);
     for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n > s->o.max_queue)
+        return ds_fail(err, "n is %d: %d choices never fit the server's queue of %d requests (--max-queue)", n, n,
+                       s->o.max_queue);
     if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
