@@ -10,7 +10,7 @@ files=(
   src/ep/ep.c src/ep/ep.h src/ep/placement.c src/ep/follow.c src/ep/follow.h src/ep/launch.c src/ep/launch.h
   src/runtime/model_load.c src/runtime/model_load.h
   src/runtime/generate.c src/backend/cpu/bf16x.c
-  src/text/pyjson.h
+  src/text/pyjson.h src/text/grammar.c src/text/grammar.h src/text/json_schema.c src/text/json_schema.h tests/test_grammar.c
   src/cli/opts.c src/cli/opts.h tests/test_opts.c
   fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c fuzz/fuzz_oai.c
 )
