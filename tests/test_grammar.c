@@ -88,6 +88,9 @@ static void test_bytes(void) {
     expect_error("{\"type\":\"integer\",\"minimum\":3}", "'minimum'");
     expect_error("{\"$ref\":\"http://x/y\"}", "$ref");
     expect_error("{\"type\":\"blob\"}", "blob");
+    expect_error("{\"$ref\":\"#\"}", "no value");
+    expect_error("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
+                 "no value");
     expect_error("{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}", "'z'");
     /* json_object */
     ds_grammar *g = NULL;

@@ -292,7 +292,7 @@ static int check_model(const cJSON *b, const char *model_id, ds_oai_error *e) {
 
 /* response_format: "text", {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ...,
  * "schema": ..., "strict": ...}} -> r->grammar (NULL for text) */
-static int parse_response_format(const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
+static int parse_response_format(const cJSON *b, ds_oai_req *r, const cJSON **schema, ds_oai_error *e) {
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(b, "response_format");
     if (!rf || cJSON_IsNull(rf)) return 0;
     if (!cJSON_IsObject(rf))
@@ -330,6 +330,7 @@ static int parse_response_format(const cJSON *b, ds_oai_req *r, ds_oai_error *e)
         return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema': %s", err.msg);
     }
     r->grammar = g;
+    *schema = sc;
     return 0;
 }
 
@@ -350,7 +351,8 @@ static int tool_grammar(ds_tokenizer *tok, const cJSON *tools, const char *name,
 static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
     msg_store st = {0};
     size_t n = 0;
-    char *tools_json = NULL;
+    char *tools_json = NULL, *schema_json = NULL;
+    const cJSON *schema = NULL;
     int rc = -1;
     if (parse_messages(b, &st, &n, e)) goto done;
     /* thinking: reasoning_effort, thinking (bool or {"type": "enabled"}), chat_template_kwargs.thinking */
@@ -454,6 +456,22 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
             n++;
         }
     }
+    /* a json_schema's schema goes with the first system message (the V4 encoding's "## Response
+     * Format"), so that the model knows what the mask will hold it to */
+    if (parse_response_format(b, r, &schema, e)) goto done;
+    if (schema && cJSON_IsObject(schema)) {
+        if (!(schema_json = cJSON_PrintUnformatted(schema))) {
+            BAD("response_format", "out of memory");
+            goto done;
+        }
+        if (st.msgs[0].role != DS_CHAT_ROLE_SYSTEM) {
+            memmove(st.msgs + 1, st.msgs, n * sizeof *st.msgs);
+            memset(st.msgs, 0, sizeof *st.msgs);
+            st.msgs[0].role = DS_CHAT_ROLE_SYSTEM;
+            n++;
+        }
+        st.msgs[0].response_format = schema_json;
+    }
     ds_chat_opts co = {0};
     co.thinking = r->thinking;
     co.reasoning_effort = effort;
@@ -464,7 +482,6 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
         goto done;
     }
     r->n_prompt = (int)n_ids;
-    if (parse_response_format(b, r, e)) goto done;
     if (force && r->grammar) {
         BAD("response_format", "'response_format' and a required tool call ('tool_choice') together are not supported");
         goto done;
@@ -482,6 +499,7 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
     rc = 0;
 done:
     if (tools_json) cJSON_free(tools_json);
+    if (schema_json) cJSON_free(schema_json);
     store_free(&st);
     return rc;
 }

@@ -211,6 +211,18 @@ int ds_grammar_finish(ds_grammar *g, ds_err *err) {
             (g->t_end = text_node(g, "\n</" DSML "invoke>", err)) < 0 || (g->raw = ds_grammar_node(g, DS_G_RAW)) < 0)
             return ds_fail(err, "grammar: out of memory");
     }
+    /* some byte must start a text (a $ref cycle without a byte in between, say, starts none) */
+    ds_gstate *st = ds_gstate_new(g), *c = ds_gstate_new(g);
+    int any = 0;
+    for (unsigned b = 0; st && c && b < 256 && !any; b++) {
+        ds_gstate_copy(c, st);
+        any = ds_gstate_feed(c, &(unsigned char){(unsigned char)b}, 1) == 0;
+    }
+    int ok = st && c;
+    ds_gstate_free(st);
+    ds_gstate_free(c);
+    if (!ok) return ds_fail(err, "grammar: out of memory");
+    if (!any) return ds_fail(err, "schema: no value can start (a $ref cycle?)");
     return 0;
 }
 
