@@ -97,7 +97,8 @@ struct ds_sched {
     ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
     ds_mask_scratch **msk;   /* [n_scr] with o.trie: the grammar masks' scratch, */
     uint64_t **bits;         /* [n_scr][words]: a mask */
-    float **mlg;             /* [n_scr][vocab]: the masked copy of the logits */
+    float **mlg;             /* [n_scr][vocab]: the masked copy of the logits (many tokens allowed) */
+    float **mneg;            /* [n_scr][vocab]: all -inf between draws; the allowed logits set for a draw (few) */
     double *mask_t;          /* [max_items]: each draw's mask time (0: none) */
     _Atomic int *scr_busy;   /* [n_scr]: taken by a draw running now */
     int n_scr;
@@ -195,7 +196,7 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     if (n < 1 || n > DS_SCHED_MAX_GROUP) return ds_fail(err, "%d requests at once (must be in [1, %d])", n,
                                                         DS_SCHED_MAX_GROUP);
     for (int i = 0; i < n; i++) out[i] = NULL;
-    if (n > s->o.max_queue)
+    if (n > 1 && n > s->o.max_queue) /* a group larger than the queue never fits (one request: full) */
         return ds_fail(err, "n is %d: %d choices never fit the server's queue of %d requests (--max-queue)", n, n,
                        s->o.max_queue);
     if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
@@ -465,6 +466,40 @@ static int scratch_take(ds_sched *s) {
         }
 }
 
+/* The logits of draw scratch k under its mask (s->bits[k]) over [0, Vs): few
+ * allowed tokens are set into mneg (all -inf; the caller clears them after
+ * the draw, *few = 1), else lg is copied into mlg with the others at -inf. */
+static const float *masked_logits(ds_sched *s, int k, const float *lg, int Vs, int *few) {
+    const uint64_t *b = s->bits[k];
+    const int TV = ds_vocab_trie_vocab(s->o.trie), lim = Vs < TV ? Vs : TV, words = (lim + 63) / 64;
+    *few = 0;
+    if (Vs <= 0) return lg;
+    int n = 0;
+    for (int w = 0; w < words; w++) n += __builtin_popcountll(b[w]);
+    if (n <= Vs / 8) {
+        float *m = s->mneg[k];
+        for (int w = 0; w < words; w++)
+            for (uint64_t x = b[w]; x; x &= x - 1) {
+                int id = w * 64 + __builtin_ctzll(x);
+                if (id < lim) m[id] = lg[id];
+            }
+        *few = 1;
+        return m;
+    }
+    float *m = s->mlg[k];
+    memcpy(m, lg, (size_t)Vs * sizeof *m);
+    for (int w = 0; w < words; w++) {
+        uint64_t x = ~b[w];
+        if (!x) continue;
+        for (; x; x &= x - 1) {
+            int id = w * 64 + __builtin_ctzll(x);
+            if (id < lim) m[id] = -INFINITY;
+        }
+    }
+    for (int id = lim; id < Vs; id++) m[id] = -INFINITY;
+    return m;
+}
+
 /* Samples the step's j-th item with logits (s->samp[j]) into s->tok etc.
  * The draws of a step run in parallel: on the backend's threads where it
  * lends them (the CPU's pool, idle between steps: a second team of threads
@@ -493,6 +528,7 @@ static void draw(void *ctx, int j) {
     memset(t, 0, sizeof *t);
     ds_sample_scratch_set_threads(s->scr[k], s->draw_threads);
     const float *from = lg;
+    int few = 0;
     s->mask_t[i] = 0;
     if (r->gs && r->g_on) { /* the grammar's mask, on a copy: the logits stay the model's */
         const double a = ds_now();
@@ -501,14 +537,20 @@ static void draw(void *ctx, int j) {
             atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
             return;
         }
-        const int TV = ds_vocab_trie_vocab(s->o.trie);
-        const uint64_t *b = s->bits[k];
-        float *m = s->mlg[k];
-        for (int v = 0; v < Vs; v++) m[v] = v < TV && (b[v >> 6] >> (v & 63) & 1) ? lg[v] : -INFINITY;
-        from = m;
+        from = masked_logits(s, k, lg, Vs, &few);
         s->mask_t[i] = ds_now() - a;
     }
     s->tok_rc[i] = ds_sample(&r->p.sampling, from, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    if (few) { /* mneg back to all -inf */
+        const uint64_t *b = s->bits[k];
+        const int TV = ds_vocab_trie_vocab(s->o.trie), lim = Vs < TV ? Vs : TV;
+        float *m = s->mneg[k];
+        for (int w = 0; w < (lim + 63) / 64; w++)
+            for (uint64_t x = b[w]; x; x &= x - 1) {
+                int id = w * 64 + __builtin_ctzll(x);
+                if (id < lim) m[id] = -INFINITY;
+            }
+    }
     if (!s->tok_rc[i] && r->gs) {
         if (r->g_on && ds_grammar_accept(s->o.trie, r->gs, t->id))
             s->tok_rc[i] = ds_fail(&s->tok_err[i], "the grammar rejected the sampled token %d", (int)t->id);
@@ -831,11 +873,14 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         s->msk = calloc((size_t)s->n_scr, sizeof *s->msk);
         s->bits = calloc((size_t)s->n_scr, sizeof *s->bits);
         s->mlg = calloc((size_t)s->n_scr, sizeof *s->mlg);
-        for (int i = 0; s->msk && s->bits && s->mlg && i < s->n_scr; i++) {
+        s->mneg = calloc((size_t)s->n_scr, sizeof *s->mneg);
+        for (int i = 0; s->msk && s->bits && s->mlg && s->mneg && i < s->n_scr; i++) {
             s->msk[i] = ds_mask_scratch_new(o->trie);
             s->bits[i] = calloc(((size_t)ds_vocab_trie_vocab(o->trie) + 63) / 64, sizeof **s->bits);
             s->mlg[i] = malloc((size_t)V * sizeof **s->mlg);
-            if (!s->msk[i] || !s->bits[i] || !s->mlg[i]) {
+            s->mneg[i] = malloc((size_t)V * sizeof **s->mneg);
+            for (int v = 0; s->mneg[i] && v < V; v++) s->mneg[i][v] = -INFINITY;
+            if (!s->msk[i] || !s->bits[i] || !s->mlg[i] || !s->mneg[i]) {
                 free(s->run), s->run = NULL;
                 ds_sched_stop(s);
                 return ds_fail(err, "out of memory for the grammar masks");
@@ -843,7 +888,7 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         }
     }
     if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tok_rc || !s->tok_err || !s->mask_t ||
-        (o->trie && (!s->msk || !s->bits || !s->mlg))) {
+        (o->trie && (!s->msk || !s->bits || !s->mlg || !s->mneg))) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler's sampling buffers");
@@ -909,10 +954,12 @@ void ds_sched_stop(ds_sched *s) {
         if (s->msk) ds_mask_scratch_free(s->msk[i]);
         if (s->bits) free(s->bits[i]);
         if (s->mlg) free(s->mlg[i]);
+        if (s->mneg) free(s->mneg[i]);
     }
     free(s->msk);
     free(s->bits);
     free(s->mlg);
+    free(s->mneg);
     free(s->mask_t);
     free(s->scr);
     free(s->scr_busy);
