@@ -75,6 +75,25 @@ for seed in 1 2 3; do
     const o=JSON.parse(fs.readFileSync(process.argv[2],"utf8"));if(!v(o)){console.error(v.errors);process.exit(1)}' \
     "$work/schema.json" "$work/run.json" || fail "run --json-schema: invalid output: $(cat "$work/run.json")"
 done
+# dsv4 generate --json-schema: the ids, decoded with tokenizer.json's byte-level map, validate
+ids=$("$bin" tokenize -m "$model" --text "In the beginning" | tr ' ' ',')
+"$bin" generate -m "$model" --tokens "0,$ids" -n 80 --temperature 1 --seed 2 --json-schema "$work/schema.json" \
+  >"$work/gen.ids" 2>"$work/gen.err" || fail "generate --json-schema: $(cat "$work/gen.err")"
+python3 - "$model/tokenizer.json" "$work/gen.ids" >"$work/gen.json" <<'PY' || fail "generate --json-schema: decode"
+import json, sys
+tj = json.load(open(sys.argv[1]))
+inv = {v: k for k, v in tj["model"]["vocab"].items()}
+for a in tj.get("added_tokens", []): inv[a["id"]] = None
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256)); cs = bs[:]; n = 0
+for b in range(256):
+    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+dec = {chr(c): b for b, c in zip(bs, cs)}
+ids = [int(x) for x in open(sys.argv[2]).read().split()]
+sys.stdout.write(b"".join(bytes(dec[ch] for ch in inv[i]) for i in ids if inv.get(i) is not None).decode())
+PY
+node -e 'const Ajv=require("ajv");const fs=require("fs");const v=new Ajv().compile(JSON.parse(fs.readFileSync(process.argv[1])));
+  const o=JSON.parse(fs.readFileSync(process.argv[2],"utf8"));if(!v(o)){console.error(v.errors);process.exit(1)}' \
+  "$work/schema.json" "$work/gen.json" || fail "generate --json-schema: invalid output: $(cat "$work/gen.json")"
 echo '{"type":"string","format":"date"}' >"$work/bad.json"
 if "$bin" run -m "$model" -p x -n 4 --json-schema "$work/bad.json" 2>"$work/run.err"; then fail "run: an unsupported keyword accepted"; fi
 grep -q "'format'" "$work/run.err" || fail "run: the error does not name the keyword: $(cat "$work/run.err")"
