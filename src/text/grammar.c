@@ -421,7 +421,7 @@ static uint64_t all_props(const gnode *x) { return x->n == 64 ? ~0ull : (1ull <<
 
 /* one thread (frames fr[0..d), a scratch copy) takes byte c: the threads it
  * becomes are emitted into o */
-static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *o, int hops) {
+static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *o, int hops, int *budget) {
     for (;;) {
         if (d == 0) return; /* complete: nothing may follow */
         gframe *f = &fr[d - 1];
@@ -462,10 +462,11 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             case DS_G_ALT: {
                 if (hops > 16) return;
                 for (int i = 0; i < x->n; i++) {
+                    if (--*budget < 0) return; /* nested alternatives: bounded work per byte */
                     gframe tmp[DS_GRAMMAR_MAX_DEPTH];
                     memcpy(tmp, fr, (size_t)d * sizeof *fr);
                     tmp[d - 1].node = (uint16_t)x->kid[i];
-                    step(g, tmp, d, c, o, hops + 1);
+                    step(g, tmp, d, c, o, hops + 1, budget);
                 }
                 return;
             }
@@ -803,11 +804,12 @@ static void feed_byte(const ds_gstate *src, unsigned c, ds_gstate *dst) {
     dst->g = src->g;
     dst->nt = 0;
     dst->off[0] = 0;
+    int budget = 4096; /* alternatives tried per byte at most (anyOf in anyOf ... would be exponential) */
     for (int t = 0; t < src->nt; t++) {
         gframe fr[DS_GRAMMAR_MAX_DEPTH];
         int d = src->off[t + 1] - src->off[t];
         memcpy(fr, src->f + src->off[t], (size_t)d * sizeof *fr);
-        step(src->g, fr, d, c, dst, 0);
+        step(src->g, fr, d, c, dst, 0, &budget);
     }
 }
 
