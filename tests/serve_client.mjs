@@ -117,9 +117,10 @@ async function api() {
   const ts = await chatStream({messages: tmsgs, tools, max_tokens: 16, seed: 1});
   assert.equal(ts.content, t.choices[0].message.content ?? '');
 
-  // tool_choice "required" / a named function: the reply opens a DSML tool-call block (as the V4
-  // encoder renders an assistant's calls); parsed back into tool_calls when the model closes it,
-  // else it stays content. Either way the forced opening is there, streamed or not.
+  // tool_choice "required" / a named function: the reply is one grammar-constrained DSML tool call
+  // (as the V4 encoder renders an assistant's calls), parsed back into tool_calls; cut by
+  // max_tokens it stays content. Either way it opens with the block, streamed or not
+  // (tests/serve_structured.mjs validates complete calls).
   const OPEN = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="';
   const forced = async (tool_choice, extra = {}) => {
     const q = {messages: user('Read me John 3'), tools, tool_choice, max_tokens: 40, seed: 3, ...extra};

@@ -1,5 +1,6 @@
 /* cmd_generate.c — `dsv4 generate`: continue token ids, greedy or sampled
  * with a seeded counter-based RNG; prints the generated ids. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,14 @@
 #include "model/forward.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "text/grammar.h"
+#include "text/json_schema.h"
+#include "text/tokenizer.h"
 
 typedef struct {
     cli_ids tokens, stop;
     long long n, mtp;
+    const char *json_schema;
 } generate_args;
 
 static const cli_opt generate_opts[] = {
@@ -24,6 +29,8 @@ static const cli_opt generate_opts[] = {
     CLI_LONG_OPT("--mtp", NULL, generate_args, mtp, 0, DS_GEN_MTP_MAX, "K",
                  "speculative decoding: tokens the model's MTP block drafts a step (default 0: off; the same ids for "
                  "any K; acceptance on standard error)"),
+    CLI_STRING_OPT("--json-schema", NULL, generate_args, json_schema, "FILE",
+                   "only tokens that continue JSON valid for the JSON schema in FILE (docs/server.md); EOS ends it"),
     CLI_END,
 };
 
@@ -56,7 +63,7 @@ int cmd_generate(int argc, char **argv) {
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"generate",
                          "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
-                         "[--threads N] [--stop ID,...] [--mtp K] [--backend cpu|cuda] [--gpu N]",
+                         "[--threads N] [--stop ID,...] [--mtp K] [--json-schema FILE] [--backend cpu|cuda] [--gpu N]",
                          "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 7};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
@@ -71,12 +78,40 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     ds_sample_scratch *scr = NULL;
     ds_err err = {{0}};
+    ds_tokenizer *tk = NULL; /* --json-schema: the grammar, its trie and state, the mask and masked logits */
+    ds_grammar *gram = NULL;
+    ds_vocab_trie *trie = NULL;
+    ds_gstate *gs = NULL;
+    ds_mask_scratch *ms = NULL;
+    uint64_t *bits = NULL;
+    float *glg = NULL;
     if (!dir || !prompt) {
         cli_free(&cmd);
         return cli_usage_error(&cmd, "-m and --tokens are required");
     }
     if (ds_sampling_validate(&sp, &err)) goto fail;
-    if (cli_load_model("generate", dir, &bo, &m)) goto out;
+    if (ga.json_schema ? cli_load_model_tok("generate", dir, &bo, &m, &tk) : cli_load_model("generate", dir, &bo, &m))
+        goto out;
+    if (ga.json_schema) {
+        size_t sn;
+        char *st = cli_read_file("generate", ga.json_schema, &sn);
+        if (!st) goto out;
+        int grc = ds_json_schema_compile(st, sn, &gram, &err);
+        free(st);
+        if (grc) {
+            fprintf(stderr, "dsv4 generate: %s: %s\n", ga.json_schema, err.msg);
+            goto out;
+        }
+        if (ds_vocab_trie_build(tk, &trie, &err)) goto fail;
+        gs = ds_gstate_new(gram);
+        ms = ds_mask_scratch_new(trie);
+        bits = calloc(((size_t)ds_vocab_trie_vocab(trie) + 63) / 64, sizeof *bits);
+        glg = malloc((size_t)m->cfg.vocab_size * sizeof *glg);
+        if (!gs || !ms || !bits || !glg) {
+            fprintf(stderr, "dsv4 generate: out of memory\n");
+            goto out;
+        }
+    }
     m->bind_mtp = ga.mtp > 0;
     int brc = cli_bind("generate", m, &bo, &be);
     if (brc) {
@@ -134,11 +169,25 @@ int cmd_generate(int argc, char **argv) {
         }
         if (ds_forward(m, &be, &it, 1, &err)) goto fail;
         int32_t tok;
-        if (ds_sample(&sp, logits, V, hist, n_hist, seq->pos, scr, &tok, &err)) goto fail;
+        const float *from = logits;
+        if (gs) { /* only the tokens that continue the schema's JSON (EOS once complete) */
+            if (!ds_grammar_mask(trie, gs, ms, bits)) {
+                fprintf(stderr, "dsv4 generate: the schema allows no token here\n");
+                goto out;
+            }
+            const int TV = ds_vocab_trie_vocab(trie);
+            for (int v = 0; v < V; v++) glg[v] = v < TV && (bits[v >> 6] >> (v & 63) & 1) ? logits[v] : -INFINITY;
+            from = glg;
+        }
+        if (ds_sample(&sp, from, V, hist, n_hist, seq->pos, scr, &tok, &err)) goto fail;
+        if (gs && ds_grammar_accept(trie, gs, tok)) {
+            fprintf(stderr, "dsv4 generate: the schema rejected token %d\n", (int)tok);
+            goto out;
+        }
         printf("%s%d", g ? " " : "", tok);
         fflush(stdout);
         hist[n_hist++] = tok;
-        if (ds_stop_check(stop, n_stop, tok)) break;
+        if (ds_stop_check(stop, n_stop, tok) || (gs && tok == ds_tokenizer_eos_id(tk))) break;
         it.tokens = &hist[n_hist - 1];
         it.n_tokens = 1;
     }
@@ -152,6 +201,13 @@ out:
     free(hist);
     free(logits);
     ds_sample_scratch_free(scr);
+    ds_gstate_free(gs);
+    ds_mask_scratch_free(ms);
+    free(bits);
+    free(glg);
+    ds_vocab_trie_free(trie);
+    ds_grammar_free(gram);
+    ds_tokenizer_free(tk);
     ds_seq_free(seq);
     ds_model_free(m);
     ds_backend_close(&be);

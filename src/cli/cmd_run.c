@@ -16,6 +16,7 @@
 #include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/generate.h"
+#include "text/json_schema.h"
 
 /* ------------------------------------------------------------ shared helpers */
 
@@ -50,7 +51,7 @@ static double rate(double n, double s) { return s > 0 ? n / s : 0; }
 /* ------------------------------------------------------------------ dsv4 run */
 
 typedef struct {
-    const char *prompt, *file;
+    const char *prompt, *file, *json_schema;
     long long n;
     int raw, chat, think, special, parse_special;
 } run_args;
@@ -59,6 +60,8 @@ static const cli_opt run_opts[] = {
     CLI_STRING_OPT("--prompt", "-p", run_args, prompt, "TEXT",
                    "the prompt (its exact bytes; added tokens such as <｜User｜> in it become their ids)"),
     CLI_STRING_OPT("--file", "-f", run_args, file, "FILE", "read the prompt from FILE ('-': standard input)"),
+    CLI_STRING_OPT("--json-schema", NULL, run_args, json_schema, "FILE",
+                   "constrain the output to JSON valid for the JSON schema in FILE (docs/server.md)"),
     CLI_LONG_OPT("-n", NULL, run_args, n, 0, 1 << 24, "N",
                  "tokens to generate at most (default 64); generation stops earlier at the end-of-sentence token"),
     CLI_FLAG_OPT("--raw", NULL, run_args, raw, "no BOS before the prompt (default: BOS + prompt)"),
@@ -111,7 +114,7 @@ int cmd_run(int argc, char **argv) {
                                 {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
-                                "[--special] [--mtp K] [sampling options]",
+                                "[--special] [--mtp K] [--json-schema FILE] [sampling options]",
                          RUN_ABOUT, NULL, groups, 8};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
@@ -141,6 +144,8 @@ int cmd_run(int argc, char **argv) {
     ds_tokenizer *tok = NULL;
     int32_t *ids = NULL, *full = NULL;
     size_t n_ids = 0;
+    ds_grammar *grammar = NULL;
+    ds_vocab_trie *trie = NULL;
     if (cli_load_model_tok("run", dir, &bo, &m, &tok)) goto out;
     if (chat) {
         ds_chat_msg msg = {0};
@@ -177,6 +182,21 @@ int cmd_run(int argc, char **argv) {
     }
     ds_gen_params gp;
     ds_gen_params_init(&gp);
+    if (ra.json_schema) {
+        size_t sn;
+        char *st = cli_read_file("run", ra.json_schema, &sn);
+        if (!st) goto out;
+        int grc = ds_json_schema_compile(st, sn, &grammar, &err);
+        free(st);
+        if (grc) {
+            fprintf(stderr, "dsv4 run: %s: %s\n", ra.json_schema, err.msg);
+            goto out;
+        }
+        if (ds_vocab_trie_build(tok, &trie, &err)) goto fail;
+        gp.grammar = grammar;
+        gp.trie = trie;
+        if (chat && think) gp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END);
+    }
     gp.sampling = sp;
     gp.max_new = (int)ra.n;
     gp.prefill_chunk = (int)o.chunk;
@@ -209,6 +229,8 @@ int cmd_run(int argc, char **argv) {
 fail:
     fprintf(stderr, "dsv4 run: %s\n", err.msg);
 out:
+    ds_grammar_free(grammar);
+    ds_vocab_trie_free(trie);
     free(full);
     free(ids);
     free(owned);

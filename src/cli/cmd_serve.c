@@ -19,7 +19,7 @@
 
 typedef struct {
     const char *host, *key, *name;
-    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait;
+    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer;
 } serve_args;
 
 static const cli_opt serve_opts[] = {
@@ -46,6 +46,8 @@ static const cli_opt serve_opts[] = {
     CLI_LONG_OPT("--max-body", NULL, serve_args, max_body, 1024, 1LL << 32, "BYTES",
                  "request body limit (default 8388608; larger gets 413)"),
     CLI_LONG_OPT("--timeout", NULL, serve_args, timeout, 1, 86400, "S", "idle connection timeout in seconds (default 60)"),
+    CLI_LONG_OPT("--max-conns-per-peer", NULL, serve_args, per_peer, 1, 1016, "N",
+                 "connections of one client address at most, of 1024 (default 512: the rest stay for others)"),
     CLI_STRING_OPT("--model-name", NULL, serve_args, name, "NAME", "the model id clients name (default: the directory's name)"),
     CLI_END,
 };
@@ -82,7 +84,8 @@ static int serve_ctx(const ds_model *m, const ds_backend *be, long long n, long 
 }
 
 int cmd_serve(int argc, char **argv) {
-    serve_args sa = {.host = "127.0.0.1", .key = getenv("DSV4_API_KEY"), .port = 8080, .max_seqs = 16, .ctx = 0,
+    const char *env_key = getenv("DSV4_API_KEY");
+    serve_args sa = {.host = "127.0.0.1", .key = env_key, .per_peer = 512, .port = 8080, .max_seqs = 16, .ctx = 0,
                      .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
@@ -104,7 +107,13 @@ int cmd_serve(int argc, char **argv) {
     const char *given = ma.dir, *host = sa.host, *key = sa.key, *name = sa.name;
     long long port = sa.port, max_seqs = sa.max_seqs, ctx = sa.ctx, max_queue = sa.max_queue, step = sa.step,
               chunk = sa.chunk, cache = sa.cache, max_body = sa.max_body, timeout = sa.timeout, wait = sa.wait;
+    if (key && !key[0] && key != env_key)
+        return cli_usage_error(&cmd, "--api-key is empty: give a key, or leave the option out to serve without one");
     if (key && !key[0]) key = NULL;
+    if (!key && strncmp(host, "127.", 4))
+        fprintf(stderr, "dsv4 serve: warning: listening on %s without --api-key: anyone who can reach this address "
+                        "can use the server\n",
+                host);
     if (step < max_seqs) step = max_seqs;
 
     char dir[4096];
@@ -126,6 +135,7 @@ int cmd_serve(int argc, char **argv) {
     ds_model *m = NULL;
     ds_tokenizer *tok = NULL;
     ds_sched *sched = NULL;
+    ds_vocab_trie *trie = NULL;
     serve *srv = NULL;
     ds_err err = {{0}};
     ds_backend be = {0};
@@ -155,13 +165,19 @@ int cmd_serve(int argc, char **argv) {
     }
     so.mask_ids = mask;
     so.n_mask = n_mask;
+    if (ds_vocab_trie_build(tok, &trie, &err)) { /* structured output's token masks */
+        free(mask);
+        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
+        goto out;
+    }
+    so.trie = trie;
     int src = ds_sched_start(m, &be, &so, &sched, &err);
     free(mask);
     if (src) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;
     }
-    serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024};
+    serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024, (int)sa.per_peer};
     if (serve_start(&cfg, m, tok, sched, &srv)) goto out;
     fprintf(stderr, "dsv4 serve: model '%s' (%s), ctx %lld, max-seqs %lld, backend %s, %d threads%s\n", name, dir, ctx,
             max_seqs, be.name, be.threads(&be), key ? ", API key required" : "");
@@ -173,6 +189,7 @@ out:
     if (sched) ds_sched_shutdown(sched); /* ends every request, so connections finish */
     serve_stop(srv);
     ds_sched_stop(sched);
+    ds_vocab_trie_free(trie);
     ds_tokenizer_free(tok);
     ds_model_free(m);
     ds_backend_close(&be);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "common/clock.h"
@@ -39,6 +40,7 @@ typedef struct conn {
     char *body;
     size_t n, cap;
     int too_big;
+    int bad_length; /* two Content-Length headers that differ */
 } conn;
 
 /* ---------------------------------------------------------------- helpers */
@@ -55,6 +57,7 @@ static enum MHD_Result send_buf(serve *s, struct MHD_Connection *c, unsigned sta
     struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)buf, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     count_status(s, status);
@@ -120,6 +123,7 @@ typedef struct gen {
     char *pend;
     size_t n_pend, cap_pend, off_pend;
     int phase; /* 0 first chunks, 1 tokens, 2 done */
+    double t_peer; /* when peer_gone was last asked */
     char *pfx; /* "data: " and a chunk up to the choice index (the envelope), malloc'ed */
     size_t n_pfx;
 } gen;
@@ -247,7 +251,13 @@ static int gen_wait(gen *g, double timeout_s) {
         rs[i] = g->ch[i].r;
         have[i] = g->ch[i].ended ? -1 : g->ch[i].n_seen;
     }
-    if (ds_req_wait_any(rs, have, g->n_ch, timeout_s) >= 0 || !peer_gone(g->c)) return 0;
+    /* the peer is looked at on a timeout, and at least every 0.25 s while
+     * tokens come (a client that closes a non-streamed request is noticed) */
+    int news = ds_req_wait_any(rs, have, g->n_ch, timeout_s) >= 0;
+    double now = ds_now();
+    if (news && now - g->t_peer < 0.25) return 0;
+    g->t_peer = now;
+    if (!peer_gone(g->c)) return 0;
     for (int i = 0; i < g->n_ch; i++) ds_req_cancel(g->ch[i].r);
     return -1;
 }
@@ -745,6 +755,13 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
                   "dsv4_decode_seconds_total counter\ndsv4_decode_seconds_total %.6f\n",
               st.decode_s);
     COUNTER("dsv4_steps_total", "Forward steps.", st.steps);
+    COUNTER("dsv4_grammar_masked_tokens_total",
+            "Draws of structured requests (response_format, required tool calls) under a grammar's token mask.",
+            st.mask_tokens);
+    sb_printf(&b, "# HELP dsv4_grammar_mask_seconds_total Time computing those masks (trie walk and masked copy of "
+                  "the logits).\n# TYPE dsv4_grammar_mask_seconds_total counter\ndsv4_grammar_mask_seconds_total "
+                  "%.6f\n",
+              st.mask_s);
     sb_printf(&b, "# HELP dsv4_step_phase_seconds_total The scheduler thread's time by phase of a step: admit "
                   "(dropping and admitting requests), forward, sample, publish (the tokens to the waiting "
                   "connections), retire (statistics, finished requests).\n"
@@ -783,6 +800,25 @@ static int authorized(serve *s, struct MHD_Connection *c) {
     return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->cfg.api_key);
 }
 
+/* counts the Content-Length headers that differ from the first (cls) */
+typedef struct {
+    const char *first;
+    int differ;
+} len_count;
+
+static enum MHD_Result len_iter(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    len_count *lc = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) && value && strcmp(value, lc->first)) lc->differ = 1;
+    return MHD_YES;
+}
+
+static int count_lengths(struct MHD_Connection *c, const char *first) {
+    len_count lc = {first, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, len_iter, &lc);
+    return lc.differ;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_n, void **con_cls) {
     serve *s = cls;
@@ -803,6 +839,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             sp.sched_priority = 0;
             pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
         }
+        /* two Content-Length headers that differ: refused once the body is read */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        k->bad_length = cl && count_lengths(c, cl);
         return MHD_YES;
     }
     if (*upload_n) { /* body bytes: keep up to max_body, then discard */
@@ -824,7 +863,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     ds_oai_error e;
-    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD is answered as GET (libmicrohttpd sends the headers only) */
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (k->bad_length) {
+        ds_oai_fail(&e, 400, "invalid_request_error", NULL, NULL, "two Content-Length headers that differ");
+        return send_error(s, c, &e);
+    }
     if (!strncmp(url, "/v1/", 4) && !authorized(s, c)) {
         ds_oai_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key", "Incorrect API key provided.");
         return send_error(s, c, &e);
@@ -886,7 +930,8 @@ int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_s
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
                             (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &a,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)cfg->max_conns, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            (unsigned)cfg->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)cfg->max_conns_per_peer, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_END);
     if (!s->d) {
         fprintf(stderr, "dsv4 serve: cannot listen on %s:%d (in use or not permitted)\n", cfg->host, cfg->port);

@@ -19,6 +19,7 @@ typedef struct serve_cfg {
     size_t max_body;     /* bytes of a request body at most */
     int timeout_s;       /* idle connection timeout */
     int max_conns;
+    int max_conns_per_peer; /* connections of one IP address at most (the rest stay for others: /health) */
 } serve_cfg;
 
 typedef struct serve serve;

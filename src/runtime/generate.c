@@ -20,6 +20,7 @@ void ds_gen_params_init(ds_gen_params *p) {
     p->sampling.temperature = 0;
     p->max_new = 64;
     p->prefill_chunk = 512;
+    p->grammar_after = -1;
 }
 
 /* The text of one sampled (non-stop) token through the stream; ids without a
@@ -149,7 +150,8 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 512;
     if (p->mtp < 0 || p->mtp > DS_GEN_MTP_MAX)
         return ds_fail(err, "generate: mtp is %d (must be 0..%d)", p->mtp, DS_GEN_MTP_MAX);
-    int K = m->mtp_model && n_cached == 0 && p->max_new > 1 ? p->mtp : 0; /* drafts per step */
+    /* drafts per step (the speculative loop samples without a grammar's mask: off with one) */
+    int K = m->mtp_model && n_cached == 0 && p->max_new > 1 && !p->grammar ? p->mtp : 0;
     spec X = {0};
     size_t nD = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim;
 
@@ -161,6 +163,23 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     ds_detok_stream *ds = NULL;
     int32_t *masked = NULL; /* ids without a token: never sampled */
     int n_masked = 0;
+    ds_gstate *gs = NULL; /* the grammar's state, its mask and the masked logits */
+    ds_mask_scratch *ms = NULL;
+    uint64_t *bits = NULL;
+    float *glg = NULL;
+    int g_on = 0;
+    if (p->grammar) {
+        if (!tok || !p->trie) return ds_fail(err, "generate: a grammar needs the tokenizer and its trie");
+        gs = ds_gstate_new(p->grammar);
+        ms = ds_mask_scratch_new(p->trie);
+        bits = calloc(((size_t)ds_vocab_trie_vocab(p->trie) + 63) / 64, sizeof *bits);
+        glg = malloc((size_t)V * sizeof *glg);
+        g_on = p->grammar_after < 0;
+        if (!gs || !ms || !bits || !glg) {
+            ds_fail(err, "generate: out of memory (grammar)");
+            goto done;
+        }
+    }
     if (ds_gen_unsampled_ids(tok, V, &masked, &n_masked, err)) goto done;
     if (!seq) {
         int64_t cap = p->max_len > 0 ? p->max_len : (int64_t)n_prompt + p->max_new + 1;
@@ -314,7 +333,22 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
         }
         ds_gen_mask_logits(logits, masked, n_masked);
         if (p->on_logits) p->on_logits(p->hook_ctx, seq->pos, logits, V);
-        if (ds_sample(&p->sampling, logits, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
+        const float *from = logits;
+        if (gs && g_on) { /* the grammar's mask, on a copy */
+            if (!ds_grammar_mask(p->trie, gs, ms, bits)) {
+                ds_fail(err, "generate: the grammar allows no token here");
+                goto done;
+            }
+            const int TV = ds_vocab_trie_vocab(p->trie);
+            for (int v = 0; v < V; v++) glg[v] = v < TV && (bits[v >> 6] >> (v & 63) & 1) ? logits[v] : -INFINITY;
+            from = glg;
+        }
+        if (ds_sample(&p->sampling, from, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
+        if (gs && g_on && ds_grammar_accept(p->trie, gs, t)) {
+            ds_fail(err, "generate: the grammar rejected the sampled token %d", (int)t);
+            goto done;
+        }
+        if (gs && !g_on && t == p->grammar_after) g_on = 1;
         hist[n_hist++] = t;
         r.n_gen++;
         const char *text = "";
@@ -343,6 +377,10 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
 done:
     if (X.ms) ds_seq_snap_free(seq, &X.snap);
     spec_free(be, &X);
+    ds_gstate_free(gs);
+    ds_mask_scratch_free(ms);
+    free(bits);
+    free(glg);
     free(masked);
     ds_detok_stream_free(ds);
     ds_sample_scratch_free(scr);

@@ -20,6 +20,7 @@
 #include "text/tokenizer.h"
 #include "model/forward.h"
 #include "runtime/sampler.h"
+#include "text/grammar.h"
 
 typedef struct ds_gen_params {
     ds_sampling sampling;
@@ -32,8 +33,8 @@ typedef struct ds_gen_params {
                                 n_prompt + max_new + 1 (unused when a sequence is given) */
     int detok_flags;         /* 0 or DS_DECODE_SKIP_SPECIAL, for the callback's text */
     int mtp;                 /* speculative decoding with the model's MTP block: tokens drafted per
-                                step, 0..DS_GEN_MTP_MAX (0: off; without a block, or with cached
-                                prompt tokens, generation runs without it). The sampled tokens are
+                                step, 0..DS_GEN_MTP_MAX (0: off; without a block, with cached
+                                prompt tokens or with a grammar, generation runs without it). The sampled tokens are
                                 the same bits with any value. */
     /* observers for tests and tools (NULL: none); they never change results.
      * on_logits: the logits every token is sampled from (masked), with its position.
@@ -42,6 +43,14 @@ typedef struct ds_gen_params {
     void (*on_logits)(void *ctx, int64_t pos, const float *logits, int vocab);
     void (*draft)(void *ctx, int64_t pos, int k, int32_t *d);
     void *hook_ctx;
+    /* Constrained decoding (grammar.h; NULL: none): each token is sampled from
+     * a copy of the logits with every token that cannot continue a text of the
+     * grammar at -inf (EOS only once it is complete); after the first sampled
+     * grammar_after when that is >= 0 (</think>). Needs tok and trie (built
+     * from tok). */
+    const ds_grammar *grammar;
+    const ds_vocab_trie *trie;
+    int32_t grammar_after;
 } ds_gen_params;
 #define DS_GEN_MTP_MAX 4
 

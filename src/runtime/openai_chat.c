@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/json_schema.h"
+
 int ds_oai_fail(ds_oai_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
                 ...) {
     e->status = status;
@@ -205,7 +207,10 @@ static int parse_messages(const cJSON *body, msg_store *st, size_t *n_out, ds_oa
         }
         if (d->role == DS_CHAT_ROLE_TOOL) {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
-            if (cJSON_IsString(id)) d->tool_call_id = id->valuestring;
+            snprintf(pn, sizeof pn, "messages[%zu].tool_call_id", i);
+            if (!cJSON_IsString(id)) return BAD(pn, "a tool message needs 'tool_call_id' (a string)");
+            if (i == 0) return BAD("messages[0].role", "a tool message cannot come first (it answers a tool call)");
+            d->tool_call_id = id->valuestring;
         }
         i++;
     }
@@ -215,6 +220,7 @@ static int parse_messages(const cJSON *body, msg_store *st, size_t *n_out, ds_oa
 
 void ds_oai_req_free(ds_oai_req *r) {
     free(r->prompt);
+    ds_grammar_free(r->grammar);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -284,58 +290,69 @@ static int check_model(const cJSON *b, const char *model_id, ds_oai_error *e) {
     return 0;
 }
 
-/* tool_choice "required" / a named function: the reply is forced to open a
- * DSML tool-call block as the V4 encoder renders one ("\n\n<｜DSML｜tool_calls>
- * \n<｜DSML｜invoke name=\"", then the name and "\">\n" when named) -- right
- * after the prompt's </think> in chat mode, after the reasoning's </think> in
- * thinking mode. The markup is control tokens, the name plain text. */
-static int force_tokens(ds_tokenizer *tok, const char *name, ds_oai_req *r, ds_oai_error *e) {
-    static const char OPEN[] = "\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML "invoke name=\"";
-    size_t on = sizeof OPEN - 1, nn = name ? strlen(name) : 0, n = on + (name ? nn + 3 : 0);
-    char *text = malloc(n + 1);
-    unsigned char *plain = calloc(n + 1, 1);
-    int32_t *ids = NULL;
-    size_t k = 0;
+/* response_format: "text", {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ...,
+ * "schema": ..., "strict": ...}} -> r->grammar (NULL for text) */
+static int parse_response_format(const cJSON *b, ds_oai_req *r, const cJSON **schema, ds_oai_error *e) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(b, "response_format");
+    if (!rf || cJSON_IsNull(rf)) return 0;
+    if (!cJSON_IsObject(rf))
+        return BAD("response_format", "'response_format' must be an object such as {\"type\": \"json_object\"}, not %s",
+                   type_name(rf));
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsString(ty))
+        return BAD("response_format.type", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     ds_err err = {{0}};
-    int rc = -1;
-    if (!text || !plain) {
-        BAD("tool_choice", "out of memory");
-        goto done;
+    if (!strcmp(ty->valuestring, "text")) return 0;
+    if (!strcmp(ty->valuestring, "json_object")) {
+        if (ds_grammar_json_object(&r->grammar, &err)) return BAD("response_format", "%s", err.msg);
+        return 0;
     }
-    memcpy(text, OPEN, on);
-    if (name) {
-        memcpy(text + on, name, nn);
-        memset(plain + on, 1, nn);
-        memcpy(text + on + nn, "\">\n", 3);
+    if (strcmp(ty->valuestring, "json_schema"))
+        return BAD("response_format.type", "'response_format.type' is '%.40s'; expected \"text\", \"json_object\" or "
+                   "\"json_schema\"", ty->valuestring);
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return BAD("response_format.json_schema", "'response_format.json_schema' must be an object {\"name\": ..., "
+                   "\"schema\": ...}");
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(js, "name");
+    if (nm && !cJSON_IsString(nm)) return BAD("response_format.json_schema.name", "'response_format.json_schema.name' must be a string");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
+        return BAD("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if (!sc) return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
+    ds_grammar *g = ds_grammar_new();
+    if (!g) return BAD("response_format", "out of memory");
+    int root = ds_json_schema_add(g, sc, 0, &err);
+    if (root >= 0) ds_grammar_set_root(g, root);
+    if (root < 0 || ds_grammar_finish(g, &err)) {
+        ds_grammar_free(g);
+        return BAD("response_format.json_schema.schema", "'response_format.json_schema.schema': %s", err.msg);
     }
-    if (ds_tokenizer_encode_masked(tok, text, n, DS_TOK_PARSE_ALL, plain, &ids, &k, &err)) {
-        BAD("tool_choice", "%s", err.msg);
-        goto done;
-    }
-    if (k > DS_SCHED_MAX_FORCE) {
-        BAD("tool_choice", "the forced tool call takes %zu tokens; at most %d (a shorter function name)", k,
-            DS_SCHED_MAX_FORCE);
-        goto done;
-    }
-    memcpy(r->rp.force, ids, k * sizeof *ids);
-    r->rp.n_force = (int)k;
-    r->rp.force_after = -1;
-    if (r->thinking && (r->rp.force_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
-        BAD("tool_choice", "the tokenizer has no %s token to force a tool call after", DS_CHAT_THINK_END);
-        goto done;
-    }
-    rc = 0;
-done:
-    free(ids);
-    free(plain);
-    free(text);
-    return rc;
+    r->grammar = g;
+    *schema = sc;
+    return 0;
+}
+
+/* tool_choice "required" / a named function: the reply is one DSML tool call
+ * (json_schema.c, ds_json_schema_tool_call): the block the V4 encoder renders
+ * for an assistant's call, a name among the tools (or the named one), its
+ * parameters following the tool's schema -- right after the prompt in chat
+ * mode, after the reasoning's </think> in thinking mode. */
+static int tool_grammar(ds_tokenizer *tok, const cJSON *tools, const char *name, ds_oai_req *r, ds_oai_error *e) {
+    ds_err err = {{0}};
+    if (ds_json_schema_tool_call(tools, name, &r->grammar, &err)) return BAD("tools", "%s", err.msg);
+    r->rp.grammar_after = -1;
+    if (r->thinking && (r->rp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0)
+        return BAD("tool_choice", "the tokenizer has no %s token to start a tool call after", DS_CHAT_THINK_END);
+    return 0;
 }
 
 static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_error *e) {
     msg_store st = {0};
     size_t n = 0;
-    char *tools_json = NULL;
+    char *tools_json = NULL, *schema_json = NULL;
+    const cJSON *schema = NULL;
     int rc = -1;
     if (parse_messages(b, &st, &n, e)) goto done;
     /* thinking: reasoning_effort, thinking (bool or {"type": "enabled"}), chat_template_kwargs.thinking */
@@ -439,6 +456,22 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
             n++;
         }
     }
+    /* a json_schema's schema goes with the first system message (the V4 encoding's "## Response
+     * Format"), so that the model knows what the mask will hold it to */
+    if (parse_response_format(b, r, &schema, e)) goto done;
+    if (schema && cJSON_IsObject(schema)) {
+        if (!(schema_json = cJSON_PrintUnformatted(schema))) {
+            BAD("response_format", "out of memory");
+            goto done;
+        }
+        if (st.msgs[0].role != DS_CHAT_ROLE_SYSTEM) {
+            memmove(st.msgs + 1, st.msgs, n * sizeof *st.msgs);
+            memset(st.msgs, 0, sizeof *st.msgs);
+            st.msgs[0].role = DS_CHAT_ROLE_SYSTEM;
+            n++;
+        }
+        st.msgs[0].response_format = schema_json;
+    }
     ds_chat_opts co = {0};
     co.thinking = r->thinking;
     co.reasoning_effort = effort;
@@ -449,10 +482,24 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
         goto done;
     }
     r->n_prompt = (int)n_ids;
-    if (force && force_tokens(tok, force_name, r, e)) goto done;
+    if (force && r->grammar) {
+        BAD("response_format", "'response_format' and a required tool call ('tool_choice') together are not supported");
+        goto done;
+    }
+    if (force && tool_grammar(tok, tools, force_name, r, e)) goto done;
+    if (r->grammar && !force) {
+        r->rp.grammar_after = -1;
+        if (r->thinking && (r->rp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0) {
+            BAD("response_format", "the tokenizer has no %s token to start the structured reply after",
+                DS_CHAT_THINK_END);
+            goto done;
+        }
+    }
+    r->rp.grammar = r->grammar;
     rc = 0;
 done:
     if (tools_json) cJSON_free(tools_json);
+    if (schema_json) cJSON_free(schema_json);
     store_free(&st);
     return rc;
 }
@@ -490,8 +537,17 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
                  const char *body, size_t n, ds_oai_req *r, ds_oai_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
-    cJSON *b = cJSON_ParseWithLength(body, n);
+    if (memchr(body, 0, n)) return BAD("", "the request body holds a NUL byte");
+    if (ds_utf8_valid_prefix(body, n) != n)
+        return BAD("", "the request body is not valid UTF-8 (byte %zu)", ds_utf8_valid_prefix(body, n));
+    const char *end = NULL;
+    cJSON *b = cJSON_ParseWithLengthOpts(body, n, &end, 0);
     if (!b) return BAD("", "the request body is not valid JSON");
+    for (const char *p = end; p && p < body + n; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(b);
+            return BAD("", "bytes after the JSON value of the request body (at byte %zu)", (size_t)(p - body));
+        }
     int rc = -1;
     if (!cJSON_IsObject(b)) {
         BAD("", "the request body must be a JSON object, not %s", type_name(b));
@@ -502,8 +558,13 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
     /* max tokens */
     long long mt = -1;
     const char *mt_name = "max_tokens";
-    if (get_int(b, "max_tokens", -1e18, 1e18, &mt, e) < 0) goto done;
-    if (chat && get_int(b, "max_completion_tokens", -1e18, 1e18, &mt, e) < 0) goto done;
+    int has_mt = get_int(b, "max_tokens", -1e18, 1e18, &mt, e);
+    if (has_mt < 0) goto done;
+    if (chat) {
+        int h2 = get_int(b, "max_completion_tokens", -1e18, 1e18, &mt, e);
+        if (h2 < 0) goto done;
+        has_mt |= h2;
+    }
     if (chat && cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens")) mt_name = "max_completion_tokens";
     if (r->n_prompt + 1 > ctx) {
         ds_oai_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
@@ -511,7 +572,7 @@ int ds_oai_parse(ds_tokenizer *tok, const char *model_id, int64_t ctx, uint64_t 
                     (long long)ctx, r->n_prompt);
         goto done;
     }
-    if (mt == -1) mt = chat ? ctx - r->n_prompt : (16 < ctx - r->n_prompt ? 16 : ctx - r->n_prompt);
+    if (!has_mt) mt = chat ? ctx - r->n_prompt : (16 < ctx - r->n_prompt ? 16 : ctx - r->n_prompt);
     if (mt < 1) {
         BAD(mt_name, "'%s' is %lld; it must be at least 1", mt_name, mt);
         goto done;

@@ -40,8 +40,8 @@ typedef struct ds_oai_req {
     int n_choices;     /* n: choices, each its own sequence with seed seed + i */
     int32_t *prompt;   /* malloc'ed */
     int n_prompt;
-    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs; a forced tool call
-                          (tool_choice "required" or a function) as forced tokens */
+    ds_req_params rp;  /* max_new, sampling, EOS as the stop token, top_logprobs, the grammar */
+    ds_grammar *grammar; /* response_format json_object / json_schema, or the required tool call: owned; rp.grammar */
     char *stop[DS_OAI_MAX_STOP]; /* stop strings (malloc'ed) */
     int n_stop;
 } ds_oai_req;

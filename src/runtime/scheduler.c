@@ -63,6 +63,8 @@ struct ds_req {
     int forced;      /* the forced tokens are in hist */
     int last_forced; /* the last token of hist was forced, not sampled */
     int wide;        /* a prompt or forced id >= s->n_live: drawn over the whole vocabulary */
+    ds_gstate *gs;   /* the grammar's state (p.grammar), advanced by each draw */
+    int g_on;        /* the grammar constrains the draws (from the start, or after grammar_after) */
 };
 
 typedef struct {
@@ -93,6 +95,11 @@ struct ds_sched {
     float *logits; /* [max_seqs][vocab] */
     double *lse_tmp;
     ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
+    ds_mask_scratch **msk;   /* [n_scr] with o.trie: the grammar masks' scratch, */
+    uint64_t **bits;         /* [n_scr][words]: a mask */
+    float **mlg;             /* [n_scr][vocab]: the masked copy of the logits (many tokens allowed) */
+    float **mneg;            /* [n_scr][vocab]: all -inf between draws; the allowed logits set for a draw (few) */
+    double *mask_t;          /* [max_items]: each draw's mask time (0: none) */
     _Atomic int *scr_busy;   /* [n_scr]: taken by a draw running now */
     int n_scr;
     int draw_threads; /* this step's threads for one draw's vocabulary passes */
@@ -127,6 +134,7 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->gather_gap_ms = 2;
     o->mask_ids = NULL;
     o->n_mask = 0;
+    o->trie = NULL;
 }
 
 uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
@@ -138,6 +146,8 @@ static void req_free(ds_req *r) {
     if (r->wk && --r->wk->refs == 0) free(r->wk);
     free(r->hist);
     free(r->out);
+    ds_gstate_free(r->gs);
+    ds_grammar_free(r->p.grammar);
     free(r);
 }
 
@@ -170,6 +180,8 @@ static int check_params(const ds_sched *s, int n_prompt, const ds_req_params *p,
             return ds_fail(err, "max_tokens is %d; the forced start of the reply (a tool call) takes %d", p->max_new,
                            p->n_force);
     }
+    if (p->grammar && !s->o.trie) return ds_fail(err, "a grammar needs the server's vocabulary trie");
+    if (p->grammar && p->n_force) return ds_fail(err, "a grammar and forced tokens together are not supported");
     return ds_sampling_validate(&p->sampling, err);
 }
 
@@ -184,6 +196,9 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
     if (n < 1 || n > DS_SCHED_MAX_GROUP) return ds_fail(err, "%d requests at once (must be in [1, %d])", n,
                                                         DS_SCHED_MAX_GROUP);
     for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n > 1 && n > s->o.max_queue) /* a group larger than the queue never fits (one request: full) */
+        return ds_fail(err, "n is %d: %d choices never fit the server's queue of %d requests (--max-queue)", n, n,
+                       s->o.max_queue);
     if (n_prompt < 1) return ds_fail(err, "the prompt is empty (at least one token is needed)");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
@@ -202,8 +217,13 @@ int ds_sched_submit_n(ds_sched *s, const int32_t *prompt, int n_prompt, const ds
             r->hist = malloc(((size_t)n_prompt + (size_t)p[i].max_new) * sizeof *r->hist);
             r->out = malloc((size_t)p[i].max_new * sizeof *r->out);
         }
-        if (!r || !r->hist || !r->out) {
-            if (r) free(r->hist), free(r->out), free(r);
+        if (r && p[i].grammar) {
+            r->p.grammar = ds_grammar_ref(p[i].grammar);
+            r->gs = ds_gstate_new(p[i].grammar);
+            r->g_on = p[i].grammar_after == -1;
+        }
+        if (!r || !r->hist || !r->out || (p[i].grammar && !r->gs)) {
+            if (r) free(r->hist), free(r->out), ds_gstate_free(r->gs), ds_grammar_free(r->p.grammar), free(r);
             for (int k = 0; k < i; k++) req_free(rs[k]);
             if (!i) free(wk);
             return ds_fail(err, "out of memory for a request of %d + %d tokens", n_prompt, p[i].max_new);
@@ -446,6 +466,40 @@ static int scratch_take(ds_sched *s) {
         }
 }
 
+/* The logits of draw scratch k under its mask (s->bits[k]) over [0, Vs): few
+ * allowed tokens are set into mneg (all -inf; the caller clears them after
+ * the draw, *few = 1), else lg is copied into mlg with the others at -inf. */
+static const float *masked_logits(ds_sched *s, int k, const float *lg, int Vs, int *few) {
+    const uint64_t *b = s->bits[k];
+    const int TV = ds_vocab_trie_vocab(s->o.trie), lim = Vs < TV ? Vs : TV, words = (lim + 63) / 64;
+    *few = 0;
+    if (Vs <= 0) return lg;
+    int n = 0;
+    for (int w = 0; w < words; w++) n += __builtin_popcountll(b[w]);
+    if (n <= Vs / 8) {
+        float *m = s->mneg[k];
+        for (int w = 0; w < words; w++)
+            for (uint64_t x = b[w]; x; x &= x - 1) {
+                int id = w * 64 + __builtin_ctzll(x);
+                if (id < lim) m[id] = lg[id];
+            }
+        *few = 1;
+        return m;
+    }
+    float *m = s->mlg[k];
+    memcpy(m, lg, (size_t)Vs * sizeof *m);
+    for (int w = 0; w < words; w++) {
+        uint64_t x = ~b[w];
+        if (!x) continue;
+        for (; x; x &= x - 1) {
+            int id = w * 64 + __builtin_ctzll(x);
+            if (id < lim) m[id] = -INFINITY;
+        }
+    }
+    for (int id = lim; id < Vs; id++) m[id] = -INFINITY;
+    return m;
+}
+
 /* Samples the step's j-th item with logits (s->samp[j]) into s->tok etc.
  * The draws of a step run in parallel: on the backend's threads where it
  * lends them (the CPU's pool, idle between steps: a second team of threads
@@ -473,7 +527,36 @@ static void draw(void *ctx, int j) {
     ds_gen_mask_logits(lg, s->mask, r->wide ? s->n_mask : s->n_holes);
     memset(t, 0, sizeof *t);
     ds_sample_scratch_set_threads(s->scr[k], s->draw_threads);
-    s->tok_rc[i] = ds_sample(&r->p.sampling, lg, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    const float *from = lg;
+    int few = 0;
+    s->mask_t[i] = 0;
+    if (r->gs && r->g_on) { /* the grammar's mask, on a copy: the logits stay the model's */
+        const double a = ds_now();
+        if (!ds_grammar_mask(s->o.trie, r->gs, s->msk[k], s->bits[k])) {
+            s->tok_rc[i] = ds_fail(&s->tok_err[i], "the grammar (response_format or tool call) allows no token here");
+            atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
+            return;
+        }
+        from = masked_logits(s, k, lg, Vs, &few);
+        s->mask_t[i] = ds_now() - a;
+    }
+    s->tok_rc[i] = ds_sample(&r->p.sampling, from, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    if (few) { /* mneg back to all -inf */
+        const uint64_t *b = s->bits[k];
+        const int TV = ds_vocab_trie_vocab(s->o.trie), lim = Vs < TV ? Vs : TV;
+        float *m = s->mneg[k];
+        for (int w = 0; w < (lim + 63) / 64; w++)
+            for (uint64_t x = b[w]; x; x &= x - 1) {
+                int id = w * 64 + __builtin_ctzll(x);
+                if (id < lim) m[id] = -INFINITY;
+            }
+    }
+    if (!s->tok_rc[i] && r->gs) {
+        if (r->g_on && ds_grammar_accept(s->o.trie, r->gs, t->id))
+            s->tok_rc[i] = ds_fail(&s->tok_err[i], "the grammar rejected the sampled token %d", (int)t->id);
+        else if (!r->g_on && t->id == r->p.grammar_after)
+            r->g_on = 1;
+    }
     atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
     if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, Vs, t, r->p.top_logprobs);
 }
@@ -625,6 +708,7 @@ static void *sched_main(void *arg) {
             int i = s->samp[j];
             ds_req *r = s->item_req[i];
             int n_hist = r->n_prompt + r->info.n_out;
+            if (s->mask_t[i] > 0) s->st.mask_tokens++, s->st.mask_s += s->mask_t[i];
             if (s->tok_rc[i]) {
                 r->cancel = 1; /* removed below */
                 snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
@@ -784,7 +868,27 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->tok = calloc((size_t)max_items, sizeof *s->tok);
     s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
     s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
-    if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tok_rc || !s->tok_err) {
+    s->mask_t = calloc((size_t)max_items, sizeof *s->mask_t);
+    if (o->trie) {
+        s->msk = calloc((size_t)s->n_scr, sizeof *s->msk);
+        s->bits = calloc((size_t)s->n_scr, sizeof *s->bits);
+        s->mlg = calloc((size_t)s->n_scr, sizeof *s->mlg);
+        s->mneg = calloc((size_t)s->n_scr, sizeof *s->mneg);
+        for (int i = 0; s->msk && s->bits && s->mlg && s->mneg && i < s->n_scr; i++) {
+            s->msk[i] = ds_mask_scratch_new(o->trie);
+            s->bits[i] = calloc(((size_t)ds_vocab_trie_vocab(o->trie) + 63) / 64, sizeof **s->bits);
+            s->mlg[i] = malloc((size_t)V * sizeof **s->mlg);
+            s->mneg[i] = malloc((size_t)V * sizeof **s->mneg);
+            for (int v = 0; s->mneg[i] && v < V; v++) s->mneg[i][v] = -INFINITY;
+            if (!s->msk[i] || !s->bits[i] || !s->mlg[i] || !s->mneg[i]) {
+                free(s->run), s->run = NULL;
+                ds_sched_stop(s);
+                return ds_fail(err, "out of memory for the grammar masks");
+            }
+        }
+    }
+    if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tok_rc || !s->tok_err || !s->mask_t ||
+        (o->trie && (!s->msk || !s->bits || !s->mlg || !s->mneg))) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler's sampling buffers");
@@ -846,6 +950,17 @@ void ds_sched_stop(ds_sched *s) {
         free(s->cache[i].toks);
     }
     for (int i = 0; s->scr && i < s->n_scr; i++) ds_sample_scratch_free(s->scr[i]);
+    for (int i = 0; i < s->n_scr; i++) {
+        if (s->msk) ds_mask_scratch_free(s->msk[i]);
+        if (s->bits) free(s->bits[i]);
+        if (s->mlg) free(s->mlg[i]);
+        if (s->mneg) free(s->mneg[i]);
+    }
+    free(s->msk);
+    free(s->bits);
+    free(s->mlg);
+    free(s->mneg);
+    free(s->mask_t);
     free(s->scr);
     free(s->scr_busy);
     free(s->samp);

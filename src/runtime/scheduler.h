@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
+#include "text/grammar.h"
 
 #define DS_SCHED_MAX_TOP 20    /* top_logprobs at most */
 #define DS_SCHED_MAX_FORCE 128 /* forced tokens at most */
@@ -47,6 +48,9 @@ typedef struct ds_sched_opts {
     int gather_ms, gather_gap_ms;
     const int32_t *mask_ids; /* ids never sampled (ds_gen_unsampled_ids: no token in the tokenizer); copied */
     int n_mask;
+    /* The tokenizer's vocabulary trie (grammar.h), needed by requests with a
+     * grammar; the caller keeps it alive until ds_sched_stop. */
+    const ds_vocab_trie *trie;
 } ds_sched_opts;
 
 void ds_sched_opts_init(ds_sched_opts *o);
@@ -67,6 +71,15 @@ typedef struct ds_req_params {
     int n_force;
     int32_t force_after;
     int32_t force[DS_SCHED_MAX_FORCE];
+    /* Constrained decoding: with a grammar, each draw samples from a copy of
+     * the logits where every token that cannot continue a text of the
+     * grammar is -inf (ds_grammar_mask; EOS only once the text is complete),
+     * from the first token when grammar_after is -1, else from the token after
+     * the first sampled grammar_after (</think> in thinking mode). The logits
+     * (and logprobs) are the model's. The caller keeps the grammar alive until
+     * the request is released; not with forced tokens. */
+    const ds_grammar *grammar;
+    int32_t grammar_after;
 } ds_req_params;
 
 typedef enum {
@@ -113,6 +126,8 @@ typedef struct ds_sched_stats {
     uint64_t batch_hist[8];     /* steps with 1, 2-3, 4-7, ..., >= 128 items */
     int n_moe_layers, n_experts; /* the expert-load table's shape */
     double tokens_per_s;        /* generated tokens per second over the last 10 s */
+    uint64_t mask_tokens;       /* draws of constrained requests (a grammar's token mask) */
+    double mask_s;              /* their mask time: the trie walk and the masked copy of the logits */
 } ds_sched_stats;
 
 /* Starts the scheduler thread; *out on success. Errors name the option at
