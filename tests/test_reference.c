@@ -300,5 +300,7 @@ static void fixture(const char *name) {
 int main(void) {
     fixture("tiny");
     fixture("q128");
+    fixture("q16e");
+    fixture("q32e");
     return test_summary("reference");
 }
