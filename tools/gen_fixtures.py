@@ -84,12 +84,14 @@ MODELS = {
     ),
     # long context: one prompt of 16,640 tokens (130 HCA blocks, 4,160 CSA entries,
     # the indexer keeping 32 of them); one token draw (margins recorded per token,
-    # not re-drawn), HF's own check against chunks of 4,096 instead of 7 / 128 / 1
+    # not re-drawn), HF's own check against chunks of 4,096 instead of 7 / 128 / 1.
+    # 16 indexer heads: with 4, an entry scores exactly 0 whenever every head's
+    # ReLU is 0 (1 in 16), and exact ties at the top-k boundary are undecidable
     "long": dict(
         vocab_size=64, hidden_size=64, num_hidden_layers=4, compress_ratios=[0, 4, 128, 4],
         num_hash_layers=1, num_attention_heads=2, head_dim=64, qk_rope_head_dim=16, q_lora_rank=64,
         o_groups=2, o_lora_rank=32, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=64, sliding_window=64, index_n_heads=4, index_head_dim=64,
+        moe_intermediate_size=64, sliding_window=64, index_n_heads=16, index_head_dim=64,
         index_topk=32, hc_mult=4, swiglu_limit=10.0,
         quantized=True, shards=1, mtp=False, seq_lens=[16640], greedy=(64, 8), long=True,
         weight_seed=55, token_seed=5500,
