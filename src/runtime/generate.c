@@ -35,6 +35,37 @@ static int push_text(ds_detok_stream *ds, const ds_tokenizer *tok, int32_t id, c
     return ds_detok_stream_push(ds, id, text, n, err);
 }
 
+/* What becomes of a sampled token t: it joins the history, counts, and
+ * either stops generation (a stop id) or goes out as text; the callback
+ * may stop it too. */
+typedef struct {
+    int32_t *hist;
+    int *n_hist;
+    ds_gen_result *r;
+    const int32_t *stop;
+    int n_stop;
+    ds_detok_stream *ds;
+    const ds_tokenizer *tok;
+    ds_gen_token_fn cb;
+    void *cb_ctx;
+} emitter;
+
+static int emit(const emitter *e, int32_t t, int *stopped, ds_err *err) {
+    e->hist[(*e->n_hist)++] = t;
+    e->r->n_gen++;
+    const char *text = "";
+    size_t n = 0;
+    int is_stop = ds_stop_check(e->stop, e->n_stop, t);
+    if (is_stop) {
+        e->r->stop_token = t;
+        *stopped = 1;
+    } else if (push_text(e->ds, e->tok, t, &text, &n, err)) {
+        return -1;
+    }
+    if (e->cb && e->cb(e->cb_ctx, t, is_stop, text, n)) *stopped = 1;
+    return 0;
+}
+
 int ds_gen_unsampled_ids(const ds_tokenizer *tok, int vocab, int32_t **ids, int *n, ds_err *err) {
     *ids = NULL;
     *n = 0;
@@ -240,6 +271,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
     r.prompt_s = t1 - t0;
 
     int n_hist = n_prompt, stopped = 0;
+    emitter E = {hist, &n_hist, &r, stop, n_stop, ds, tok, cb, cb_ctx};
     if (K) {
         /* the first token, as below */
         int32_t t;
@@ -250,18 +282,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
         } else {
             if (p->on_logits) p->on_logits(p->hook_ctx, seq->pos, logits, V);
             if (ds_sample(&p->sampling, logits, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;
-            hist[n_hist++] = t;
-            r.n_gen++;
-            const char *text = "";
-            size_t n = 0;
-            int is_stop = ds_stop_check(stop, n_stop, t);
-            if (is_stop) {
-                r.stop_token = t;
-                stopped = 1;
-            } else if (push_text(ds, tok, t, &text, &n, err)) {
-                goto done;
-            }
-            if (cb && cb(cb_ctx, t, is_stop, text, n)) stopped = 1;
+            if (emit(&E, t, &stopped, err)) goto done;
             X.ctok[0] = t;
             X.nc = 1;
         }
@@ -296,18 +317,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
                 ds_gen_mask_logits(lg, masked, n_masked);
                 if (p->on_logits) p->on_logits(p->hook_ctx, pos, lg, V);
                 if (ds_sample(&p->sampling, lg, V, hist, n_hist, pos, scr, &tk, err)) goto done;
-                hist[n_hist++] = tk;
-                r.n_gen++;
-                const char *text = "";
-                size_t n = 0;
-                int is_stop = ds_stop_check(stop, n_stop, tk);
-                if (is_stop) {
-                    r.stop_token = tk;
-                    stopped = 1;
-                } else if (push_text(ds, tok, tk, &text, &n, err)) {
-                    goto done;
-                }
-                if (cb && cb(cb_ctx, tk, is_stop, text, n)) stopped = 1;
+                if (emit(&E, tk, &stopped, err)) goto done;
                 j = i;
                 if (stopped || i == k || tk != X.vtok[i + 1]) break;
                 r.mtp_accepted++;
@@ -349,18 +359,7 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
             goto done;
         }
         if (gs && !g_on && t == p->grammar_after) g_on = 1;
-        hist[n_hist++] = t;
-        r.n_gen++;
-        const char *text = "";
-        size_t n = 0;
-        int is_stop = ds_stop_check(stop, n_stop, t);
-        if (is_stop) {
-            r.stop_token = t;
-            stopped = 1;
-        } else if (push_text(ds, tok, t, &text, &n, err)) {
-            goto done;
-        }
-        if (cb && cb(cb_ctx, t, is_stop, text, n)) stopped = 1;
+        if (emit(&E, t, &stopped, err)) goto done;
         if (stopped || g + 1 == p->max_new || seq->pos + 1 > seq->max_len) break;
         ds_batch_item it = {seq, &hist[n_hist - 1], 1, logits, 0, NULL, NULL};
         if (ds_forward(m, be, &it, 1, err)) goto done;
