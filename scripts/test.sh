@@ -43,7 +43,7 @@ run_tree "ASan+UBSan" build-asan . -DCMAKE_BUILD_TYPE=Release -DDSV4_SANITIZE=ON
 run_tree "Portable" build-portable "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|pinned_logits|nompi)\$" \
   -DCMAKE_BUILD_TYPE=Release -DDSV4_SIMD=OFF -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON -DDSV4_CUDA=OFF -DDSV4_MPI=OFF
 # the second compiler: clang builds everything warning-free and agrees on the fast suites
-run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput|pinned_logits|opts|cli_help)\$" \
+run_tree "Clang" build-clang "test_(kernels|reference|backend_errors|config|safetensors|chat|sampler|tokenizer|badinput|pinned_logits|opts|cli_help|grammar|mtp)\$" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DDSV4_WERROR=ON -DDSV4_TEST_HOOKS=ON -DDSV4_CUDA=OFF
 
 echo
