@@ -142,6 +142,8 @@ struct ds_checkpoint {
     int nfiles, cap_files;
     ds_tensor *tensors; /* sorted by name once open */
     int ntensors, cap_tensors;
+    void **own; /* [ntensors]: an aligned copy of a tensor whose bytes in the file are not aligned to its
+                   element (safetensors does not align them), else NULL */
 };
 
 typedef struct range {
@@ -370,6 +372,20 @@ static int finish(ds_checkpoint *ck, ds_err *err) {
         return ds_fail(err, "tensor '%s' appears in two shards: %s and %s", a->name, ck->files[a->file].path,
                        ck->files[b->file].path);
     }
+    /* every tensor's data aligned to its element: the rare one that is not
+     * is read from an aligned copy */
+    for (int i = 0; i < ck->ntensors; i++) {
+        ds_tensor *t = &ck->tensors[i];
+        size_t a = ds_dtype_size(t->dtype);
+        if (a <= 1 || (uintptr_t)t->data % a == 0) continue;
+        if (!ck->own && !(ck->own = calloc((size_t)ck->ntensors, sizeof *ck->own)))
+            return ds_fail(err, "%s: out of memory", ck->files[t->file].path);
+        void *c = aligned_alloc(64, (t->nbytes + 63) / 64 * 64);
+        if (!c) return ds_fail(err, "%s: tensor '%s': out of memory for an aligned copy", ck->files[t->file].path, t->name);
+        memcpy(c, t->data, t->nbytes);
+        ck->own[i] = c;
+        t->data = c;
+    }
     return 0;
 }
 
@@ -574,6 +590,8 @@ void ds_checkpoint_close(ds_checkpoint *ck) {
         free(ck->files[i].names);
         free(ck->files[i].path);
     }
+    for (int i = 0; ck->own && i < ck->ntensors; i++) free(ck->own[i]);
+    free(ck->own);
     free(ck->files);
     free(ck->tensors);
     free(ck);
@@ -653,7 +671,8 @@ static int copy_file(ds_checkpoint *ck, int fi, uint64_t *done, uint64_t total, 
     close(fd);
     mprotect(mem, len, PROT_READ); /* read-only, as the mapping was */
     for (int t = 0; t < ck->ntensors; t++)
-        if (ck->tensors[t].file == fi) ck->tensors[t].data = mem + (ck->tensors[t].data - f->map);
+        if (ck->tensors[t].file == fi && !(ck->own && ck->own[t]))
+            ck->tensors[t].data = mem + (ck->tensors[t].data - f->map);
     munmap(f->map, f->size);
     f->map = mem;
     f->maplen = len;
