@@ -93,16 +93,7 @@ int cmd_generate(int argc, char **argv) {
     if (ga.json_schema ? cli_load_model_tok("generate", dir, &bo, &m, &tk) : cli_load_model("generate", dir, &bo, &m))
         goto out;
     if (ga.json_schema) {
-        size_t sn;
-        char *st = cli_read_file("generate", ga.json_schema, &sn);
-        if (!st) goto out;
-        int grc = ds_json_schema_compile(st, sn, &gram, &err);
-        free(st);
-        if (grc) {
-            fprintf(stderr, "dsv4 generate: %s: %s\n", ga.json_schema, err.msg);
-            goto out;
-        }
-        if (ds_vocab_trie_build(tk, &trie, &err)) goto fail;
+        if (cli_load_schema("generate", ga.json_schema, tk, &gram, &trie)) goto out;
         gs = ds_gstate_new(gram);
         ms = ds_mask_scratch_new(trie);
         bits = calloc(((size_t)ds_vocab_trie_vocab(trie) + 63) / 64, sizeof *bits);

@@ -183,16 +183,7 @@ int cmd_run(int argc, char **argv) {
     ds_gen_params gp;
     ds_gen_params_init(&gp);
     if (ra.json_schema) {
-        size_t sn;
-        char *st = cli_read_file("run", ra.json_schema, &sn);
-        if (!st) goto out;
-        int grc = ds_json_schema_compile(st, sn, &grammar, &err);
-        free(st);
-        if (grc) {
-            fprintf(stderr, "dsv4 run: %s: %s\n", ra.json_schema, err.msg);
-            goto out;
-        }
-        if (ds_vocab_trie_build(tok, &trie, &err)) goto fail;
+        if (cli_load_schema("run", ra.json_schema, tok, &grammar, &trie)) goto out;
         gp.grammar = grammar;
         gp.trie = trie;
         if (chat && think) gp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END);

@@ -1,5 +1,8 @@
 #include "cli/util.h"
 
+#include "text/grammar.h"
+#include "text/json_schema.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +155,23 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
         ds_model_unbind(m);
         ds_backend_close(be);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_load_schema(const char *cmd, const char *file, const ds_tokenizer *tok, ds_grammar **g, ds_vocab_trie **trie) {
+    ds_err err;
+    size_t n;
+    *g = NULL, *trie = NULL;
+    char *text = cli_read_file(cmd, file, &n);
+    if (!text) return -1;
+    int rc = ds_json_schema_compile(text, n, g, &err) || ds_vocab_trie_build(tok, trie, &err);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "dsv4 %s: %s: %s\n", cmd, file, err.msg);
+        ds_grammar_free(*g);
+        *g = NULL;
         return -1;
     }
     return 0;

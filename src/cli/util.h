@@ -11,6 +11,14 @@
 /* Reads a whole file ('-': stdin) with ds_read_file; NULL with a message on
  * stderr naming `cmd` and the file. */
 char *cli_read_file(const char *cmd, const char *path, size_t *n);
+/* --json-schema FILE: the schema in FILE compiled to a grammar, and the
+ * trie of tok's vocabulary it masks over; errors printed as "dsv4 CMD: FILE: ...".
+ * Returns 0, or -1 with nothing to free. */
+struct ds_grammar;
+struct ds_vocab_trie;
+struct ds_tokenizer;
+int cli_load_schema(const char *cmd, const char *file, const struct ds_tokenizer *tok, struct ds_grammar **g,
+                    struct ds_vocab_trie **trie);
 struct ds_model;
 struct ds_tokenizer;
 /* The model directory: `given` (-m) if non-NULL, else $DSV4_MODEL, else
