@@ -15,10 +15,10 @@
 #include "backend/cpu/cpu.h"
 #include "model/forward.h"
 #include "runtime/batch.h"
+#include "picks.h"
 #include "testutil.h"
 
 #define TOL 1e-4
-#define MARGIN 1e-4
 
 typedef struct {
     int n;
@@ -42,64 +42,6 @@ static int load_ref(const ds_checkpoint *ck, refset *r) {
         r->n++;
     }
     return r->n;
-}
-
-/* Every token's routed experts and indexer picks, per sequence [L][T][k]
- * (index: [L][T][topk], -1 past the picks), from the observer. */
-typedef struct {
-    int L, k, topk, len[8];
-    int32_t *route[8], *index[8];
-} picks;
-
-static void on_route(void *ctx, int layer, int item, int tok, const int *ex, int k) {
-    picks *p = ctx;
-    memcpy(p->route[item] + ((size_t)layer * p->len[item] + tok) * p->k, ex, sizeof(int32_t) * (size_t)k);
-}
-
-static void on_index(void *ctx, int layer, int item, int tok, const int *e, int n) {
-    picks *p = ctx;
-    int32_t *row = p->index[item] + ((size_t)layer * p->len[item] + tok) * p->topk;
-    for (int j = 0; j < p->topk; j++) row[j] = j < n ? e[j] : -1;
-}
-
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* dsv4's picks against the reference's (route.i.L, index.i.L), where their
- * margin (route_margin.i.L / index_margin.i.L; absent: the generator
- * re-drew the tokens until every margin was >= MARGIN, and hash layers
- * have no choice) exceeds MARGIN; returns the differences that count. */
-static int check_picks(const char *name, const ds_checkpoint *ck, const picks *p, int i, int T, int *lowm,
-                       int *ncmp) {
-    int bad = 0;
-    for (int L = 0; L < p->L; L++)
-        for (int kind = 0; kind < 2; kind++) {
-            char a[64], b[64];
-            snprintf(a, sizeof a, kind ? "index.%d.%d" : "route.%d.%d", i, L);
-            snprintf(b, sizeof b, kind ? "index_margin.%d.%d" : "route_margin.%d.%d", i, L);
-            const ds_tensor *r = ds_checkpoint_find(ck, a), *mg = ds_checkpoint_find(ck, b);
-            if (!r) continue;
-            int w = (int)r->shape[1], stride = kind ? p->topk : p->k;
-            const int32_t *ref = (const int32_t *)(const void *)r->data;
-            const float *mar = mg ? (const float *)(const void *)mg->data : NULL;
-            for (int t = 0; t < T; t++, (*ncmp)++) {
-                int32_t got[64];
-                memcpy(got, (kind ? p->index[i] : p->route[i]) + ((size_t)L * T + t) * stride, sizeof(int32_t) * (size_t)stride);
-                if (!kind) qsort(got, (size_t)stride, sizeof(int32_t), cmp_i32);
-                if (!memcmp(got, ref + (size_t)t * w, sizeof(int32_t) * (size_t)w)) continue;
-                double m = mar ? (double)mar[t] : HUGE_VAL;
-                if (m > MARGIN) {
-                    if (bad++ < 5)
-                        printf("%s seq %d layer %d token %d: %s differ from the reference (margin %.3g)\n", name, i, L, t,
-                               kind ? "indexer picks" : "experts", m);
-                } else {
-                    (*lowm)++;
-                }
-            }
-        }
-    return bad;
 }
 
 /* Runs the sequences idx[0..k) together with the given chunk and threads. */
@@ -185,24 +127,18 @@ static void fixture(const char *name) {
 
     /* 1. full prefill, all sequences in one batch (one step), against the
      * oracle: logits, experts and indexer picks */
-    picks pk = {m->cfg.n_layers, m->cfg.n_active_experts, m->cfg.index_topk, {0}, {NULL}, {NULL}};
-    for (int i = 0; i < r.n; i++) {
-        pk.len[i] = r.len[i];
-        pk.route[i] = calloc((size_t)pk.L * r.len[i] * pk.k, sizeof(int32_t));
-        pk.index[i] = calloc((size_t)pk.L * r.len[i] * pk.topk, sizeof(int32_t));
-    }
-    ds_observer obs = {on_route, NULL, &pk, on_index};
+    picks pk;
+    ds_observer obs = picks_init(&pk, m, r.n, r.len);
     float **full = run_obs(m, &r, all, r.n, 0, 0, &obs);
     for (int i = 0; i < r.n; i++) {
-        int lowm = 0, ncmp = 0, bad = check_picks(name, ck, &pk, i, r.len[i], &lowm, &ncmp);
+        int lowm = 0, ncmp = 0, bad = picks_check(name, ck, &pk, i, r.len[i], &lowm, &ncmp);
         printf("%s seq %d: %d expert / indexer choices: %d differ where the margin exceeds %g, %d where it does not\n",
-               name, i, ncmp, bad, MARGIN, lowm);
+               name, i, ncmp, bad, PICKS_MARGIN, lowm);
         CHECK(ncmp >= r.len[i] * pk.L, "%s seq %d: only %d choices compared (route.i.L missing?)", name, i, ncmp);
         CHECK(bad == 0, "%s seq %d: %d expert / indexer choices differ from the reference above the margin", name, i,
               bad);
-        free(pk.route[i]);
-        free(pk.index[i]);
     }
+    picks_free(&pk, r.n);
     for (int i = 0; i < r.n; i++) {
         double maxd = 0, maxref = 0;
         int argmax_ok = 1;
