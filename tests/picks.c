@@ -61,14 +61,15 @@ int picks_check(const char *name, const ds_checkpoint *ck, const picks *p, int i
             const float *mar = mg ? (const float *)(const void *)mg->data : NULL;
             for (int t = 0; t < T; t++, (*ncmp)++) {
                 int32_t got[256];
-                memcpy(got, (kind ? p->index[i] : p->route[i]) + ((size_t)L * T + t) * stride, sizeof(int32_t) * (size_t)stride);
+                memcpy(got, (kind ? p->index[i] : p->route[i]) + ((size_t)L * T + t) * stride,
+                       sizeof(int32_t) * (size_t)stride);
                 if (!kind) qsort(got, (size_t)stride, sizeof(int32_t), cmp_i32);
                 if (!memcmp(got, ref + (size_t)t * w, sizeof(int32_t) * (size_t)w)) continue;
                 double m = mar ? (double)mar[t] : HUGE_VAL;
                 if (m > PICKS_MARGIN) {
                     if (bad++ < 5)
-                        printf("%s seq %d layer %d token %d: %s differ from the reference (margin %.3g)\n", name, i, L, t,
-                               kind ? "indexer picks" : "experts", m);
+                        printf("%s seq %d layer %d token %d: %s differ from the reference (margin %.3g)\n", name, i, L,
+                               t, kind ? "indexer picks" : "experts", m);
                 } else {
                     (*lowm)++;
                 }
