@@ -14,6 +14,7 @@ packages=(
   libomp-dev       # OpenMP for the clang builds
   clang-format     # scripts/format-check.sh
   libmicrohttpd-dev # HTTP server of dsv4 serve
+  libpng-dev       # dsv4 stats --heatmap
   curl             # serve tests: raw SSE, bad input
   nodejs           # serve tests: the openai npm client (installed by the test from the npm registry)
   chromium         # serve tests: the chat page in a headless browser (driven by puppeteer-core from npm)

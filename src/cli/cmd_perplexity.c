@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "cli/heatmap.h"
 #include "cli/opts.h"
 #include "cli/util.h"
 #include "ep/ep.h"
@@ -24,7 +25,7 @@ typedef struct {
     long long window, batch;
     int threads;
     int fractions;
-    const char *load_out;
+    const char *load_out, *heatmap;
     int load; /* --load */
 } text_opts;
 
@@ -48,7 +49,7 @@ typedef struct {
     const char *file;
     long long window, batch;
     int fractions;
-    const char *load_out;
+    const char *load_out, *heatmap;
 } text_args;
 
 static const cli_opt text_opts_tab[] = {
@@ -63,12 +64,15 @@ static const cli_opt stats_opts_tab[] = {
     CLI_FLAG_OPT("--fractions", NULL, text_args, fractions, "also print every expert's share, per layer"),
     CLI_STRING_OPT("--load-out", NULL, text_args, load_out, "F",
                    "write the load as 'LAYER EXPERT COUNT' lines (for --expert-load under mpirun)"),
+    CLI_STRING_OPT("--heatmap", NULL, text_args, heatmap, "F.png",
+                   "draw the load as a PNG: a row of cells per layer, a column per expert; white at the layer's "
+                   "mean, redder up to 8x it, bluer down to 1/8, black for no token"),
     CLI_END,
 };
 
 /* Parses argv into o; 0, or the exit status (2 usage, 0 --help) + 1. */
 static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const char *about, const char *notes) {
-    text_args ta = {NULL, o->window, o->batch, 0, NULL};
+    text_args ta = {NULL, o->window, o->batch, 0, NULL, NULL};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
@@ -77,10 +81,15 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const
                                 {NULL, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()},
                                 {NULL, stats_opts_tab, &ta}};
-    const cli_cmd cmd = {o->cmd,
-                         stats ? "[-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F]"
-                               : "[-m DIR] --file F [--window W] [--batch B] [--threads N]",
-                         about, notes, groups, stats ? 6 : 5};
+    const cli_cmd cmd = {
+        o->cmd,
+        stats
+            ? "[-m DIR] --file F [--window W] [--batch B] [--threads N] [--fractions] [--load-out F] [--heatmap F.png]"
+            : "[-m DIR] --file F [--window W] [--batch B] [--threads N]",
+        about,
+        notes,
+        groups,
+        stats ? 6 : 5};
     int rc;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc + 1;
     if (!ta.file) return cli_usage_error(&cmd, "--file F is required (the text to evaluate)") + 1;
@@ -92,6 +101,7 @@ static int parse_text_opts(int argc, char **argv, text_opts *o, int stats, const
     o->load = bo.load;
     o->fractions = ta.fractions;
     o->load_out = ta.load_out;
+    o->heatmap = ta.heatmap;
     return 0;
 }
 
@@ -184,8 +194,7 @@ static int bufs_new(const char *cmd, const ds_model *m, int nb, int W, int with_
         }
         b->toks[i] = malloc((size_t)(W + 1) * sizeof **b->toks);
         if (!b->toks[i]) goto oom;
-        if (with_logits && !(b->logits[i] = malloc((size_t)W * (size_t)m->cfg.vocab_size * sizeof(float))))
-            goto oom;
+        if (with_logits && !(b->logits[i] = malloc((size_t)W * (size_t)m->cfg.vocab_size * sizeof(float)))) goto oom;
     }
     return 0;
 oom:
@@ -229,7 +238,7 @@ static double row_nll(const float *x, int V, int32_t target) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL, 0};
+    text_opts o = {"perplexity", NULL, NULL, 512, 4, 0, 0, NULL, NULL, 0};
     int prc = parse_text_opts(argc, argv, &o, 0, PPL_ABOUT, PPL_NOTES);
     if (prc) return prc - 1;
     char dir[4096];
@@ -345,7 +354,7 @@ static void histogram(const long long *c, int E) {
 #endif
 
 int cmd_stats(int argc, char **argv) {
-    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL, 0};
+    text_opts o = {"stats", NULL, NULL, 512, 4, 0, 0, NULL, NULL, 0};
     int prc = parse_text_opts(argc, argv, &o, 1, STATS_ABOUT, NULL);
     if (prc) return prc - 1;
 #ifndef DS_HAVE_ROUTE_HOOK
@@ -435,6 +444,16 @@ int cmd_stats(int argc, char **argv) {
             fprintf(stderr, "dsv4 stats: --load-out %s: %s\n", o.load_out, strerror(errno));
             goto out;
         }
+    }
+    if (o.heatmap) {
+        char msg[512];
+        int cw = cnt.E <= 64 ? 16 : cnt.E <= 256 ? 4 : 2;
+        if (cli_heatmap_png(o.heatmap, cnt.counts, c->n_layers, cnt.E, cw, 16, msg, sizeof msg)) {
+            fprintf(stderr, "dsv4 stats: --heatmap %s\n", msg);
+            goto out;
+        }
+        printf("heatmap: %s (%d x %d pixels: %d layers x %d experts)\n", o.heatmap, cnt.E * cw, 16 * c->n_layers,
+               c->n_layers, cnt.E);
     }
     fprintf(stderr, "speed: %lld tokens in %.3f s, %.1f tokens/s\n", n_tok, dt, dt > 0 ? (double)n_tok / dt : 0);
     rc = 0;
