@@ -199,65 +199,81 @@ static inline v16 fp4q_scales_avx2(const ds_weight *w, int r, int m, int left) {
  * integers, in any grouping — for the digits hi and lo (H: hi's pairs times
  * 256 in the widening) and for lo2 (L); then minus CH, CL, S = fma(H, 256,
  * L) and one fp32 fma per group, fp4_span_acc's operations. */
-/* One token (16 ymm registers hold one token's trees, not two: tokens go
- * one at a time, the row's span re-decoded from L1 for each). */
-__attribute__((always_inline)) static inline float fp4q_1_avx2(const ds_weight *w, int r, const uint8_t *xb, const int l2) {
+/* A span's codes are decoded once into L1 (dec: per half h and load b the
+ * unsigned w2 + 12 of the even and odd columns) and read back for each token
+ * of the call: 16 ymm registers hold one token's trees, not two tokens' with
+ * their decoded weights. Tokens go FP4Q_NT at a time, their accumulators in
+ * memory between spans; each token's operations and their order are the
+ * one-token kernel's. */
+#define FP4Q_NT 16
+__attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w, int r, const float *xq, size_t xs,
+                                                               float *out, const int nt, const int l2) {
+    (void)l2;
     int G = w->cols / DS_FP4_GROUP;
     const uint8_t *row = w->data + (size_t)r * (size_t)(w->cols / 2);
     const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1), i256 = _mm256_set1_epi16(256);
-    v16 acc = v16_zero();
-    for (int m = 0; 16 * m < G; m++) {
-        const uint8_t *p = row + 256 * (size_t)m, *sp = xb + (size_t)m * Q4_SPAN_BYTES;
-        PF_SPAN(p);
-        int left = G - 16 * m;
-        v16 ws = fp4q_scales_avx2(w, r, m, left);
-        UNROLL for (int h = 0; h < 2; h++) {
-            __m256i u[2], v2[2], S[2]; /* [H, L] */
-            UNROLL for (int b = 0; b < 4; b++) {
-                int g = 4 * b + 2 * h; /* groups g, g + 1 of the span */
-                __m256i d;
-                if (left >= 16 || g + 2 <= left)
-                    d = _mm256_loadu_si256((const __m256i *)(const void *)(p + 16 * g));
-                else if (g < left) /* one group: the other lane's bytes 0 (its x is 0 too) */
-                    d = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * g)));
-                else
-                    d = _mm256_setzero_si256();
-                __m256i L = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
-                __m256i H = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
-                const uint8_t *x0 = sp + Q4_BLK * b + 32 * h;
+    __m256i dec[2][4][2]; /* [h][b][even, odd columns] */
+    v16 acc[FP4Q_NT];
+    for (int t0 = 0; t0 < nt; t0 += FP4Q_NT) {
+        int n = nt - t0 < FP4Q_NT ? nt - t0 : FP4Q_NT;
+        for (int t = 0; t < n; t++) acc[t] = v16_zero();
+        for (int m = 0; 16 * m < G; m++) {
+            const uint8_t *p = row + 256 * (size_t)m;
+            PF_SPAN(p);
+            int left = G - 16 * m;
+            v16 ws = fp4q_scales_avx2(w, r, m, left);
+            UNROLL for (int h = 0; h < 2; h++)
+                UNROLL for (int b = 0; b < 4; b++) {
+                    int g = 4 * b + 2 * h; /* groups g, g + 1 of the span */
+                    __m256i d;
+                    if (left >= 16 || g + 2 <= left)
+                        d = _mm256_loadu_si256((const __m256i *)(const void *)(p + 16 * g));
+                    else if (g < left) /* one group: the other lane's bytes 0 (its x is 0 too) */
+                        d = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * g)));
+                    else
+                        d = _mm256_setzero_si256();
+                    dec[h][b][0] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(d, m4));
+                    dec[h][b][1] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(d, 4), m4));
+                }
+            for (int t = 0; t < n; t++) {
+                const uint8_t *sp = (const uint8_t *)(xq + (size_t)(t0 + t) * xs) + (size_t)m * Q4_SPAN_BYTES;
+                v16 a = acc[t];
+                UNROLL for (int h = 0; h < 2; h++) {
+                    __m256i u[2], v2[2], S[2]; /* [H, L] */
+                    UNROLL for (int b = 0; b < 4; b++) {
+                        const __m256i L = dec[h][b][0], H = dec[h][b][1];
+                        const uint8_t *x0 = sp + Q4_BLK * b + 32 * h;
 #define LDX(o) _mm256_loadu_si256((const __m256i *)(const void *)(x0 + (o)))
 #define DIG(o, k) _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(L, LDX(o)), _mm256_maddubs_epi16(H, LDX((o) + 64))), k)
-                /* hi's pair sums times 256 in the widening (exact: < 2^23) */
-                __m256i vv[2] = {_mm256_add_epi32(DIG(0, i256), DIG(128, one)), DIG(256, one)};
+                        /* hi's pair sums times 256 in the widening (exact: < 2^23) */
+                        __m256i vv[2] = {_mm256_add_epi32(DIG(0, i256), DIG(128, one)), DIG(256, one)};
 #undef DIG
 #undef LDX
-                UNROLL for (int k = 0; k < 2; k++) {
-                    if (b == 0 || b == 2)
-                        v2[k] = vv[k];
-                    else if (b == 1)
-                        u[k] = _mm256_hadd_epi32(v2[k], vv[k]);
+                        UNROLL for (int k = 0; k < 2; k++) {
+                            if (b == 0 || b == 2)
+                                v2[k] = vv[k];
+                            else if (b == 1)
+                                u[k] = _mm256_hadd_epi32(v2[k], vv[k]);
+                            else
+                                S[k] = _mm256_hadd_epi32(u[k], _mm256_hadd_epi32(v2[k], vv[k]));
+                        }
+                    }
+                    __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CH + 32 * h));
+                    __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CL + 32 * h));
+                    __m256 Sf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[0], ch)), _mm256_set1_ps(256.0f),
+                                                _mm256_cvtepi32_ps(_mm256_sub_epi32(S[1], cl)));
+                    __m256 f = _mm256_mul_ps(h ? ws.hi : ws.lo, _mm256_loadu_ps((const float *)(const void *)(sp + Q4_SX + 32 * h)));
+                    if (h)
+                        a.hi = _mm256_fmadd_ps(Sf, f, a.hi);
                     else
-                        S[k] = _mm256_hadd_epi32(u[k], _mm256_hadd_epi32(v2[k], vv[k]));
+                        a.lo = _mm256_fmadd_ps(Sf, f, a.lo);
                 }
+                acc[t] = a;
             }
-            __m256i ch = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CH + 32 * h));
-            __m256i cl = _mm256_loadu_si256((const __m256i *)(const void *)(sp + Q4_CL + 32 * h));
-            __m256 Sf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(S[0], ch)), _mm256_set1_ps(256.0f),
-                                        _mm256_cvtepi32_ps(_mm256_sub_epi32(S[1], cl)));
-            __m256 f = _mm256_mul_ps(h ? ws.hi : ws.lo, _mm256_loadu_ps((const float *)(const void *)(sp + Q4_SX + 32 * h)));
-            if (h)
-                acc.hi = _mm256_fmadd_ps(Sf, f, acc.hi);
-            else
-                acc.lo = _mm256_fmadd_ps(Sf, f, acc.lo);
         }
+        for (int t = 0; t < n; t++) out[t0 + t] = v16_hsum(acc[t]);
     }
-    return v16_hsum(acc);
-}
-
-__attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w, int r, const float *xq, size_t xs,
-                                                               float *out, const int nt, const int l2) {
-    for (int t = 0; t < nt; t++) out[t] = fp4q_1_avx2(w, r, (const uint8_t *)(xq + (size_t)t * xs), l2);
 }
 
 /* the AVX2 instances: tokens AVX2_NT at a time */
@@ -280,7 +296,6 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
 #define A2_BF16X(xt, o, n) bf16x_t_avx2(w, r, xt, xs, o, n, L2)
 #define A2_F16(xt, o, n) dense_t_avx2(w, r, xt, xs, o, n, DS_W_F16, L2)
 #define A2_F32(xt, o, n) dense_t_avx2(w, r, xt, xs, o, n, DS_W_F32, L2)
-#define A2_FP4Q(xt, o, n) fp4q_t_avx2(w, r, xt, xs, o, n, L2)
 #define ROWT_AVX2_SET(S)                      \
     ROWT_AVX2(ds_cpu_rowt_fp8_avx2##S, A2_FP8)       \
     ROWT_AVX2(ds_cpu_rowt_fp8raw_avx2##S, A2_FP8RAW) \
@@ -288,7 +303,9 @@ __attribute__((always_inline)) static inline void fp4q_t_avx2(const ds_weight *w
     ROWT_AVX2(ds_cpu_rowt_bf16x_avx2##S, A2_BF16X)   \
     ROWT_AVX2(ds_cpu_rowt_f16_avx2##S, A2_F16)       \
     ROWT_AVX2(ds_cpu_rowt_f32_avx2##S, A2_F32)       \
-    ROWT_AVX2(ds_cpu_rowt_fp4q_avx2##S, A2_FP4Q)
+    void ds_cpu_rowt_fp4q_avx2##S(const ds_weight *w, int r, const float *x, size_t xs, int nt, float *out) { \
+        fp4q_t_avx2(w, r, x, xs, out, nt, L2);                                                              \
+    }
 #define L2 0
 ROWT_AVX2_SET()
 #undef L2
