@@ -2,7 +2,9 @@
 # dsv4 bench runs to the end on a fixture (here also under ASan/UBSan) and
 # prints every figure it promises: bandwidth floor, prefill, decode, ratio,
 # per-chunk ratios, where decode time goes, batched decode; and the kernel
-# bench (`--kernels`) prints every kind against the read of the same memory.
+# bench (`--kernels`) prints every kind against the read of the same memory;
+# with --mtp K the speculative run, the verify step's cost and the implied
+# speed-up.
 # (It measures; it asserts no speed.)
 set -u
 DSV4="$1"
@@ -22,6 +24,16 @@ check "chunks .* median"
 check "where .* per token: .* attention .* other"
 check "batch 2 .* tokens/s"
 check "batch 3 .* tokens/s"
+# --mtp K on a synth model with an MTP block: the speculative run, the step costs, the implied speed-up
+M=$(mktemp -d)
+"$DSV4" synth --like tiny --mtp -o "$M" >/dev/null
+mout=$("$DSV4" bench -m "$M" --prompt 16 --gen 8 --batch 2 --mtp 2 2>&1)
+rm -rf "$M"
+for k in "mtp .* --mtp 2 .* acceptance length [0-9.]*" \
+  "mtp .* decode step (1 token) [0-9.]* ms; verify step (3 tokens) [0-9.]* ms (x[0-9.]*); 2 drafts by the block [0-9.]* ms" \
+  "mtp .* implied speed-up .* x[0-9.]* at the measured [0-9.]*, x[0-9.]* at 2.5"; do
+  if echo "$mout" | grep -q -- "$k"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: bench --mtp: no '$k'"; fi
+done
 pout=$("$DSV4" bench -m "$SRC/tests/fixtures/q128" --prompt 8 --gen 2 --batch 2 --batch-profile 2>&1)
 if echo "$pout" | grep -q "where      per step at batch 2 (profiled, ops synchronized): .* attention .* other"; then
   pass=$((pass + 1))

@@ -2,7 +2,8 @@
 # dsv4 check on the fixture models: every request must give one unique
 # output over random batches, chunkings and thread counts; and the checker
 # itself must catch a batch-dependent engine (--self-test perturbs logits by
-# batch size, so the check has to fail).
+# batch size, so the check has to fail); with --mtp, speculative decoding
+# must give the plain run's bits.
 set -u
 DSV4="$1"
 SRC="$2"
@@ -21,6 +22,18 @@ for m in tiny q128; do
     run "check $m single" 0 "$DSV4" check -m "$SRC/tests/fixtures/$m" --trials 2 --mode single --seed 4
     run "check $m prefix" 0 "$DSV4" check -m "$SRC/tests/fixtures/$m" --trials 2 --mode prefix --seed 5
 done
+# speculative decoding (--mtp K) against the plain reference, bit for bit: a
+# synth model with an MTP block (the fixtures have none: check says so)
+M=$(mktemp -d)
+"$DSV4" synth --like tiny --mtp -o "$M" >/dev/null
+for k in 1 3; do
+    run "check mtp $k" 0 "$DSV4" check -m "$M" --trials 2 --mode mixed --seed $((6 + k)) --max-prompt 80 --gen 12 --mtp $k
+done
+out=$("$DSV4" check -m "$M" --trials 1 --seed 9 --max-prompt 40 --gen 10 --mtp 2 2>&1)
+if echo "$out" | grep -q "forced drafts: [1-9]"; then pass=$((pass + 1)); echo "ok   check mtp: forced drafts accepted"; else
+    fail=$((fail + 1)); echo "FAIL check mtp: no forced draft accepted"; echo "$out" | tail -5; fi
+rm -rf "$M"
+run "check --mtp without a block" 1 "$DSV4" check -m "$SRC/tests/fixtures/tiny" --trials 1 --mtp 2
 run "check catches batch dependence" 1 "$DSV4" check -m "$SRC/tests/fixtures/tiny" --trials 2 --self-test
 run "check rejects a bad mode" 2 "$DSV4" check -m "$SRC/tests/fixtures/tiny" --mode sometimes
 # process to process: two separate runs (1 thread, whole prefill, both sequences batched /

@@ -19,10 +19,10 @@ bad() {
 SAMPLING="--temperature --top-k --top-p --min-p --repeat-penalty --presence-penalty --frequency-penalty --seed"
 declare -A OPTS=(
     [run]="-m -p --prompt -f --file -n --raw --chat --think --special --parse-special --threads --prefill-chunk $SAMPLING"
-    [chat]="-m --system --ctx -n --think --verbose --no-cache --parse-special --threads --prefill-chunk $SAMPLING"
+    [chat]="-m --system --ctx -n --think --verbose --no-cache --parse-special --threads --prefill-chunk --mtp $SAMPLING"
     [perplexity]="-m --file -f --window --batch --threads"
     [stats]="-m --file -f --window --batch --threads --fractions"
-    [check]="-m --trials --mode --requests --gen --max-prompt --seed --self-test --backend --gpu"
+    [check]="-m --trials --mode --requests --gen --max-prompt --seed --mtp --self-test --backend --gpu"
     [info]="-m"
     [logits]="-m --tokens -o --prefill-chunk --threads --dump --backend --gpu"
     [generate]="-m --tokens -n --stop --threads --temperature --top-k --top-p --min-p --seed --backend --gpu"
@@ -31,7 +31,7 @@ declare -A OPTS=(
     [tokenize]="-m --model --text --file --special --stats"
     [detokenize]="-m --model --ids --skip-special --lossy"
     [serve]="-m --host --port --api-key --max-seqs --ctx --threads --backend --gpu --max-queue --step-tokens
-             --prefill-chunk --cache-seqs --max-body --timeout --model-name"
+             --prefill-chunk --cache-seqs --max-body --timeout --model-name --mtp --mtp-max-batch"
 )
 # a bad value per command: option, value, what the message says
 declare -A BADVAL=(

@@ -21,6 +21,7 @@
 #include "common/io.h"
 #include "runtime/generate.h"
 #include "model/forward.h"
+#include "model/state.h"
 #include "runtime/batch.h"
 
 /* The largest tensors of the checkpoint, largest first (up to 64). */
@@ -92,6 +93,71 @@ static double anon_huge_bytes(void) { return (double)ds_proc_kb_bytes("/proc/sel
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The costs of a speculative step after a prompt of n tokens (medians of
+ * `reps` runs, each rewound): a decode step (1 token, its logits), a verify
+ * step (K + 1 tokens, all logits and the streams the block reads), the
+ * block's K drafts (a row with the model's streams, then K - 1 chained rows,
+ * each with logits) and the snapshot + rewind of the two sequences. */
+typedef struct {
+    double dec, ver, draft, snap;
+} verify_cost;
+
+static int bench_verify(const ds_model *m, const ds_backend *be, const int32_t *toks, int n, int K, verify_cost *vc,
+                        ds_err *err) {
+    enum { REPS = 15 };
+    const ds_model *mt = m->mtp_model;
+    const int V = m->cfg.vocab_size;
+    const size_t nD = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim;
+    ds_seq *seq = NULL, *ms = NULL;
+    ds_seq_snap snap = {0}, msnap = {0};
+    float *lg = ds_host_alloc(be, (size_t)(K + 1) * (size_t)V * sizeof *lg, err);
+    float *hid = malloc((size_t)(n > K + 1 ? n : K + 1) * nD * sizeof *hid), *mh = malloc(nD * sizeof *mh);
+    double t[4][REPS];
+    int rc = -1;
+    if (!lg || !hid || !mh) {
+        if (lg) ds_fail(err, "out of memory for the verify benchmark");
+        goto out;
+    }
+    if (ds_seq_new(m, n + K + 2, &seq, err) || ds_seq_new(mt, n + K + 2, &ms, err)) goto out;
+    ds_batch_item p = {seq, toks, n, NULL, 0, hid, NULL}, b = {ms, toks + 1, n - 1, NULL, 0, NULL, hid};
+    if (ds_forward(m, be, &p, 1, err) || (n > 1 && ds_forward(mt, be, &b, 1, err))) goto out;
+    memcpy(mh, hid + (size_t)(n - 1) * nD, nD * sizeof *mh);
+    for (int r = 0; r < REPS; r++) {
+        double t0 = ds_now();
+        if (ds_seq_snapshot(m, seq, &snap, err) || ds_seq_snapshot(mt, ms, &msnap, err)) goto out;
+        double t1 = ds_now();
+        ds_batch_item d = {seq, toks + n, 1, lg, 0, NULL, NULL};
+        if (ds_forward(m, be, &d, 1, err)) goto out;
+        double t2 = ds_now();
+        if (ds_seq_rewind(m, seq, &snap, err)) goto out;
+        double t3 = ds_now();
+        ds_batch_item v = {seq, toks + n, K + 1, lg, 1, hid, NULL};
+        if (ds_forward(m, be, &v, 1, err)) goto out;
+        double t4 = ds_now();
+        for (int k = 0; k < K; k++) { /* the block: its row of the model's streams, then chained */
+            ds_batch_item c = {ms, toks + n + k, 1, lg, 0, hid, k ? hid + nD : mh};
+            if (ds_forward(mt, be, &c, 1, err)) goto out;
+            memcpy(hid + nD, hid, nD * sizeof *hid);
+        }
+        double t5 = ds_now();
+        if (ds_seq_rewind(m, seq, &snap, err) || ds_seq_rewind(mt, ms, &msnap, err)) goto out;
+        double t6 = ds_now();
+        t[0][r] = t2 - t1, t[1][r] = t4 - t3, t[2][r] = t5 - t4, t[3][r] = (t1 - t0) + (t6 - t5);
+    }
+    for (int k = 0; k < 4; k++) qsort(t[k], REPS, sizeof(double), cmp_double);
+    vc->dec = t[0][REPS / 2], vc->ver = t[1][REPS / 2], vc->draft = t[2][REPS / 2], vc->snap = t[3][REPS / 2];
+    rc = 0;
+out:
+    if (seq) ds_seq_snap_free(seq, &snap);
+    if (ms) ds_seq_snap_free(ms, &msnap);
+    ds_seq_free(seq);
+    ds_seq_free(ms);
+    ds_host_free(be, lg);
+    free(hid);
+    free(mh);
+    return rc;
 }
 
 /* One line per weight kind (batches under their main kind), attention and
@@ -435,6 +501,18 @@ int cmd_bench(int argc, char **argv) {
                "%d drafts accepted, acceptance length %.2f tokens a step\n",
                res[0].n_gen, tps[0], ba.mtp, tps[1], tps[0] > 0 ? tps[1] / tps[0] : 0, r->mtp_steps, r->mtp_accepted,
                r->mtp_drafted, r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 0);
+        verify_cost vc;
+        if (bench_verify(m, &be, toks, (int)prompt, (int)ba.mtp, &vc, &err)) goto fail;
+        /* a speculative step makes `a` tokens for a verify step, the drafts and the snapshots
+         * (the re-feed after a rejected draft not counted) */
+        double spec = vc.ver + vc.draft + vc.snap, acc = r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 1;
+        printf("mtp        step costs (medians, after %lld prompt tokens): decode step (1 token) %.3f ms; verify "
+               "step (%lld tokens) %.3f ms (x%.2f); %lld drafts by the block %.3f ms; snapshots + rewinds %.3f ms\n",
+               prompt, vc.dec * 1e3, ba.mtp + 1, vc.ver * 1e3, vc.dec > 0 ? vc.ver / vc.dec : 0, ba.mtp,
+               vc.draft * 1e3, vc.snap * 1e3);
+        printf("mtp        implied speed-up = acceptance length x decode step / (verify + drafts + snapshots): "
+               "x%.2f at the measured %.2f, x%.2f at 2.5\n",
+               spec > 0 ? acc * vc.dec / spec : 0, acc, spec > 0 ? 2.5 * vc.dec / spec : 0);
         fflush(stdout);
     }
     for (int bi = 0; bi < n_batches; bi++) {

@@ -14,6 +14,7 @@
 #include "ep/ep.h"
 #include "cli/util.h"
 #include "model/forward.h"
+#include "runtime/generate.h"
 #include "runtime/sampler.h"
 #include "runtime/model_load.h"
 
@@ -149,8 +150,70 @@ out:
     return rc;
 }
 
+/* Speculative decoding against the reference: ds_generate with the MTP
+ * block, its sampled tokens and the logits of each compared bit for bit. */
 typedef struct {
-    long long trials, n_req, gen, seed, maxp;
+    const float *rows;    /* the reference's logits: row x after token x */
+    const int32_t *toks;  /* its prompt + sampled tokens */
+    int P, G, V, n, bad;
+    int wrong, count;     /* oracle drafts (the reference's tokens), every wrong-th broken; 0: the block's */
+} spec_cmp;
+
+static void spec_logits(void *arg, int64_t pos, const float *logits, int vocab) {
+    spec_cmp *c = arg;
+    if (pos < 1 || pos - 1 >= c->P + c->G || memcmp(logits, c->rows + (size_t)(pos - 1) * vocab, sizeof(float) * vocab))
+        c->bad = 1;
+}
+
+static void spec_draft_hook(void *arg, int64_t pos, int k, int32_t *d) {
+    spec_cmp *c = arg;
+    if (!c->wrong) return;
+    for (int i = 0; i < k && pos + i < c->P + c->G; i++) {
+        d[i] = c->toks[pos + i];
+        if (++c->count % c->wrong == 0) d[i] = (d[i] + 1) % c->V;
+    }
+}
+
+static int spec_tok(void *arg, int32_t token, int is_stop, const char *text, size_t n) {
+    spec_cmp *c = arg;
+    (void)is_stop, (void)text, (void)n;
+    if (token >= 0 && c->toks[c->P + c->n++] != token) c->bad = 1;
+    return 0;
+}
+
+/* Request q generated with --mtp K (block drafts, then oracle drafts) in
+ * prefill chunks of 1..160: 0 when the tokens and logits equal the
+ * reference's; *acc gets the accepted drafts of the oracle run. */
+static int spec_check(ctx *C, const request *q, const float *rows, const int32_t *toks, int K, rng *r, int *acc,
+                      ds_err *err) {
+    int bad = 0;
+    *acc = 0;
+    for (int w = 0; w < 2; w++) {
+        spec_cmp c = {rows, toks, q->P, q->G, C->m->cfg.vocab_size, 0, 0, w ? 3 : 0, 0};
+        const int32_t never = -1; /* the reference does not stop at EOS */
+        ds_gen_params gp;
+        ds_gen_params_init(&gp);
+        gp.sampling = C->sp;
+        gp.sampling.seed = q->seed;
+        gp.max_new = q->G;
+        gp.stop_ids = &never;
+        gp.n_stop = 1;
+        gp.prefill_chunk = rint_(r, 1, 160);
+        gp.mtp = K;
+        gp.on_logits = spec_logits;
+        gp.draft = spec_draft_hook;
+        gp.hook_ctx = &c;
+        ds_gen_result res;
+        C->be->set_threads(C->be, rint_(r, 1, 4));
+        if (ds_generate(C->m, C->be, NULL, NULL, q->toks, q->P, 0, &gp, spec_tok, &c, &res, err)) return -1;
+        if (c.bad || c.n != q->G) bad = 1;
+        if (w) *acc = res.mtp_accepted;
+    }
+    return bad;
+}
+
+typedef struct {
+    long long trials, n_req, gen, seed, maxp, mtp;
     int mode, perturb;
 } check_args;
 
@@ -165,6 +228,9 @@ static const cli_opt check_opts[] = {
     CLI_LONG_OPT("--gen", NULL, check_args, gen, 0, 4096, "G", "sampled tokens per request (default 8)"),
     CLI_LONG_OPT("--max-prompt", NULL, check_args, maxp, 1, 1 << 20, "P", "random prompts of 1..P tokens (default 200)"),
     CLI_LONG_OPT("--seed", NULL, check_args, seed, 0, INT64_MAX, "S", "seed of the random trials (default 1)"),
+    CLI_LONG_OPT("--mtp", NULL, check_args, mtp, 0, DS_GEN_MTP_MAX, "K",
+                 "also generate each request with speculative decoding (the MTP block's drafts, then drafts forced "
+                 "from the reference with every 3rd wrong) and compare it bit for bit (default 0: not)"),
     CLI_FLAG_OPT("--self-test", NULL, check_args, perturb,
                  "perturb logits by batch size: the check must then fail (tests the checker)"),
     CLI_END,
@@ -174,7 +240,9 @@ static const char CHECK_ABOUT[] =
     "Runs R requests (random prompts, G sampled tokens each, temperature 0.8) N times in batches of\n"
     "random size and composition, random positions in the batch, random prefill chunking, random join\n"
     "steps and 1-4 threads, and compares every logit bit and sampled token with a run of each request\n"
-    "alone. Exit status 0 iff every request has exactly 1 unique output.\n";
+    "alone. With --mtp K each request is also generated with speculative decoding (K drafts a step),\n"
+    "which must give the same logits and tokens. Exit status 0 iff every request has exactly 1 unique\n"
+    "output.\n";
 
 int cmd_check(int argc, char **argv) {
     check_args ca = {.trials = 8, .n_req = 3, .gen = 8, .seed = 1, .maxp = 200, .mode = MODE_MIXED};
@@ -184,7 +252,8 @@ int cmd_check(int argc, char **argv) {
                                 {NULL, check_opts, &ca},
                                 {"backend (threads vary on the CPU only)", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
-    const cli_cmd cmd = {"check", "-m DIR [--trials N] [--mode single|mixed|prefix] [--requests R] [--gen G] [--seed S]",
+    const cli_cmd cmd = {"check",
+                         "-m DIR [--trials N] [--mode single|mixed|prefix] [--requests R] [--gen G] [--seed S] [--mtp K]",
                          CHECK_ABOUT, NULL, groups, 4};
     int crc;
     if (cli_parse(&cmd, argc, argv, &crc)) return crc;
@@ -199,11 +268,19 @@ int cmd_check(int argc, char **argv) {
         fprintf(stderr, "dsv4 check: %s\n", err.msg);
         return 1;
     }
+    m->bind_mtp = ca.mtp > 0;
     int brc = cli_bind("check", m, &bo, &be);
     if (brc) {
         ds_model_free(m);
         ds_backend_close(&be);
         return cli_bind_done(brc);
+    }
+    if (ca.mtp && !m->mtp_model) {
+        fprintf(stderr, "dsv4 check: --mtp %lld: %s has no MTP block to speculate with (%s)\n", ca.mtp, dir,
+                m->mtp ? "not under expert parallelism" : m->mtp_off);
+        ds_model_free(m);
+        ds_backend_close(&be);
+        return 1;
     }
     int V = m->cfg.vocab_size, R = (int)n_req, G = (int)gen, rc = 1, NN = 24;
     rng r = {0x9E3779B97F4A7C15ull ^ (uint64_t)seed * 0x100000001b3ull};
@@ -293,10 +370,18 @@ int cmd_check(int argc, char **argv) {
         fflush(stdout);
     }
     rc = 0;
+    for (int i = 0; i < R && ca.mtp; i++) { /* speculative decoding: the reference's bits */
+        int acc, sb = spec_check(&C, &reqs[i], ref_rows[i], ref_toks[i], (int)ca.mtp, &r, &acc, &err);
+        if (sb < 0) goto fail;
+        printf("mtp %lld     request %d: %s (forced drafts: %d accepted)\n", ca.mtp, i,
+               sb ? "DIFFERS from the run without speculation" : "the same tokens and logits bits", acc);
+        if (sb) unique[i]++;
+    }
     for (int i = 0; i < R; i++) {
-        printf("request %d  %3d prompt + %d sampled tokens: %d unique output%s in %lld trials + the run alone, "
+        printf("request %d  %3d prompt + %d sampled tokens: %d unique output%s in %lld trials + the run alone%s, "
                "max |diff| %g\n",
-               i, reqs[i].P, G, unique[i], unique[i] == 1 ? "" : "s", trials, maxdiff[i]);
+               i, reqs[i].P, G, unique[i], unique[i] == 1 ? "" : "s", trials, ca.mtp ? " + speculation" : "",
+               maxdiff[i]);
         if (unique[i] != 1) rc = 1;
     }
     printf("%s\n", rc ? "check: FAILED (outputs depend on the batch)" : "check: OK (bitwise identical in every trial)");

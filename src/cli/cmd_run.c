@@ -262,7 +262,8 @@ static const char CHAT_NOTES[] =
     "The sequence state is kept between turns: when the new turn's encoding extends the tokens already\n"
     "in it, only the new tokens are prefilled; otherwise (earlier reasoning dropped in thinking mode, a\n"
     "reply that re-tokenizes differently) the conversation is prefilled again. Either way the reply is\n"
-    "the same.\n";
+    "the same. With --mtp K a turn speculates when its conversation is prefilled whole (the first turn,\n"
+    "or --no-cache): a kept sequence has no MTP block state for its prefix. The reply is the same.\n";
 
 typedef struct {
     ds_chat_role role;
@@ -323,12 +324,13 @@ int cmd_chat(int argc, char **argv) {
                                 {NULL, chat_opts, &ca},
                                 {"sampling", cli_sampling_opts, &sp},
                                 {SPEED, gen_chunk_opts, &o},
+                                {SPEED, gen_mtp_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
                                 {SPEED, cli_load_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"chat", "[-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache] "
-                                 "[--parse-special] [sampling options]",
-                         CHAT_ABOUT, CHAT_NOTES, groups, 7};
+                                 "[--parse-special] [--mtp K] [sampling options]",
+                         CHAT_ABOUT, CHAT_NOTES, groups, 8};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *system = ca.system;
@@ -353,6 +355,7 @@ int cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     chat_reply reply = {0};
     if (cli_load_model_tok("chat", dir, &bo, &m, &tok)) goto out;
+    m->bind_mtp = o.mtp > 0;
     int brc = cli_bind("chat", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);
@@ -436,6 +439,7 @@ int cmd_chat(int argc, char **argv) {
         gp.max_new = (int)(ca.n >= 0 && ca.n < room ? ca.n : room);
         gp.prefill_chunk = (int)o.chunk;
         gp.detok_flags = DS_DECODE_SKIP_SPECIAL;
+        gp.mtp = (int)o.mtp;
         reply.n = 0;
         ds_gen_result res;
         if (ds_generate(m, &be, tok, seq, ids, (int)n_ids, cached, &gp, chat_cb, &reply, &res, &err)) {
@@ -466,6 +470,9 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "[prompt %zu tokens (%d cached): %.1f tokens/s; reply %d tokens%s: %.1f tokens/s]\n",
                     n_ids, cached, rate(res.n_prompt, res.prompt_s), res.n_gen,
                     res.stop_token >= 0 ? "" : " (no end of sentence)", rate(res.n_gen, res.gen_s));
+        if (verbose && res.mtp_steps)
+            fprintf(stderr, "[mtp: %d steps, %d of %d drafts accepted]\n", res.mtp_steps, res.mtp_accepted,
+                    res.mtp_drafted);
 
         /* store the reply: parsed when it is a complete message */
         size_t rn;

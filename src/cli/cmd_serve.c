@@ -19,7 +19,7 @@
 
 typedef struct {
     const char *host, *key, *name;
-    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer;
+    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer, mtp, mtp_batch;
 } serve_args;
 
 static const cli_opt serve_opts[] = {
@@ -48,6 +48,11 @@ static const cli_opt serve_opts[] = {
     CLI_LONG_OPT("--timeout", NULL, serve_args, timeout, 1, 86400, "S", "idle connection timeout in seconds (default 60)"),
     CLI_LONG_OPT("--max-conns-per-peer", NULL, serve_args, per_peer, 1, 1016, "N",
                  "connections of one client address at most, of 1024 (default 512: the rest stay for others)"),
+    CLI_LONG_OPT("--mtp", NULL, serve_args, mtp, 0, DS_GEN_MTP_MAX, "K",
+                 "speculative decoding with the model's MTP block: K tokens drafted per request and step, the same "
+                 "tokens and logprobs (default 0: off)"),
+    CLI_LONG_OPT("--mtp-max-batch", NULL, serve_args, mtp_batch, 0, 256, "N",
+                 "speculate only in steps with at most N decoding requests (default 4; docs/server.md)"),
     CLI_STRING_OPT("--model-name", NULL, serve_args, name, "NAME", "the model id clients name (default: the directory's name)"),
     CLI_END,
 };
@@ -86,7 +91,7 @@ static int serve_ctx(const ds_model *m, const ds_backend *be, long long n, long 
 int cmd_serve(int argc, char **argv) {
     const char *env_key = getenv("DSV4_API_KEY");
     serve_args sa = {.host = "127.0.0.1", .key = env_key, .per_peer = 512, .port = 8080, .max_seqs = 16, .ctx = 0,
-                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60};
+                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60, .mtp_batch = 4};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
@@ -140,6 +145,7 @@ int cmd_serve(int argc, char **argv) {
     ds_err err = {{0}};
     ds_backend be = {0};
     if (cli_load_model_tok("serve", dir, &bo, &m, &tok)) goto out;
+    m->bind_mtp = sa.mtp > 0;
     int brc = cli_bind("serve", m, &bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);
@@ -157,6 +163,11 @@ int cmd_serve(int argc, char **argv) {
     so.gather_ms = (int)wait;
     so.gather_gap_ms = wait < 2 ? (int)wait : 2;
     so.threads = bo.threads;
+    so.mtp = (int)sa.mtp;
+    so.mtp_max_batch = (int)sa.mtp_batch;
+    if (sa.mtp && !m->mtp_model)
+        fprintf(stderr, "dsv4 serve: --mtp %lld: no MTP block (%s); serving without speculation\n", sa.mtp,
+                m->mtp ? "not under expert parallelism" : m->mtp_off);
     int32_t *mask = NULL; /* ids without a token (a model vocabulary larger than the tokenizer's) */
     int n_mask = 0;
     if (ds_gen_unsampled_ids(tok, m->cfg.vocab_size, &mask, &n_mask, &err)) {
@@ -177,10 +188,14 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;
     }
-    serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024, (int)sa.per_peer};
+    serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024, (int)sa.per_peer,
+                     m->mtp_model && sa.mtp > 0};
     if (serve_start(&cfg, m, tok, sched, &srv)) goto out;
-    fprintf(stderr, "dsv4 serve: model '%s' (%s), ctx %lld, max-seqs %lld, backend %s, %d threads%s\n", name, dir, ctx,
+    fprintf(stderr, "dsv4 serve: model '%s' (%s), ctx %lld, max-seqs %lld, backend %s, %d threads%s", name, dir, ctx,
             max_seqs, be.name, be.threads(&be), key ? ", API key required" : "");
+    if (sa.mtp && m->mtp_model)
+        fprintf(stderr, ", mtp %lld (at most %lld decoding requests)", sa.mtp, sa.mtp_batch);
+    fputc('\n', stderr);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "dsv4 serve: signal %d, stopping\n", sig);

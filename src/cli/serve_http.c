@@ -285,6 +285,14 @@ static cJSON *usage_json(const gen *g) {
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "cached_tokens", g->ch[0].info.n_cached);
     cJSON_AddItemToObject(u, "prompt_tokens_details", d);
+    if (g->s->cfg.mtp) { /* speculative decoding: the MTP block's drafts the model agreed with, and the others */
+        int acc = 0, drafted = 0;
+        for (int i = 0; i < g->n_ch; i++) acc += g->ch[i].info.n_accepted, drafted += g->ch[i].info.n_drafted;
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "accepted_prediction_tokens", acc);
+        cJSON_AddNumberToObject(c, "rejected_prediction_tokens", drafted - acc);
+        cJSON_AddItemToObject(u, "completion_tokens_details", c);
+    }
     return u;
 }
 
@@ -755,6 +763,15 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
                   "dsv4_decode_seconds_total counter\ndsv4_decode_seconds_total %.6f\n",
               st.decode_s);
     COUNTER("dsv4_steps_total", "Forward steps.", st.steps);
+    COUNTER("dsv4_mtp_verify_total", "Speculative decoding: a request's steps with drafts (verify items).",
+            st.mtp_verify);
+    COUNTER("dsv4_mtp_draft_tokens_total", "Speculative decoding: tokens the MTP block drafted.", st.mtp_drafted);
+    COUNTER("dsv4_mtp_accepted_tokens_total",
+            "Speculative decoding: drafted tokens the model's own draws agreed with (kept).", st.mtp_accepted);
+    sb_printf(&b, "# HELP dsv4_mtp_seconds_total Speculative decoding: the scheduler thread's time in the MTP block "
+                  "(drafting, following the sequences) and in rewinds.\n# TYPE dsv4_mtp_seconds_total counter\n"
+                  "dsv4_mtp_seconds_total %.6f\n",
+              st.mtp_s);
     COUNTER("dsv4_grammar_masked_tokens_total",
             "Draws of structured requests (response_format, required tool calls) under a grammar's token mask.",
             st.mask_tokens);

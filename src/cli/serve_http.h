@@ -20,6 +20,7 @@ typedef struct serve_cfg {
     int timeout_s;       /* idle connection timeout */
     int max_conns;
     int max_conns_per_peer; /* connections of one IP address at most (the rest stay for others: /health) */
+    int mtp;                /* speculative decoding on: usage reports the drafts (completion_tokens_details) */
 } serve_cfg;
 
 typedef struct serve serve;

@@ -65,6 +65,16 @@ struct ds_req {
     int wide;        /* a prompt or forced id >= s->n_live: drawn over the whole vocabulary */
     ds_gstate *gs;   /* the grammar's state (p.grammar), advanced by each draw */
     int g_on;        /* the grammar constrains the draws (from the start, or after grammar_after) */
+    /* speculative decoding (scheduler.h); ms NULL: off for r */
+    ds_seq *ms;      /* the MTP block's sequence: rows (h_q, hist[q+1]) for q < ms->pos */
+    float *ph;       /* [nD] the model's streams at position seq->pos - 1: the block's next row */
+    float *mh;       /* [nD] the block's streams of its last row (chained drafting) */
+    ds_seq_snap snap, msnap;          /* r->seq before a verify step; r->ms before a chain */
+    int32_t vtok[DS_GEN_MTP_MAX + 1]; /* this step's item: the pending token, then the drafts */
+    int nv;          /* this step: drafts in r's item (0: none) */
+    int64_t p0;      /* this step: seq->pos before it */
+    int hrow;        /* this step: r's first row in s->hid (-1: none) */
+    int drawn;       /* this step: rows of r's item drawn */
 };
 
 typedef struct {
@@ -72,6 +82,8 @@ typedef struct {
     int32_t *toks; /* the tokens in seq */
     int n;
     uint64_t used;
+    ds_seq *ms; /* the MTP block's sequence at n - 1 rows, and the model's streams at n - 1 (NULL: none) */
+    float *ph;
 } cache_entry;
 
 struct ds_sched {
@@ -113,6 +125,27 @@ struct ds_sched {
      * as in the released V4): draws read the first n_live logits and mask
      * the n_holes ids below it, the first n_holes of mask (see draw) */
     int n_live, n_holes;
+    /* speculative decoding: the block (NULL: off), drafts per step, a row of streams */
+    const ds_model *mt;
+    int K;
+    size_t nD;
+    int *tbase, *tn;   /* [max_items]: an item's first row in tok, rows drawn */
+    int64_t *pos0;     /* [max_items]: the position of an item's first draw */
+    float *hid;        /* [step_tokens][nD]: the model's streams of the step's rows of requests with a block */
+    float *bin;        /* [step_tokens][nD]: the block's input streams (h_in) */
+    float *blog;       /* [max_seqs][vocab]: the block's logits */
+    float *bhid;       /* [max_seqs][nD]: its streams */
+    ds_batch_item *bitems;
+    ds_req **breq;
+#ifdef DSV4_TEST_HOOKS
+    /* DSV4_TEST_MTP_RECORD: finished requests' tokens, a line each, appended
+     * to that file; DSV4_TEST_MTP_ORACLE: drafts taken from such a file's
+     * line that extends a request's tokens (the model's own choices: drafts
+     * accepted), every DSV4_TEST_MTP_WRONG-th draft broken (partial acceptance) */
+    char rec_path[512];
+    int32_t **orc;
+    int *orc_n, n_orc, orc_wrong, orc_count;
+#endif
     /* statistics (under mu) */
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
@@ -135,6 +168,8 @@ void ds_sched_opts_init(ds_sched_opts *o) {
     o->mask_ids = NULL;
     o->n_mask = 0;
     o->trie = NULL;
+    o->mtp = 0;
+    o->mtp_max_batch = 4;
 }
 
 uint64_t ds_sched_seq_bytes(const ds_sched *s) { return ds_seq_bytes(s->m, s->o.ctx); }
@@ -345,6 +380,61 @@ static void route_hook(void *ctx, int layer, int item, int tok, const int *exper
         if (experts[i] >= 0 && experts[i] < E) s->expert_step[(size_t)layer * E + experts[i]]++;
 }
 
+/* Speculation off for r: its snapshots, the block's sequence and rows freed. */
+static void spec_off(ds_req *r) {
+    if (r->seq) ds_seq_snap_free(r->seq, &r->snap);
+    if (r->ms) ds_seq_snap_free(r->ms, &r->msnap);
+    ds_seq_free(r->ms);
+    free(r->ph);
+    free(r->mh);
+    r->ms = NULL;
+    r->ph = r->mh = NULL;
+    r->nv = 0;
+}
+
+/* Frees r's sequences. */
+static void drop_seq(ds_req *r) {
+    spec_off(r);
+    ds_seq_free(r->seq);
+    r->seq = NULL;
+}
+
+static void cache_free(cache_entry *c) {
+    ds_seq_free(c->seq);
+    ds_seq_free(c->ms);
+    free(c->ph);
+    free(c->toks);
+}
+
+/* Whether r may speculate: a block, no grammar, no forced tokens, more than one token to generate. */
+static int spec_wanted(const ds_sched *s, const ds_req *r) {
+    return s->mt && !r->p.grammar && !r->p.n_force && r->p.max_new > 1;
+}
+
+/* The block's sequence and rows for r (a fresh sequence: ms at 0), or the
+ * cached ones (cms, cph: taken). Speculation stays off (0) when r does not
+ * want it, the batch is over the limit, a cached sequence has no block state,
+ * or memory is short (it only makes decoding faster). */
+static void spec_on(ds_sched *s, ds_req *r, int fresh, ds_seq *cms, float *cph) {
+    if (!spec_wanted(s, r) || s->n_run >= s->o.mtp_max_batch || (!fresh && !cms)) {
+        ds_seq_free(cms);
+        free(cph);
+        return;
+    }
+    ds_err err;
+    if (cms) {
+        r->ms = cms;
+        r->ph = cph;
+    } else if (ds_seq_new(s->mt, s->o.ctx, &r->ms, &err)) {
+        r->ms = NULL;
+        return;
+    } else {
+        r->ph = malloc(s->nD * sizeof *r->ph);
+    }
+    r->mh = malloc(s->nD * sizeof *r->mh);
+    if (!r->ph || !r->mh) spec_off(r);
+}
+
 /* A sequence for r: the cached one holding the longest proper prefix of its
  * prompt, else a fresh one. */
 static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
@@ -359,6 +449,7 @@ static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
     if (best >= 0) {
         r->seq = s->cache[best].seq;
         r->n_fed = best_n;
+        spec_on(s, r, 0, s->cache[best].ms, s->cache[best].ph);
         free(s->cache[best].toks);
         s->cache[best] = s->cache[--s->n_cache];
         return 0;
@@ -371,38 +462,51 @@ static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
             if (s->cache[i].used < s->cache[lru].used) lru = i;
         r->seq = s->cache[lru].seq;
         ds_seq_reset(r->seq);
+        ds_seq *cms = s->cache[lru].ms;
+        if (cms) ds_seq_reset(cms);
+        spec_on(s, r, 1, cms, s->cache[lru].ph);
         free(s->cache[lru].toks);
         s->cache[lru] = s->cache[--s->n_cache];
         return 0;
     }
-    return ds_seq_new(s->m, s->o.ctx, &r->seq, err);
+    if (ds_seq_new(s->m, s->o.ctx, &r->seq, err)) return -1;
+    spec_on(s, r, 1, NULL, NULL);
+    return 0;
 }
 
 /* Keeps r's sequence for prefix reuse (or frees it). */
 static void park_seq(ds_sched *s, ds_req *r, int keep) {
     ds_seq *q = r->seq;
-    r->seq = NULL;
     if (!q) return;
     int n = r->n_prompt + r->info.n_out - 1;
     if (!keep || s->o.cache_seqs <= 0 || r->info.n_out < 1 || q->pos != n) {
-        ds_seq_free(q);
+        drop_seq(r);
         return;
     }
     int32_t *toks = malloc((size_t)n * sizeof *toks);
     if (!toks) {
-        ds_seq_free(q);
+        drop_seq(r);
         return;
     }
+    /* the block's state goes with it when it follows the sequence (a row behind) */
+    ds_seq *ms = NULL;
+    float *ph = NULL;
+    if (r->ms && r->ms->pos == n - 1) {
+        ds_seq_snap_free(r->ms, &r->msnap);
+        ms = r->ms, ph = r->ph;
+        r->ms = NULL, r->ph = NULL;
+    }
+    spec_off(r);
+    r->seq = NULL;
     memcpy(toks, r->hist, (size_t)n * sizeof *toks);
     if (s->n_cache == s->o.cache_seqs) {
         int lru = 0;
         for (int i = 1; i < s->n_cache; i++)
             if (s->cache[i].used < s->cache[lru].used) lru = i;
-        ds_seq_free(s->cache[lru].seq);
-        free(s->cache[lru].toks);
+        cache_free(&s->cache[lru]);
         s->cache[lru] = s->cache[--s->n_cache];
     }
-    s->cache[s->n_cache++] = (cache_entry){q, toks, n, ++s->clock};
+    s->cache[s->n_cache++] = (cache_entry){q, toks, n, ++s->clock, ms, ph};
 }
 
 /* Ends r (under mu): state, wake its waiter, drop the scheduler's reference. */
@@ -500,23 +604,11 @@ static const float *masked_logits(ds_sched *s, int k, const float *lg, int Vs, i
     return m;
 }
 
-/* Samples the step's j-th item with logits (s->samp[j]) into s->tok etc.
- * The draws of a step run in parallel: on the backend's threads where it
- * lends them (the CPU's pool, idle between steps: a second team of threads
- * would compete with it for the cores), else on an OpenMP team. Each draw
- * depends only on its own logits, history, seed and position, and writes only
- * its own slots. The tokens are published after the last draw: a waiter
- * woken mid-draw would compete with the draws for the cores (measured on 2
- * cores at 32 requests: the sampling phase ~1.5x as long). */
-static void draw(void *ctx, int j) {
-    ds_sched *s = ctx;
+/* One draw of item i into t: the logits lg, the history hist[0..n_hist), the
+ * position pos, scratch k. Returns nonzero on error (s->tok_err[i]). */
+static int draw_row(ds_sched *s, int i, int k, float *lg, int n_hist, int64_t pos, ds_req_token *t) {
     const int V = s->m->cfg.vocab_size;
-    int i = s->samp[j];
     ds_req *r = s->item_req[i];
-    float *lg = s->items[i].logits;
-    int n_hist = r->n_prompt + r->info.n_out;
-    ds_req_token *t = &s->tok[i];
-    int k = scratch_take(s);
     /* Over the first n_live logits, the masked suffix left out: the same
      * token as over all V with the suffix at -inf (ds_sample gives a -inf
      * token weight 0, and none of its results depends on the vocabulary's
@@ -532,15 +624,12 @@ static void draw(void *ctx, int j) {
     s->mask_t[i] = 0;
     if (r->gs && r->g_on) { /* the grammar's mask, on a copy: the logits stay the model's */
         const double a = ds_now();
-        if (!ds_grammar_mask(s->o.trie, r->gs, s->msk[k], s->bits[k])) {
-            s->tok_rc[i] = ds_fail(&s->tok_err[i], "the grammar (response_format or tool call) allows no token here");
-            atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
-            return;
-        }
+        if (!ds_grammar_mask(s->o.trie, r->gs, s->msk[k], s->bits[k]))
+            return ds_fail(&s->tok_err[i], "the grammar (response_format or tool call) allows no token here");
         from = masked_logits(s, k, lg, Vs, &few);
         s->mask_t[i] = ds_now() - a;
     }
-    s->tok_rc[i] = ds_sample(&r->p.sampling, from, Vs, r->hist, n_hist, r->seq->pos, s->scr[k], &t->id, &s->tok_err[i]);
+    int rc = ds_sample(&r->p.sampling, from, Vs, r->hist, n_hist, pos, s->scr[k], &t->id, &s->tok_err[i]);
     if (few) { /* mneg back to all -inf */
         const uint64_t *b = s->bits[k];
         const int TV = ds_vocab_trie_vocab(s->o.trie), lim = Vs < TV ? Vs : TV;
@@ -551,14 +640,250 @@ static void draw(void *ctx, int j) {
                 if (id < lim) m[id] = -INFINITY;
             }
     }
-    if (!s->tok_rc[i] && r->gs) {
+    if (!rc && r->gs) {
         if (r->g_on && ds_grammar_accept(s->o.trie, r->gs, t->id))
-            s->tok_rc[i] = ds_fail(&s->tok_err[i], "the grammar rejected the sampled token %d", (int)t->id);
+            rc = ds_fail(&s->tok_err[i], "the grammar rejected the sampled token %d", (int)t->id);
         else if (!r->g_on && t->id == r->p.grammar_after)
             r->g_on = 1;
     }
+    if (!rc && r->p.top_logprobs >= 0) fill_logprobs(s, lg, Vs, t, r->p.top_logprobs);
+    return rc;
+}
+
+/* Samples the step's j-th item with logits (s->samp[j]): one row, or a
+ * verify item's rows in order (each at its position, with the tokens drawn
+ * before it in the history) until a token differs from the draft after it
+ * or is a stop token. s->tn[i]: the rows drawn, into s->tok from
+ * s->tbase[i].
+ * The draws of a step run in parallel: on the backend's threads where it
+ * lends them (the CPU's pool, idle between steps: a second team of threads
+ * would compete with it for the cores), else on an OpenMP team. Each draw
+ * depends only on its own logits, history, seed and position, and writes only
+ * its own slots. The tokens are published after the last draw: a waiter
+ * woken mid-draw would compete with the draws for the cores (measured on 2
+ * cores at 32 requests: the sampling phase ~1.5x as long). */
+static void draw(void *ctx, int j) {
+    ds_sched *s = ctx;
+    const int V = s->m->cfg.vocab_size;
+    int i = s->samp[j];
+    ds_req *r = s->item_req[i];
+    int n_hist = r->n_prompt + r->info.n_out, nv = r->nv;
+    int k = scratch_take(s);
+    s->tn[i] = 0;
+    s->tok_rc[i] = 0;
+    for (int q = 0; q <= nv; q++) {
+        ds_req_token *t = &s->tok[s->tbase[i] + q];
+        if ((s->tok_rc[i] = draw_row(s, i, k, s->items[i].logits + (size_t)q * V, n_hist + q, s->pos0[i] + q, t)))
+            break;
+        s->tn[i]++;
+        if (q == nv) break;
+        r->hist[n_hist + q] = t->id; /* the next row's history */
+        if (t->id != r->vtok[q + 1] || ds_stop_check(r->p.stop_ids, r->p.n_stop, t->id)) break;
+    }
     atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
-    if (!s->tok_rc[i] && r->p.top_logprobs >= 0) fill_logprobs(s, lg, Vs, t, r->p.top_logprobs);
+}
+
+/* ------------------------------------------------ speculative decoding */
+
+/* The highest logit, ties to the lower id (a draft: the block's greedy pick). */
+static int32_t argmax_id(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Fails r at the step's end (the retire loop) with err's message. */
+static void spec_fail(ds_req *r, const ds_err *err) {
+    snprintf(r->info.error, sizeof r->info.error, "speculative decoding: %.960s", err->msg);
+    r->nv = 0;
+}
+
+#ifdef DSV4_TEST_HOOKS
+static void oracle_load(ds_sched *s) {
+    const char *rec = getenv("DSV4_TEST_MTP_RECORD"), *orc = getenv("DSV4_TEST_MTP_ORACLE");
+    const char *wrong = getenv("DSV4_TEST_MTP_WRONG");
+    if (rec) snprintf(s->rec_path, sizeof s->rec_path, "%s", rec);
+    s->orc_wrong = wrong ? atoi(wrong) : 0;
+    FILE *f = orc ? fopen(orc, "r") : NULL;
+    if (!f) return;
+    char line[1 << 16];
+    while (fgets(line, sizeof line, f)) {
+        int32_t **no = realloc(s->orc, (size_t)(s->n_orc + 1) * sizeof *no);
+        int *nn = realloc(s->orc_n, (size_t)(s->n_orc + 1) * sizeof *nn);
+        if (no) s->orc = no;
+        if (nn) s->orc_n = nn;
+        int32_t *t = malloc(sizeof line / 2 * sizeof *t);
+        if (!no || !nn || !t) {
+            free(t);
+            break;
+        }
+        int n = 0;
+        for (char *p = line, *e; n < (int)(sizeof line / 2); p = e) {
+            long v = strtol(p, &e, 10);
+            if (e == p) break;
+            t[n++] = (int32_t)v;
+        }
+        s->orc[s->n_orc] = t;
+        s->orc_n[s->n_orc++] = n;
+    }
+    fclose(f);
+}
+
+/* The oracle's drafts for r (hist[0..P] known, drafts for P+1..P+nv). */
+static void oracle_draft(ds_sched *s, ds_req *r, int64_t P) {
+    for (int o = 0; o < s->n_orc; o++) {
+        const int32_t *t = s->orc[o];
+        if (s->orc_n[o] <= P + 1 || memcmp(t, r->hist, (size_t)(P + 1) * sizeof *t)) continue;
+        for (int i = 0; i < r->nv && P + 1 + i < s->orc_n[o]; i++) {
+            r->vtok[1 + i] = t[P + 1 + i];
+            if (s->orc_wrong > 0 && ++s->orc_count % s->orc_wrong == 0)
+                r->vtok[1 + i] = (r->vtok[1 + i] + 1) % s->m->cfg.vocab_size;
+        }
+        return;
+    }
+}
+
+static void record_tokens(ds_sched *s, const ds_req *r) {
+    FILE *f = s->rec_path[0] ? fopen(s->rec_path, "a") : NULL;
+    if (!f) return;
+    for (int i = 0; i < r->n_prompt + r->info.n_out; i++) fprintf(f, "%s%d", i ? " " : "", (int)r->hist[i]);
+    fputc('\n', f);
+    fclose(f);
+}
+#endif
+
+/* Before a step: each decoding request with a block that follows it (ms a
+ * row behind seq) drafts up to K tokens into vtok[1..nv]: the block's row
+ * (h_{P-1}, hist[P]) with logits (the first draft; the row is kept), then
+ * chained on its own streams with its drafts (rows rewound after). The
+ * model's sequence is snapshotted for the verify step's rewind. */
+static void spec_draft(ds_sched *s) {
+    const ds_model *m = s->m, *mt = s->mt;
+    const int V = m->cfg.vocab_size;
+    int nb = 0;
+    ds_err err = {{0}};
+    for (int i = 0; i < s->n_run; i++) {
+        ds_req *r = s->run[i];
+        int64_t P = r->seq->pos;
+        if (!r->ms || r->cancel || r->info.error[0] || r->n_fed < r->n_prompt ||
+            r->n_fed != r->n_prompt + r->info.n_out - 1 || r->ms->pos != P - 1)
+            continue;
+        int k = s->K;
+        if (k > r->p.max_new - r->info.n_out - 1) k = r->p.max_new - r->info.n_out - 1;
+        if (k > r->seq->max_len - P - 1) k = (int)(r->seq->max_len - P - 1);
+        if (k > m->cfg.max_pos - P - 2) k = (int)(m->cfg.max_pos - P - 2);
+        if (k <= 0) continue;
+        r->nv = k;
+        r->vtok[0] = r->hist[P];
+        s->bitems[nb] = (ds_batch_item){r->ms, &r->hist[P], 1, s->blog + (size_t)nb * V, 0, s->bhid + nb * s->nD, r->ph};
+        s->breq[nb++] = r;
+    }
+    if (!nb) return;
+    if (ds_forward(mt, s->be, s->bitems, nb, &err)) {
+        for (int b = 0; b < nb; b++) {
+            spec_fail(s->breq[b], &err);
+            spec_off(s->breq[b]); /* its sequence is mid-step */
+        }
+        return;
+    }
+    int chain = 0;
+    for (int b = 0; b < nb; b++) {
+        ds_req *r = s->breq[b];
+        float *lg = s->blog + (size_t)b * V;
+        ds_gen_mask_logits(lg, s->mask, s->n_mask);
+        r->vtok[1] = argmax_id(lg, V);
+        memcpy(r->mh, s->bhid + b * s->nD, s->nD * sizeof(float));
+        if (r->nv > 1) {
+            if (ds_seq_snapshot(mt, r->ms, &r->msnap, &err)) {
+                spec_fail(r, &err);
+                continue;
+            }
+            chain = 1;
+        }
+    }
+    /* the chain: draft i from the block's row of draft i - 1 */
+    for (int i = 1; chain && i < s->K; i++) {
+        int nc = 0;
+        for (int b = 0; b < nb; b++) {
+            ds_req *r = s->breq[b];
+            if (r->nv <= i) continue;
+            s->bitems[nc] = (ds_batch_item){r->ms, &r->vtok[i], 1, s->blog + (size_t)nc * V, 0, s->bhid + nc * s->nD, r->mh};
+            s->item_req[nc++] = r;
+        }
+        if (!nc) break;
+        if (ds_forward(mt, s->be, s->bitems, nc, &err)) {
+            for (int b = 0; b < nc; b++) {
+                spec_fail(s->item_req[b], &err);
+                spec_off(s->item_req[b]);
+            }
+            break;
+        }
+        for (int b = 0; b < nc; b++) {
+            ds_req *r = s->item_req[b];
+            float *lg = s->blog + (size_t)b * V;
+            ds_gen_mask_logits(lg, s->mask, s->n_mask);
+            r->vtok[i + 1] = argmax_id(lg, V);
+            memcpy(r->mh, s->bhid + b * s->nD, s->nD * sizeof(float));
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        ds_req *r = s->breq[b];
+        if (!r->nv) continue;
+        if ((r->nv > 1 && ds_seq_rewind(mt, r->ms, &r->msnap, &err)) || ds_seq_snapshot(m, r->seq, &r->snap, &err)) {
+            spec_fail(r, &err);
+            continue;
+        }
+#ifdef DSV4_TEST_HOOKS
+        oracle_draft(s, r, r->seq->pos);
+#endif
+    }
+}
+
+/* After a step's draws: a verify item whose drafts were not all kept is
+ * rewound to before the step (its kept tokens are fed again next step).
+ * Then every block follows its sequence to a row behind it: rows (h_q,
+ * hist[q+1]) for q in [ms->pos, seq->pos - 1), h from ph (q = p0 - 1) or
+ * this step's streams, in one step of the block; ph becomes the streams of
+ * the sequence's last position. */
+static void spec_follow(ds_sched *s) {
+    const size_t nD = s->nD;
+    ds_err err = {{0}};
+    for (int i = 0; i < s->n_run; i++) {
+        ds_req *r = s->run[i];
+        if (!r->nv || r->info.error[0]) continue;
+        if (r->drawn - 1 < r->nv) { /* a draft was not kept */
+            if (ds_seq_rewind(s->m, r->seq, &r->snap, &err)) {
+                spec_fail(r, &err);
+                continue;
+            }
+            r->n_fed = (int)r->p0;
+        }
+    }
+    int nb = 0;
+    size_t row = 0;
+    for (int i = 0; i < s->n_run; i++) {
+        ds_req *r = s->run[i];
+        if (!r->ms || r->info.error[0]) continue;
+        int64_t a = r->ms->pos, b = r->seq->pos - 1;
+        if (b > a && (a < r->p0 - 1 || r->hrow < 0)) { /* cannot follow (not expected): off for r */
+            spec_off(r);
+            continue;
+        }
+        if (b > a) {
+            for (int64_t q = a; q < b; q++) {
+                const float *h = q < r->p0 ? r->ph : s->hid + ((size_t)r->hrow + (size_t)(q - r->p0)) * nD;
+                memcpy(s->bin + (row + (size_t)(q - a)) * nD, h, nD * sizeof(float));
+            }
+            s->bitems[nb] = (ds_batch_item){r->ms, &r->hist[a + 1], (int)(b - a), NULL, 0, NULL, s->bin + row * nD};
+            s->breq[nb++] = r;
+            row += (size_t)(b - a);
+        }
+        if (b >= r->p0 && r->hrow >= 0)
+            memcpy(r->ph, s->hid + ((size_t)r->hrow + (size_t)(b - r->p0)) * nD, nD * sizeof(float));
+    }
+    if (nb && ds_forward(s->mt, s->be, s->bitems, nb, &err))
+        for (int b = 0; b < nb; b++) spec_fail(s->breq[b], &err);
 }
 
 /* Under mu, woken from idle by a request: wait for the requests sent with it
@@ -600,8 +925,7 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
             if (r->cancel) {
-                ds_seq_free(r->seq);
-                r->seq = NULL;
+                drop_seq(r);
                 finish_locked(s, r, DS_REQ_CANCELLED, NULL);
             } else {
                 s->run[k++] = r;
@@ -649,28 +973,57 @@ static void *sched_main(void *arg) {
         }
         if (!s->n_run) continue;
 
-        /* ---- one step: every decoding request one token, then prompt chunks under the budget */
-        int n_items = 0, n_decode = 0, n_prefill = 0;
+        /* ---- speculation: the decoding requests' drafts, when the batch is small
+         * (scheduler.h); a step over the limit ends it for the requests running */
+        const double t_spec = ds_now();
+        int n_dec = 0;
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
-            if (r->n_prompt + r->info.n_out - r->n_fed != 1) continue;
-            s->items[n_items] = (ds_batch_item){r->seq, &r->hist[r->n_fed], 1, s->logits + (size_t)n_items * V, 0, NULL, NULL};
-            s->item_req[n_items++] = r;
-            r->n_fed++;
-            n_decode++;
+            r->nv = 0, r->drawn = 0, r->hrow = -1, r->p0 = r->seq->pos;
+            n_dec += r->n_fed >= r->n_prompt;
         }
-        /* prompts, and forced tokens, in chunks */
+        if (s->mt) {
+            if (n_dec <= s->o.mtp_max_batch && n_dec * (s->K + 1) <= s->o.step_tokens / 2)
+                spec_draft(s);
+            else
+                for (int i = 0; i < s->n_run; i++) spec_off(s->run[i]);
+        }
+        double spec_s = ds_now() - t_spec;
+
+        /* ---- one step: every decoding request one token (and its drafts), then prompt chunks under the budget */
+        int n_items = 0, n_decode = 0, n_prefill = 0, n_rows = 0, n_hid = 0;
+        for (int i = 0; i < s->n_run; i++) {
+            ds_req *r = s->run[i];
+            if (r->n_prompt + r->info.n_out - r->n_fed != 1 || r->info.error[0]) continue;
+            int rows = 1 + r->nv;
+            if (r->ms) r->hrow = n_hid, n_hid += rows;
+            s->items[n_items] = (ds_batch_item){r->seq, r->nv ? r->vtok : &r->hist[r->n_fed], rows,
+                                                s->logits + (size_t)n_rows * V, r->nv > 0,
+                                                r->ms ? s->hid + (size_t)r->hrow * s->nD : NULL, NULL};
+            s->tbase[n_items] = n_rows;
+            s->pos0[n_items] = r->seq->pos + 1;
+            s->item_req[n_items++] = r;
+            n_rows += rows;
+            r->n_fed += rows;
+            n_decode += rows;
+        }
+        /* prompts, forced tokens and the kept tokens of a verify step, in chunks */
         int budget = s->o.step_tokens - n_decode;
         for (int i = 0; i < s->n_run && budget > 0; i++) {
             ds_req *r = s->run[i];
             int left = r->n_prompt + r->info.n_out - r->n_fed;
-            if (left <= 0) continue; /* decoding: in the step already */
+            if (left <= 0 || r->info.error[0]) continue; /* decoding: in the step already */
             int take = left < s->o.prefill_chunk ? left : s->o.prefill_chunk;
             if (take > budget) take = budget;
             int last = take == left;
+            if (r->ms) r->hrow = n_hid, n_hid += take;
             s->items[n_items] = (ds_batch_item){r->seq, r->hist + r->n_fed, take,
-                                                last ? s->logits + (size_t)n_items * V : NULL, 0, NULL, NULL};
+                                                last ? s->logits + (size_t)n_rows * V : NULL, 0,
+                                                r->ms ? s->hid + (size_t)r->hrow * s->nD : NULL, NULL};
+            s->tbase[n_items] = n_rows;
+            s->pos0[n_items] = r->seq->pos + take;
             s->item_req[n_items++] = r;
+            n_rows += last;
             r->n_fed += take;
             budget -= take;
             n_prefill += take;
@@ -678,7 +1031,7 @@ static void *sched_main(void *arg) {
         memset(s->expert_step, 0, n_exp * sizeof *s->expert_step);
         const double t0 = ds_now();
         ds_err err = {{0}};
-        int frc = ds_forward_observed(m, s->be, s->items, n_items, &obs, &err);
+        int frc = n_items ? ds_forward_observed(m, s->be, s->items, n_items, &obs, &err) : 0;
         double t1 = ds_now();
 
         /* ---- sample (draw), publish, retire */
@@ -714,7 +1067,25 @@ static void *sched_main(void *arg) {
                 snprintf(r->info.error, sizeof r->info.error, "%s", s->tok_err[i].msg);
                 continue;
             }
-            ds_req_token t = s->tok[i];
+            if (r->nv) { /* a verify item: its drawn rows, the drafts the draws agreed with */
+                int d = s->tn[i];
+                for (int q = 0; q < d; q++) {
+                    r->hist[n_hist + q] = s->tok[s->tbase[i] + q].id;
+                    r->out[r->info.n_out++] = s->tok[s->tbase[i] + q];
+                }
+                r->drawn = d;
+                n_gen += d;
+                r->info.n_drafted += r->nv;
+                r->info.n_accepted += d - 1;
+                s->st.mtp_verify++;
+                s->st.mtp_drafted += (uint64_t)r->nv;
+                s->st.mtp_accepted += (uint64_t)(d - 1);
+                r->last_forced = 0;
+                if (!r->info.t_first) r->info.t_first = ds_now();
+                atomic_store_explicit(&r->n_pub, r->info.n_out, memory_order_release);
+                continue;
+            }
+            ds_req_token t = s->tok[s->tbase[i]];
             r->hist[n_hist] = t.id;
             n_gen++;
             int n_force = 0; /* a forced continuation after this token */
@@ -742,7 +1113,10 @@ static void *sched_main(void *arg) {
             if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
         }
         const double t3 = ds_now();
+        if (s->mt && !frc) spec_follow(s);
+        const double t4 = ds_now();
         pthread_mutex_lock(&s->mu);
+        s->st.mtp_s += spec_s + (t4 - t3);
         s->st.steps++;
         s->st.admit_s += t0 - t_admit;
         s->st.forward_s += t1 - t0;
@@ -765,14 +1139,12 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->n_run; i++) {
             ds_req *r = s->run[i];
             if (frc) {
-                ds_seq_free(r->seq);
-                r->seq = NULL;
+                drop_seq(r);
                 finish_locked(s, r, DS_REQ_FAILED, err.msg);
                 continue;
             }
-            if (r->info.error[0]) { /* sampling failed */
-                ds_seq_free(r->seq);
-                r->seq = NULL;
+            if (r->info.error[0]) { /* sampling (or the block, or a rewind) failed */
+                drop_seq(r);
                 finish_locked(s, r, DS_REQ_FAILED, NULL);
                 continue;
             }
@@ -780,6 +1152,9 @@ static void *sched_main(void *arg) {
             int stop = n_out > 0 && !r->last_forced && ds_stop_check(r->p.stop_ids, r->p.n_stop, r->out[n_out - 1].id);
             int full = n_out >= r->p.max_new || (n_out > 0 && r->seq->pos + 1 > r->seq->max_len);
             if (stop || full) {
+#ifdef DSV4_TEST_HOOKS
+                record_tokens(s, r);
+#endif
                 park_seq(s, r, 1);
                 finish_locked(s, r, stop ? DS_REQ_DONE_STOP : DS_REQ_DONE_LENGTH, NULL);
             } else {
@@ -788,7 +1163,7 @@ static void *sched_main(void *arg) {
         }
         s->n_run = k;
         s->st.cached_seqs = s->n_cache;
-        s->st.retire_s += ds_now() - t3;
+        s->st.retire_s += ds_now() - t4;
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;
@@ -814,6 +1189,9 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     if (o->gather_ms < 0 || o->gather_ms > 60000 || (o->gather_ms > 0 && (o->gather_gap_ms < 1 || o->gather_gap_ms > o->gather_ms)))
         return ds_fail(err, "batch-wait is %d ms with a gap of %d ms (must be 0, or 1 <= gap <= wait <= 60000)",
                        o->gather_ms, o->gather_gap_ms);
+    if (o->mtp < 0 || o->mtp > DS_GEN_MTP_MAX) return ds_fail(err, "mtp is %d (must be in [0, %d])", o->mtp, DS_GEN_MTP_MAX);
+    if (o->mtp_max_batch < 0 || o->mtp_max_batch > 256)
+        return ds_fail(err, "mtp-max-batch is %d (must be in [0, 256])", o->mtp_max_batch);
     ds_sched *s = calloc(1, sizeof *s);
     if (!s) return ds_fail(err, "out of memory");
     s->m = m;
@@ -822,11 +1200,15 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     const int V = m->cfg.vocab_size;
     const size_t n_exp = (size_t)m->cfg.n_layers * (size_t)m->cfg.n_routed_experts;
     int max_items = o->max_seqs;
+    s->mt = o->mtp > 0 ? m->mtp_model : NULL;
+    s->K = s->mt ? o->mtp : 0;
+    s->nD = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim;
+    const size_t rows = (size_t)max_items * (size_t)(s->K + 1); /* logits rows of a step at most */
     s->run = calloc((size_t)o->max_seqs, sizeof *s->run);
     s->cache = calloc((size_t)(o->cache_seqs ? o->cache_seqs : 1), sizeof *s->cache);
     s->items = calloc((size_t)max_items, sizeof *s->items);
     s->item_req = calloc((size_t)max_items, sizeof *s->item_req);
-    s->logits = ds_host_alloc(be, (size_t)max_items * (size_t)V * sizeof *s->logits, err); /* downloads land here */
+    s->logits = ds_host_alloc(be, rows * (size_t)V * sizeof *s->logits, err); /* downloads land here */
     s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
     s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
     if (!s->logits) { /* the backend's message (pinned memory, or the bytes asked) */
@@ -865,7 +1247,28 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->scr = calloc((size_t)s->n_scr, sizeof *s->scr);
     s->scr_busy = calloc((size_t)s->n_scr, sizeof *s->scr_busy);
     s->samp = calloc((size_t)max_items, sizeof *s->samp);
-    s->tok = calloc((size_t)max_items, sizeof *s->tok);
+    s->tok = calloc(rows, sizeof *s->tok);
+    s->tbase = calloc((size_t)max_items, sizeof *s->tbase);
+    s->tn = calloc((size_t)max_items, sizeof *s->tn);
+    s->pos0 = calloc((size_t)max_items, sizeof *s->pos0);
+    if (s->mt) {
+        const size_t hrows = (size_t)o->step_tokens + rows; /* a step's rows at most */
+        s->hid = malloc(hrows * s->nD * sizeof *s->hid);
+        s->bin = malloc(hrows * s->nD * sizeof *s->bin);
+        s->bhid = malloc((size_t)max_items * s->nD * sizeof *s->bhid);
+        s->bitems = calloc((size_t)max_items, sizeof *s->bitems);
+        s->breq = calloc((size_t)max_items, sizeof *s->breq);
+        s->blog = ds_host_alloc(be, (size_t)max_items * (size_t)V * sizeof *s->blog, err);
+        if (!s->hid || !s->bin || !s->bhid || !s->bitems || !s->breq || !s->blog) {
+            free(s->run), s->run = NULL;
+            ds_sched_stop(s);
+            return ds_fail(err, "out of memory for speculative decoding (%d sequences, %d drafts)", o->max_seqs,
+                           o->mtp);
+        }
+    }
+#ifdef DSV4_TEST_HOOKS
+    oracle_load(s);
+#endif
     s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
     s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
     s->mask_t = calloc((size_t)max_items, sizeof *s->mask_t);
@@ -887,7 +1290,7 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
             }
         }
     }
-    if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tok_rc || !s->tok_err || !s->mask_t ||
+    if (!s->scr || !s->scr_busy || !s->samp || !s->tok || !s->tbase || !s->tn || !s->pos0 || !s->tok_rc || !s->tok_err || !s->mask_t ||
         (o->trie && (!s->msk || !s->bits || !s->mlg || !s->mneg))) {
         free(s->run), s->run = NULL;
         ds_sched_stop(s);
@@ -921,8 +1324,7 @@ void ds_sched_shutdown(ds_sched *s) {
         pthread_join(s->th, NULL);
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_run; i++) {
-            ds_seq_free(s->run[i]->seq);
-            s->run[i]->seq = NULL;
+            drop_seq(s->run[i]);
             finish_locked(s, s->run[i], DS_REQ_CANCELLED, "the server is shutting down");
         }
         while (s->q_head) {
@@ -945,10 +1347,7 @@ void ds_sched_stop(ds_sched *s) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->work);
     }
-    for (int i = 0; i < s->n_cache; i++) {
-        ds_seq_free(s->cache[i].seq);
-        free(s->cache[i].toks);
-    }
+    for (int i = 0; i < s->n_cache; i++) cache_free(&s->cache[i]);
     for (int i = 0; s->scr && i < s->n_scr; i++) ds_sample_scratch_free(s->scr[i]);
     for (int i = 0; i < s->n_scr; i++) {
         if (s->msk) ds_mask_scratch_free(s->msk[i]);
@@ -965,6 +1364,20 @@ void ds_sched_stop(ds_sched *s) {
     free(s->scr_busy);
     free(s->samp);
     free(s->tok);
+    free(s->tbase);
+    free(s->tn);
+    free(s->pos0);
+    free(s->hid);
+    free(s->bin);
+    free(s->bhid);
+    free(s->bitems);
+    free(s->breq);
+    ds_host_free(s->be, s->blog);
+#ifdef DSV4_TEST_HOOKS
+    for (int i = 0; i < s->n_orc; i++) free(s->orc[i]);
+    free(s->orc);
+    free(s->orc_n);
+#endif
     free(s->tok_rc);
     free(s->tok_err);
     free(s->mask);

@@ -13,6 +13,22 @@
  * one of those token lists continues from that state and prefills only the
  * rest.
  *
+ * Speculative decoding (opts.mtp = K > 0 and the model's MTP block bound):
+ * a decoding request drafts up to K tokens with the block (greedy, chained
+ * on its own streams) before a step and puts its pending token and the
+ * drafts into the step as one item of K + 1 tokens (counted in the step
+ * budget) with all their logits; its draws take the rows in order, each at
+ * its own position with the history before it, until a token differs from
+ * the draft, so the tokens, logprobs and RNG positions are those of decoding
+ * one token a step. The state the rejected drafts wrote is rewound
+ * (ds_seq_rewind) and the kept tokens are fed again in the next step (a
+ * plain step for that request). A step speculates only while the decoding
+ * requests are at most opts.mtp_max_batch and their items with drafts take
+ * at most half of step_tokens; a step over that ends speculation for the
+ * requests running then (their blocks stop following them). Requests with
+ * a grammar or forced tokens, or whose prompt continues a cached sequence
+ * kept without the block's state, decode without it.
+ *
  * Threads: one scheduler thread owns the model calls, the sequences and the
  * cache. Any thread may submit, wait for, cancel and release requests. Every
  * call into the model is in scheduler.c. */
@@ -51,6 +67,11 @@ typedef struct ds_sched_opts {
     /* The tokenizer's vocabulary trie (grammar.h), needed by requests with a
      * grammar; the caller keeps it alive until ds_sched_stop. */
     const ds_vocab_trie *trie;
+    /* Speculative decoding with the model's MTP block (m->mtp_model; ignored
+     * without one): tokens drafted per request and step, 0..DS_GEN_MTP_MAX
+     * (default 0: off); only in steps with at most mtp_max_batch decoding
+     * requests (default 4). */
+    int mtp, mtp_max_batch;
 } ds_sched_opts;
 
 void ds_sched_opts_init(ds_sched_opts *o);
@@ -106,6 +127,8 @@ typedef struct ds_req_info {
     int n_prompt, n_cached; /* prompt tokens, of which taken from a cached sequence */
     int n_out;              /* tokens generated so far */
     double t_submit, t_first, t_done; /* ds_now() times (0: not yet) */
+    int n_drafted, n_accepted;        /* speculative decoding: tokens the MTP block drafted, of which
+                                         the model's draws agreed with (accepted) */
     char error[1024];
 } ds_req_info;
 
@@ -128,6 +151,11 @@ typedef struct ds_sched_stats {
     double tokens_per_s;        /* generated tokens per second over the last 10 s */
     uint64_t mask_tokens;       /* draws of constrained requests (a grammar's token mask) */
     double mask_s;              /* their mask time: the trie walk and the masked copy of the logits */
+    /* speculative decoding: verify items (a request's step with drafts), the
+     * tokens drafted and accepted, and the scheduler thread's time in the
+     * MTP block (drafting, following the model) and in rewinds */
+    uint64_t mtp_verify, mtp_drafted, mtp_accepted;
+    double mtp_s;
 } ds_sched_stats;
 
 /* Starts the scheduler thread; *out on success. Errors name the option at
