@@ -11,6 +11,7 @@
  * Also the OpenAI text layer: plain-text rule, stop strings, thinking split,
  * DSML tool calls parsed back. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -580,6 +581,53 @@ int main(void) {
         og.gather_gap_ms = og.gather_ms + 1;
         CHECK(ds_sched_start(m, &be, &og, &s, &err) == -1 && strstr(err.msg, "batch-wait"), "a gap over the wait: %s",
               err.msg);
+    }
+
+    /* the exponentially weighted expert load after a prefill and 24 decode
+     * steps: never above the tokens an expert took, never below them aged by
+     * every token its layer routed, 0 where it took none */
+    {
+        ds_sched_opts ol;
+        ds_sched_opts_init(&ol);
+        ol.max_seqs = 2;
+        ol.ctx = 256;
+        CHECK(!ds_sched_start(m, &be, &ol, &s, &err), "%s", err.msg);
+        ds_req_params lp2 = rp[1];
+        lp2.max_new = 25;
+        ds_req *q = NULL;
+        CHECK(!ds_sched_submit(s, prompts[2], np[2], &lp2, &q, &err), "%s", err.msg);
+        if (q) {
+            ds_req_info qi;
+            do ds_req_wait(q, 1 << 30, 30.0, &qi);
+            while (qi.state < DS_REQ_DONE_STOP);
+            ds_req_release(q);
+        }
+        ds_sched_stats st;
+        ds_sched_get_stats(s, &st, NULL, 0);
+        int L = st.n_moe_layers, E = st.n_experts, k = m->cfg.n_active_experts;
+        size_t nld = (size_t)L * E;
+        uint64_t *tk = calloc(nld, sizeof *tk);
+        double *ld = calloc(nld, sizeof *ld);
+        ds_sched_get_stats(s, &st, tk, (int)nld);
+        CHECK(ds_sched_get_load(s, ld, (int)nld) == 0, "ds_sched_get_load");
+        CHECK(ds_sched_get_load(s, ld, (int)nld - 1) == -1, "ds_sched_get_load: a short table is refused");
+        int bad = 0, aged = 0;
+        for (int l = 0; l < L; l++) {
+            uint64_t sum = 0;
+            for (int e = 0; e < E; e++) sum += tk[(size_t)l * E + e];
+            double floor = exp2(-(double)sum / k / DS_SCHED_LOAD_HALFLIFE);
+            for (int e = 0; e < E; e++) {
+                double t = (double)tk[(size_t)l * E + e], w = ld[(size_t)l * E + e];
+                if (w > t || w < t * floor * (1 - 1e-12) || (t == 0) != (w == 0)) bad++;
+                aged += w < t;
+            }
+        }
+        CHECK(st.steps >= 25 && bad == 0, "expert load: %d of %zu entries outside [tokens aged by the layer's %llu steps, "
+              "tokens]", bad, nld, (unsigned long long)st.steps);
+        CHECK(aged > 0, "expert load: no entry aged over %llu steps", (unsigned long long)st.steps);
+        free(tk);
+        free(ld);
+        ds_sched_stop(s);
     }
 
     for (int i = 0; i < NREQ; i++) free(prompts[i]);

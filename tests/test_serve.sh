@@ -151,6 +151,15 @@ for ph in admit forward sample publish retire; do
 done
 awk '/^dsv4_step_phase_seconds_total\{phase="forward"\}/ { ok = $2 > 0 } END { exit !ok }' "$work/metrics" ||
   fail "no forward time in the step phases after requests ran"
+# the exponentially weighted expert load: per layer, the experts' values add up to at most the
+# tokens they took (dsv4_expert_tokens_total, k per routed token) and to more than none; the balance
+# gauges are the spread of those values (cv >= 0, max / mean >= 1)
+awk '/^dsv4_expert_tokens_total\{/ { split($1, a, "\""); t[a[2]] += $2 }
+     /^dsv4_expert_load\{/ { split($1, a, "\""); w[a[2]] += $2 }
+     /^dsv4_expert_load_cv\{/ { n++; if ($2 < 0) bad = 1 }
+     /^dsv4_expert_load_max_over_mean\{/ { if ($2 < 1) bad = 1 }
+     END { for (l in t) { m++; if (!(w[l] > 0 && w[l] <= t[l] + 1e-6)) bad = 1 } exit bad || !m || n != m }' \
+  "$work/metrics" || fail "dsv4_expert_load / _cv / _max_over_mean missing or out of range"
 
 # ---- reproducible under load, and across two server processes
 client repro "$url" >"$work/repro_a"

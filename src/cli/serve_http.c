@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -804,6 +805,38 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
             sb_printf(&b, "dsv4_expert_tokens_total{layer=\"%d\",expert=\"%d\"} %llu\n", l, x,
                       (unsigned long long)ex[(size_t)l * st.n_experts + x]);
     free(ex);
+    double *ld = ne ? calloc(ne, sizeof *ld) : NULL;
+    if (ld && !ds_sched_get_load(s->sched, ld, (int)ne)) {
+        sb_printf(&b,
+                  "# HELP dsv4_expert_load Tokens routed to each expert, exponentially weighted (half-life %.0f "
+                  "routed tokens of its layer).\n# TYPE dsv4_expert_load gauge\n",
+                  DS_SCHED_LOAD_HALFLIFE);
+        for (int l = 0; l < st.n_moe_layers; l++)
+            for (int x = 0; x < st.n_experts; x++)
+                sb_printf(&b, "dsv4_expert_load{layer=\"%d\",expert=\"%d\"} %.3f\n", l, x,
+                          ld[(size_t)l * st.n_experts + x]);
+        /* the balance per layer: spread and peak of that load across the experts */
+        double *cv = st.n_moe_layers > 0 ? calloc((size_t)st.n_moe_layers * 2, sizeof *cv) : NULL;
+        for (int l = 0; cv && l < st.n_moe_layers; l++) {
+            const double *w = ld + (size_t)l * st.n_experts;
+            double sum = 0, sq = 0, mx = 0;
+            for (int x = 0; x < st.n_experts; x++) sum += w[x], mx = w[x] > mx ? w[x] : mx;
+            double mean = sum / st.n_experts;
+            for (int x = 0; x < st.n_experts; x++) sq += (w[x] - mean) * (w[x] - mean);
+            cv[2 * l] = mean > 0 ? sqrt(sq / st.n_experts) / mean : 0;
+            cv[2 * l + 1] = mean > 0 ? mx / mean : 0;
+        }
+        sb_printf(&b, "# HELP dsv4_expert_load_cv The balance of dsv4_expert_load per layer: its standard deviation "
+                      "across the layer's experts over its mean (0: even).\n# TYPE dsv4_expert_load_cv gauge\n");
+        for (int l = 0; cv && l < st.n_moe_layers; l++)
+            sb_printf(&b, "dsv4_expert_load_cv{layer=\"%d\"} %.6f\n", l, cv[2 * l]);
+        sb_printf(&b, "# HELP dsv4_expert_load_max_over_mean The busiest expert's dsv4_expert_load over the layer's "
+                      "mean.\n# TYPE dsv4_expert_load_max_over_mean gauge\n");
+        for (int l = 0; cv && l < st.n_moe_layers; l++)
+            sb_printf(&b, "dsv4_expert_load_max_over_mean{layer=\"%d\"} %.6f\n", l, cv[2 * l + 1]);
+        free(cv);
+    }
+    free(ld);
     enum MHD_Result rc = send_buf(s, c, 200, "text/plain; version=0.0.4", b.b ? b.b : "", b.n);
     free(b.b);
     return rc;

@@ -150,6 +150,7 @@ struct ds_sched {
     ds_sched_stats st;
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
     uint64_t *expert_step;   /* the step's counts, merged under mu */
+    double *expert_load;     /* [n_layers][n_experts]: the exponentially weighted load (load_update), under mu */
     double rate_t[64];
     uint64_t rate_n[64];
     int rate_i;
@@ -433,6 +434,23 @@ static void spec_on(ds_sched *s, ds_req *r, int fresh, ds_seq *cms, float *cph) 
     }
     r->mh = malloc(s->nD * sizeof *r->mh);
     if (!r->ph || !r->mh) spec_off(r);
+}
+
+/* The step's routes into the exponentially weighted load: per layer, each
+ * token routed in the step ages the table by 2^(-1 / DS_SCHED_LOAD_HALFLIFE)
+ * (tokens: the step's choices over the experts per token), then the step's
+ * counts are added. */
+static void load_update(ds_sched *s) {
+    int L = s->m->cfg.n_layers, E = s->m->cfg.n_routed_experts, k = s->m->cfg.n_active_experts;
+    for (int l = 0; l < L; l++) {
+        const uint64_t *c = s->expert_step + (size_t)l * E;
+        double *w = s->expert_load + (size_t)l * E;
+        uint64_t sum = 0;
+        for (int e = 0; e < E; e++) sum += c[e];
+        if (!sum) continue;
+        double age = exp2(-(double)sum / (double)(k > 0 ? k : 1) / DS_SCHED_LOAD_HALFLIFE);
+        for (int e = 0; e < E; e++) w[e] = w[e] * age + (double)c[e];
+    }
 }
 
 /* A sequence for r: the cached one holding the longest proper prefix of its
@@ -1134,6 +1152,7 @@ static void *sched_main(void *arg) {
         while (b < 7 && (n_items >> (b + 1)) > 0) b++;
         s->st.batch_hist[b]++;
         for (size_t i = 0; i < n_exp; i++) s->expert_tokens[i] += s->expert_step[i];
+        load_update(s);
         rate_add(s, t1, (uint64_t)n_gen);
         k = 0;
         for (int i = 0; i < s->n_run; i++) {
@@ -1211,11 +1230,13 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->logits = ds_host_alloc(be, rows * (size_t)V * sizeof *s->logits, err); /* downloads land here */
     s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
     s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
+    s->expert_load = calloc(n_exp ? n_exp : 1, sizeof *s->expert_load);
     if (!s->logits) { /* the backend's message (pinned memory, or the bytes asked) */
         ds_sched_stop(s);
         return ds_fail_prefix(err, "scheduler logits for %d sequences, vocabulary %d", o->max_seqs, V);
     }
-    if (!s->run || !s->cache || !s->items || !s->item_req || !s->expert_tokens || !s->expert_step) {
+    if (!s->run || !s->cache || !s->items || !s->item_req || !s->expert_tokens || !s->expert_step ||
+        !s->expert_load) {
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
@@ -1388,7 +1409,17 @@ void ds_sched_stop(ds_sched *s) {
     ds_host_free(s->be, s->logits);
     free(s->expert_tokens);
     free(s->expert_step);
+    free(s->expert_load);
     free(s);
+}
+
+int ds_sched_get_load(ds_sched *s, double *load, int copy_cap) {
+    size_t n_exp = (size_t)s->m->cfg.n_layers * (size_t)s->m->cfg.n_routed_experts;
+    if (!load || (size_t)copy_cap < n_exp) return -1;
+    pthread_mutex_lock(&s->mu);
+    memcpy(load, s->expert_load, n_exp * sizeof *load);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 void ds_sched_get_stats(ds_sched *s, ds_sched_stats *out, uint64_t *expert_tokens_out, int copy_cap) {

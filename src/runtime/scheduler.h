@@ -201,6 +201,13 @@ void ds_req_release(ds_req *r);
 /* The counters; expert_tokens (may be NULL): routed tokens per [layer][expert]
  * when copy_cap >= n_moe_layers * n_experts. */
 void ds_sched_get_stats(ds_sched *s, ds_sched_stats *out, uint64_t *expert_tokens, int copy_cap);
+/* The half-life, in routed tokens, of the exponentially weighted expert load. */
+#define DS_SCHED_LOAD_HALFLIFE 16384.0
+/* The exponentially weighted load per [layer][expert] (each step's routed
+ * tokens added after the table aged by 2^(-tokens / DS_SCHED_LOAD_HALFLIFE):
+ * the recent tokens an expert took); 0, or -1 when copy_cap is below
+ * n_moe_layers * n_experts. */
+int ds_sched_get_load(ds_sched *s, double *load, int copy_cap);
 /* Bytes of one sequence's state at ctx. */
 uint64_t ds_sched_seq_bytes(const ds_sched *s);
 
