@@ -10,6 +10,7 @@ files=(
   src/ep/ep.c src/ep/ep.h src/ep/placement.c src/ep/follow.c src/ep/follow.h src/ep/launch.c src/ep/launch.h
   src/runtime/model_load.c src/runtime/model_load.h
   src/runtime/generate.c src/backend/cpu/bf16x.c
+  src/runtime/sched_spec.c src/runtime/sched_impl.h
   src/runtime/context.c src/runtime/context.h src/backend/cpu/indexer.c tests/test_long.c
   src/cli/heatmap.c src/cli/heatmap.h src/cli/cmd_perplexity.c tests/picks.c tests/picks.h
   src/text/pyjson.h src/text/grammar.c src/text/grammar.h src/text/json_schema.c src/text/json_schema.h tests/test_grammar.c

@@ -18,15 +18,7 @@
 #include "model/forward.h"
 #include "model/state.h"
 #include "runtime/generate.h"
-
-/* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
- * scheduler bumps after publishing tokens, so waiting and reading tokens
- * never take the scheduler's lock (a client thread preempted while holding
- * it would stall the whole batch on a loaded machine). refs under s->mu. */
-typedef struct ds_waker {
-    _Atomic uint32_t seq;
-    int refs;
-} ds_waker;
+#include "runtime/sched_impl.h"
 
 static void waker_wake(ds_waker *w) {
     atomic_fetch_add_explicit(&w->seq, 1, memory_order_release);
@@ -40,121 +32,6 @@ static void waker_sleep(ds_waker *w, uint32_t seen, double timeout_s) {
     ts.tv_nsec = (long)((timeout_s - (double)ts.tv_sec) * 1e9);
     syscall(SYS_futex, (uint32_t *)&w->seq, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
 }
-
-struct ds_req {
-    /* immutable after submit */
-    int32_t *hist; /* prompt + generated tokens: [n_prompt + max_new] */
-    int n_prompt;
-    ds_req_params p;
-    ds_sched *s;
-    /* under s->mu */
-    int refs;
-    int cancel;
-    ds_req_info info;
-    ds_req_token *out; /* [max_new] */
-    ds_waker *wk;
-    /* published for lock-free readers (release stores after out[] and info) */
-    _Atomic int n_pub;   /* out[0..n_pub) are final */
-    _Atomic int pub_state; /* ds_req_state; >= DS_REQ_DONE_STOP: info is final */
-    struct ds_req *next; /* queue link */
-    /* scheduler thread only */
-    ds_seq *seq;
-    int n_fed;       /* tokens of hist already in seq */
-    int forced;      /* the forced tokens are in hist */
-    int last_forced; /* the last token of hist was forced, not sampled */
-    int wide;        /* a prompt or forced id >= s->n_live: drawn over the whole vocabulary */
-    ds_gstate *gs;   /* the grammar's state (p.grammar), advanced by each draw */
-    int g_on;        /* the grammar constrains the draws (from the start, or after grammar_after) */
-    /* speculative decoding (scheduler.h); ms NULL: off for r */
-    ds_seq *ms;      /* the MTP block's sequence: rows (h_q, hist[q+1]) for q < ms->pos */
-    float *ph;       /* [nD] the model's streams at position seq->pos - 1: the block's next row */
-    float *mh;       /* [nD] the block's streams of its last row (chained drafting) */
-    ds_seq_snap snap, msnap;          /* r->seq before a verify step; r->ms before a chain */
-    int32_t vtok[DS_GEN_MTP_MAX + 1]; /* this step's item: the pending token, then the drafts */
-    int nv;          /* this step: drafts in r's item (0: none) */
-    int64_t p0;      /* this step: seq->pos before it */
-    int hrow;        /* this step: r's first row in s->hid (-1: none) */
-    int drawn;       /* this step: rows of r's item drawn */
-};
-
-typedef struct {
-    ds_seq *seq;
-    int32_t *toks; /* the tokens in seq */
-    int n;
-    uint64_t used;
-    ds_seq *ms; /* the MTP block's sequence at n - 1 rows, and the model's streams at n - 1 (NULL: none) */
-    float *ph;
-} cache_entry;
-
-struct ds_sched {
-    const ds_model *m;
-    const ds_backend *be;
-    ds_sched_opts o;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t work;
-    int stop, joined;
-    ds_req *q_head, *q_tail;
-    int n_queued;
-    ds_req **run; /* [max_seqs], scheduler thread (count read under mu) */
-    int n_run;
-    cache_entry *cache;
-    int n_cache;
-    uint64_t clock;
-    /* step buffers */
-    ds_batch_item *items;
-    ds_req **item_req;
-    float *logits; /* [max_seqs][vocab] */
-    double *lse_tmp;
-    ds_sample_scratch **scr; /* [n_scr]: one per sampling thread */
-    ds_mask_scratch **msk;   /* [n_scr] with o.trie: the grammar masks' scratch, */
-    uint64_t **bits;         /* [n_scr][words]: a mask */
-    float **mlg;             /* [n_scr][vocab]: the masked copy of the logits (many tokens allowed) */
-    float **mneg;            /* [n_scr][vocab]: all -inf between draws; the allowed logits set for a draw (few) */
-    double *mask_t;          /* [max_items]: each draw's mask time (0: none) */
-    _Atomic int *scr_busy;   /* [n_scr]: taken by a draw running now */
-    int n_scr;
-    int draw_threads; /* this step's threads for one draw's vocabulary passes */
-    int *samp;          /* [max_seqs]: the items with logits */
-    ds_req_token *tok;  /* [max_seqs]: each item's draw */
-    int *tok_rc;
-    ds_err *tok_err;
-    int32_t *mask; /* [n_mask]: ids never sampled, ascending */
-    int n_mask;
-    /* every id >= n_live is masked (a vocabulary padded past the tokenizer's,
-     * as in the released V4): draws read the first n_live logits and mask
-     * the n_holes ids below it, the first n_holes of mask (see draw) */
-    int n_live, n_holes;
-    /* speculative decoding: the block (NULL: off), drafts per step, a row of streams */
-    const ds_model *mt;
-    int K;
-    size_t nD;
-    int *tbase, *tn;   /* [max_items]: an item's first row in tok, rows drawn */
-    int64_t *pos0;     /* [max_items]: the position of an item's first draw */
-    float *hid;        /* [step_tokens][nD]: the model's streams of the step's rows of requests with a block */
-    float *bin;        /* [step_tokens][nD]: the block's input streams (h_in) */
-    float *blog;       /* [max_seqs][vocab]: the block's logits */
-    float *bhid;       /* [max_seqs][nD]: its streams */
-    ds_batch_item *bitems;
-    ds_req **breq;
-#ifdef DSV4_TEST_HOOKS
-    /* DSV4_TEST_MTP_RECORD: finished requests' tokens, a line each, appended
-     * to that file; DSV4_TEST_MTP_ORACLE: drafts taken from such a file's
-     * line that extends a request's tokens (the model's own choices: drafts
-     * accepted), every DSV4_TEST_MTP_WRONG-th draft broken (partial acceptance) */
-    char rec_path[512];
-    int32_t **orc;
-    int *orc_n, n_orc, orc_wrong, orc_count;
-#endif
-    /* statistics (under mu) */
-    ds_sched_stats st;
-    uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
-    uint64_t *expert_step;   /* the step's counts, merged under mu */
-    double *expert_load;     /* [n_layers][n_experts]: the exponentially weighted load (load_update), under mu */
-    double rate_t[64];
-    uint64_t rate_n[64];
-    int rate_i;
-};
 
 void ds_sched_opts_init(ds_sched_opts *o) {
     o->max_seqs = 16;
@@ -381,21 +258,9 @@ static void route_hook(void *ctx, int layer, int item, int tok, const int *exper
         if (experts[i] >= 0 && experts[i] < E) s->expert_step[(size_t)layer * E + experts[i]]++;
 }
 
-/* Speculation off for r: its snapshots, the block's sequence and rows freed. */
-static void spec_off(ds_req *r) {
-    if (r->seq) ds_seq_snap_free(r->seq, &r->snap);
-    if (r->ms) ds_seq_snap_free(r->ms, &r->msnap);
-    ds_seq_free(r->ms);
-    free(r->ph);
-    free(r->mh);
-    r->ms = NULL;
-    r->ph = r->mh = NULL;
-    r->nv = 0;
-}
-
 /* Frees r's sequences. */
 static void drop_seq(ds_req *r) {
-    spec_off(r);
+    sched_spec_off(r);
     ds_seq_free(r->seq);
     r->seq = NULL;
 }
@@ -405,35 +270,6 @@ static void cache_free(cache_entry *c) {
     ds_seq_free(c->ms);
     free(c->ph);
     free(c->toks);
-}
-
-/* Whether r may speculate: a block, no grammar, no forced tokens, more than one token to generate. */
-static int spec_wanted(const ds_sched *s, const ds_req *r) {
-    return s->mt && !r->p.grammar && !r->p.n_force && r->p.max_new > 1;
-}
-
-/* The block's sequence and rows for r (a fresh sequence: ms at 0), or the
- * cached ones (cms, cph: taken). Speculation stays off (0) when r does not
- * want it, the batch is over the limit, a cached sequence has no block state,
- * or memory is short (it only makes decoding faster). */
-static void spec_on(ds_sched *s, ds_req *r, int fresh, ds_seq *cms, float *cph) {
-    if (!spec_wanted(s, r) || s->n_run >= s->o.mtp_max_batch || (!fresh && !cms)) {
-        ds_seq_free(cms);
-        free(cph);
-        return;
-    }
-    ds_err err;
-    if (cms) {
-        r->ms = cms;
-        r->ph = cph;
-    } else if (ds_seq_new(s->mt, s->o.ctx, &r->ms, &err)) {
-        r->ms = NULL;
-        return;
-    } else {
-        r->ph = malloc(s->nD * sizeof *r->ph);
-    }
-    r->mh = malloc(s->nD * sizeof *r->mh);
-    if (!r->ph || !r->mh) spec_off(r);
 }
 
 /* The step's routes into the exponentially weighted load: per layer, each
@@ -467,7 +303,7 @@ static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
     if (best >= 0) {
         r->seq = s->cache[best].seq;
         r->n_fed = best_n;
-        spec_on(s, r, 0, s->cache[best].ms, s->cache[best].ph);
+        sched_spec_on(s, r, 0, s->cache[best].ms, s->cache[best].ph);
         free(s->cache[best].toks);
         s->cache[best] = s->cache[--s->n_cache];
         return 0;
@@ -482,13 +318,13 @@ static int acquire_seq(ds_sched *s, ds_req *r, ds_err *err) {
         ds_seq_reset(r->seq);
         ds_seq *cms = s->cache[lru].ms;
         if (cms) ds_seq_reset(cms);
-        spec_on(s, r, 1, cms, s->cache[lru].ph);
+        sched_spec_on(s, r, 1, cms, s->cache[lru].ph);
         free(s->cache[lru].toks);
         s->cache[lru] = s->cache[--s->n_cache];
         return 0;
     }
     if (ds_seq_new(s->m, s->o.ctx, &r->seq, err)) return -1;
-    spec_on(s, r, 1, NULL, NULL);
+    sched_spec_on(s, r, 1, NULL, NULL);
     return 0;
 }
 
@@ -514,7 +350,7 @@ static void park_seq(ds_sched *s, ds_req *r, int keep) {
         ms = r->ms, ph = r->ph;
         r->ms = NULL, r->ph = NULL;
     }
-    spec_off(r);
+    sched_spec_off(r);
     r->seq = NULL;
     memcpy(toks, r->hist, (size_t)n * sizeof *toks);
     if (s->n_cache == s->o.cache_seqs) {
@@ -701,209 +537,6 @@ static void draw(void *ctx, int j) {
     atomic_store_explicit(&s->scr_busy[k], 0, memory_order_release);
 }
 
-/* ------------------------------------------------ speculative decoding */
-
-/* The highest logit, ties to the lower id (a draft: the block's greedy pick). */
-static int32_t argmax_id(const float *x, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* Fails r at the step's end (the retire loop) with err's message. */
-static void spec_fail(ds_req *r, const ds_err *err) {
-    snprintf(r->info.error, sizeof r->info.error, "speculative decoding: %.960s", err->msg);
-    r->nv = 0;
-}
-
-#ifdef DSV4_TEST_HOOKS
-static void oracle_load(ds_sched *s) {
-    const char *rec = getenv("DSV4_TEST_MTP_RECORD"), *orc = getenv("DSV4_TEST_MTP_ORACLE");
-    const char *wrong = getenv("DSV4_TEST_MTP_WRONG");
-    if (rec) snprintf(s->rec_path, sizeof s->rec_path, "%s", rec);
-    s->orc_wrong = wrong ? atoi(wrong) : 0;
-    FILE *f = orc ? fopen(orc, "r") : NULL;
-    if (!f) return;
-    char line[1 << 16];
-    while (fgets(line, sizeof line, f)) {
-        int32_t **no = realloc(s->orc, (size_t)(s->n_orc + 1) * sizeof *no);
-        int *nn = realloc(s->orc_n, (size_t)(s->n_orc + 1) * sizeof *nn);
-        if (no) s->orc = no;
-        if (nn) s->orc_n = nn;
-        int32_t *t = malloc(sizeof line / 2 * sizeof *t);
-        if (!no || !nn || !t) {
-            free(t);
-            break;
-        }
-        int n = 0;
-        for (char *p = line, *e; n < (int)(sizeof line / 2); p = e) {
-            long v = strtol(p, &e, 10);
-            if (e == p) break;
-            t[n++] = (int32_t)v;
-        }
-        s->orc[s->n_orc] = t;
-        s->orc_n[s->n_orc++] = n;
-    }
-    fclose(f);
-}
-
-/* The oracle's drafts for r (hist[0..P] known, drafts for P+1..P+nv). */
-static void oracle_draft(ds_sched *s, ds_req *r, int64_t P) {
-    for (int o = 0; o < s->n_orc; o++) {
-        const int32_t *t = s->orc[o];
-        if (s->orc_n[o] <= P + 1 || memcmp(t, r->hist, (size_t)(P + 1) * sizeof *t)) continue;
-        for (int i = 0; i < r->nv && P + 1 + i < s->orc_n[o]; i++) {
-            r->vtok[1 + i] = t[P + 1 + i];
-            if (s->orc_wrong > 0 && ++s->orc_count % s->orc_wrong == 0)
-                r->vtok[1 + i] = (r->vtok[1 + i] + 1) % s->m->cfg.vocab_size;
-        }
-        return;
-    }
-}
-
-static void record_tokens(ds_sched *s, const ds_req *r) {
-    FILE *f = s->rec_path[0] ? fopen(s->rec_path, "a") : NULL;
-    if (!f) return;
-    for (int i = 0; i < r->n_prompt + r->info.n_out; i++) fprintf(f, "%s%d", i ? " " : "", (int)r->hist[i]);
-    fputc('\n', f);
-    fclose(f);
-}
-#endif
-
-/* Before a step: each decoding request with a block that follows it (ms a
- * row behind seq) drafts up to K tokens into vtok[1..nv]: the block's row
- * (h_{P-1}, hist[P]) with logits (the first draft; the row is kept), then
- * chained on its own streams with its drafts (rows rewound after). The
- * model's sequence is snapshotted for the verify step's rewind. */
-static void spec_draft(ds_sched *s) {
-    const ds_model *m = s->m, *mt = s->mt;
-    const int V = m->cfg.vocab_size;
-    int nb = 0;
-    ds_err err = {{0}};
-    for (int i = 0; i < s->n_run; i++) {
-        ds_req *r = s->run[i];
-        int64_t P = r->seq->pos;
-        if (!r->ms || r->cancel || r->info.error[0] || r->n_fed < r->n_prompt ||
-            r->n_fed != r->n_prompt + r->info.n_out - 1 || r->ms->pos != P - 1)
-            continue;
-        int k = s->K;
-        if (k > r->p.max_new - r->info.n_out - 1) k = r->p.max_new - r->info.n_out - 1;
-        if (k > r->seq->max_len - P - 1) k = (int)(r->seq->max_len - P - 1);
-        if (k > m->cfg.max_pos - P - 2) k = (int)(m->cfg.max_pos - P - 2);
-        if (k <= 0) continue;
-        r->nv = k;
-        r->vtok[0] = r->hist[P];
-        s->bitems[nb] = (ds_batch_item){r->ms, &r->hist[P], 1, s->blog + (size_t)nb * V, 0, s->bhid + nb * s->nD, r->ph};
-        s->breq[nb++] = r;
-    }
-    if (!nb) return;
-    if (ds_forward(mt, s->be, s->bitems, nb, &err)) {
-        for (int b = 0; b < nb; b++) {
-            spec_fail(s->breq[b], &err);
-            spec_off(s->breq[b]); /* its sequence is mid-step */
-        }
-        return;
-    }
-    int chain = 0;
-    for (int b = 0; b < nb; b++) {
-        ds_req *r = s->breq[b];
-        float *lg = s->blog + (size_t)b * V;
-        ds_gen_mask_logits(lg, s->mask, s->n_mask);
-        r->vtok[1] = argmax_id(lg, V);
-        memcpy(r->mh, s->bhid + b * s->nD, s->nD * sizeof(float));
-        if (r->nv > 1) {
-            if (ds_seq_snapshot(mt, r->ms, &r->msnap, &err)) {
-                spec_fail(r, &err);
-                continue;
-            }
-            chain = 1;
-        }
-    }
-    /* the chain: draft i from the block's row of draft i - 1 */
-    for (int i = 1; chain && i < s->K; i++) {
-        int nc = 0;
-        for (int b = 0; b < nb; b++) {
-            ds_req *r = s->breq[b];
-            if (r->nv <= i) continue;
-            s->bitems[nc] = (ds_batch_item){r->ms, &r->vtok[i], 1, s->blog + (size_t)nc * V, 0, s->bhid + nc * s->nD, r->mh};
-            s->item_req[nc++] = r;
-        }
-        if (!nc) break;
-        if (ds_forward(mt, s->be, s->bitems, nc, &err)) {
-            for (int b = 0; b < nc; b++) {
-                spec_fail(s->item_req[b], &err);
-                spec_off(s->item_req[b]);
-            }
-            break;
-        }
-        for (int b = 0; b < nc; b++) {
-            ds_req *r = s->item_req[b];
-            float *lg = s->blog + (size_t)b * V;
-            ds_gen_mask_logits(lg, s->mask, s->n_mask);
-            r->vtok[i + 1] = argmax_id(lg, V);
-            memcpy(r->mh, s->bhid + b * s->nD, s->nD * sizeof(float));
-        }
-    }
-    for (int b = 0; b < nb; b++) {
-        ds_req *r = s->breq[b];
-        if (!r->nv) continue;
-        if ((r->nv > 1 && ds_seq_rewind(mt, r->ms, &r->msnap, &err)) || ds_seq_snapshot(m, r->seq, &r->snap, &err)) {
-            spec_fail(r, &err);
-            continue;
-        }
-#ifdef DSV4_TEST_HOOKS
-        oracle_draft(s, r, r->seq->pos);
-#endif
-    }
-}
-
-/* After a step's draws: a verify item whose drafts were not all kept is
- * rewound to before the step (its kept tokens are fed again next step).
- * Then every block follows its sequence to a row behind it: rows (h_q,
- * hist[q+1]) for q in [ms->pos, seq->pos - 1), h from ph (q = p0 - 1) or
- * this step's streams, in one step of the block; ph becomes the streams of
- * the sequence's last position. */
-static void spec_follow(ds_sched *s) {
-    const size_t nD = s->nD;
-    ds_err err = {{0}};
-    for (int i = 0; i < s->n_run; i++) {
-        ds_req *r = s->run[i];
-        if (!r->nv || r->info.error[0]) continue;
-        if (r->drawn - 1 < r->nv) { /* a draft was not kept */
-            if (ds_seq_rewind(s->m, r->seq, &r->snap, &err)) {
-                spec_fail(r, &err);
-                continue;
-            }
-            r->n_fed = (int)r->p0;
-        }
-    }
-    int nb = 0;
-    size_t row = 0;
-    for (int i = 0; i < s->n_run; i++) {
-        ds_req *r = s->run[i];
-        if (!r->ms || r->info.error[0]) continue;
-        int64_t a = r->ms->pos, b = r->seq->pos - 1;
-        if (b > a && (a < r->p0 - 1 || r->hrow < 0)) { /* cannot follow (not expected): off for r */
-            spec_off(r);
-            continue;
-        }
-        if (b > a) {
-            for (int64_t q = a; q < b; q++) {
-                const float *h = q < r->p0 ? r->ph : s->hid + ((size_t)r->hrow + (size_t)(q - r->p0)) * nD;
-                memcpy(s->bin + (row + (size_t)(q - a)) * nD, h, nD * sizeof(float));
-            }
-            s->bitems[nb] = (ds_batch_item){r->ms, &r->hist[a + 1], (int)(b - a), NULL, 0, NULL, s->bin + row * nD};
-            s->breq[nb++] = r;
-            row += (size_t)(b - a);
-        }
-        if (b >= r->p0 && r->hrow >= 0)
-            memcpy(r->ph, s->hid + ((size_t)r->hrow + (size_t)(b - r->p0)) * nD, nD * sizeof(float));
-    }
-    if (nb && ds_forward(s->mt, s->be, s->bitems, nb, &err))
-        for (int b = 0; b < nb; b++) spec_fail(s->breq[b], &err);
-}
-
 /* Under mu, woken from idle by a request: wait for the requests sent with it
  * (ds_sched_opts.gather_ms). A spurious wakeup only ends the wait early. */
 static void gather_locked(ds_sched *s) {
@@ -1002,9 +635,9 @@ static void *sched_main(void *arg) {
         }
         if (s->mt) {
             if (n_dec <= s->o.mtp_max_batch && n_dec * (s->K + 1) <= s->o.step_tokens / 2)
-                spec_draft(s);
+                sched_spec_draft(s);
             else
-                for (int i = 0; i < s->n_run; i++) spec_off(s->run[i]);
+                for (int i = 0; i < s->n_run; i++) sched_spec_off(s->run[i]);
         }
         double spec_s = ds_now() - t_spec;
 
@@ -1131,7 +764,7 @@ static void *sched_main(void *arg) {
             if (j == 0 || r->wk != s->item_req[s->samp[j - 1]]->wk) waker_wake(r->wk);
         }
         const double t3 = ds_now();
-        if (s->mt && !frc) spec_follow(s);
+        if (s->mt && !frc) sched_spec_follow(s);
         const double t4 = ds_now();
         pthread_mutex_lock(&s->mu);
         s->st.mtp_s += spec_s + (t4 - t3);
@@ -1172,7 +805,7 @@ static void *sched_main(void *arg) {
             int full = n_out >= r->p.max_new || (n_out > 0 && r->seq->pos + 1 > r->seq->max_len);
             if (stop || full) {
 #ifdef DSV4_TEST_HOOKS
-                record_tokens(s, r);
+                sched_record_tokens(s, r);
 #endif
                 park_seq(s, r, 1);
                 finish_locked(s, r, stop ? DS_REQ_DONE_STOP : DS_REQ_DONE_LENGTH, NULL);
@@ -1288,7 +921,7 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
         }
     }
 #ifdef DSV4_TEST_HOOKS
-    oracle_load(s);
+    sched_oracle_load(s);
 #endif
     s->tok_rc = calloc((size_t)max_items, sizeof *s->tok_rc);
     s->tok_err = calloc((size_t)max_items, sizeof *s->tok_err);
