@@ -607,6 +607,7 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
             return send_error(s, c, &e);
         }
         ds_oai_text_init(&ch->text, chat, g->q.thinking, (const char *const *)g->q.stop, g->q.n_stop);
+        ch->text.one_call = !g->q.parallel_calls;
         rp[i] = g->q.rp;
         rp[i].sampling.seed = g->q.rp.sampling.seed + (uint64_t)i; /* choice i: seed + i */
     }
