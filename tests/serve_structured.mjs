@@ -7,10 +7,10 @@
 //            "required"; with parallel_tool_calls false one call) get tool calls whose arguments
 //            validate, every call of a reply checked; the openai client's json_schema
 //            and json_object replies parse and validate
-//   tools    parallel tool calls under tool_choice "required": some reply holds several calls, each
-//            valid (ajv) for the tool it names, ids distinct, the streamed calls the same as the
-//            reply's; parallel_tool_calls false: one call each; 40 tools whose names share a prefix:
-//            calls land on tools past the 16th, each valid
+//   tools    N seeds (12) of parallel tool calls under tool_choice "required": some reply holds
+//            several calls, each valid (ajv) for the tool it names, ids distinct, the streamed calls
+//            the same as the reply's; parallel_tool_calls false: one call each; 40 tools whose names
+//            share a prefix: calls land on tools past the 16th, each valid
 import OpenAI from 'openai';
 import Ajv from 'ajv';
 import assert from 'node:assert/strict';
@@ -218,9 +218,15 @@ async function tools() {
     fn('search', {type: 'object', properties: {q: {type: 'string', maxLength: 10}}, required: ['q']})];
   const ask = (extra) => client.chat.completions.create({model, messages: user('Read me John 3'), max_tokens: 200,
     tools: two, tool_choice: 'required', temperature: 1, ...extra});
+  // the requests of each group are sent together (the server batches them; seeded replies are
+  // the same alone or under load)
+  const seeds = (n) => Array.from({length: n}, (_, i) => i + 1);
+  const N = Number(nArg || 12); // seeds of the parallel group (half as many one-call, 2/3 with 40 tools)
+  const replies = await Promise.all(seeds(N).map((seed) => ask({seed})));
   let most = 0, complete = 0;
-  for (let seed = 1; seed <= 12; seed++) {
-    const r = await ask({seed});
+  const several = [];
+  for (const [i, r] of replies.entries()) {
+    const seed = i + 1;
     if (r.choices[0].finish_reason === 'length') { // calls after calls until max_tokens
       log(`parallel seed ${seed}: cut by max_tokens`);
       continue;
@@ -228,30 +234,31 @@ async function tools() {
     complete++;
     const calls = checkCalls(r, two, `parallel seed ${seed}`);
     most = Math.max(most, calls.length);
-    if (calls.length > 1) {
-      // the same request streamed: the same calls, indexed 0..n-1
-      const st = await ask({seed, stream: true});
-      const got = [];
-      for await (const c of st) for (const t of c.choices[0]?.delta?.tool_calls ?? []) got[t.index] = t;
-      assert.deepEqual(got.map((c) => [c.function.name, c.function.arguments]),
-        calls.map((c) => [c.function.name, c.function.arguments]), `parallel seed ${seed}: streamed calls`);
-    }
+    if (calls.length > 1) several.push([seed, calls]);
     log(`parallel seed ${seed}: ${calls.map((c) => c.function.name + c.function.arguments).join(' | ')}`);
   }
-  assert.ok(complete >= 6 && most >= 2, `${complete} of 12 replies complete, the most calls in one ${most}`);
-  for (let seed = 1; seed <= 6; seed++) {
-    const calls = checkCalls(await ask({seed, parallel_tool_calls: false}), two, `one call seed ${seed}`);
-    assert.equal(calls.length, 1, `parallel_tool_calls false, seed ${seed}: ${calls.length} calls`);
+  assert.ok(complete >= N / 2 && most >= 2, `${complete} of ${N} replies complete, the most calls in one ${most}`);
+  // a reply of several calls streamed: the same calls, indexed 0..n-1
+  await Promise.all(several.map(async ([seed, calls]) => {
+    const got = [];
+    for await (const c of await ask({seed, stream: true}))
+      for (const t of c.choices[0]?.delta?.tool_calls ?? []) got[t.index] = t;
+    assert.deepEqual(got.map((c) => [c.function.name, c.function.arguments]),
+      calls.map((c) => [c.function.name, c.function.arguments]), `parallel seed ${seed}: streamed calls`);
+  }));
+  const ones = await Promise.all(seeds(Math.ceil(N / 2)).map((seed) => ask({seed, parallel_tool_calls: false})));
+  for (const [i, r] of ones.entries()) {
+    const calls = checkCalls(r, two, `one call seed ${i + 1}`);
+    assert.equal(calls.length, 1, `parallel_tool_calls false, seed ${i + 1}: ${calls.length} calls`);
   }
   // 40 tools whose names share the prefix "lookup_" (one call a reply): calls reach past the 16th tool
   const forty = Array.from({length: 40}, (_, i) => fn(`lookup_${String(i).padStart(2, '0')}`, {type: 'object',
     properties: {[`key${i}`]: {type: 'integer'}}, required: [`key${i}`], additionalProperties: false}));
   const names = new Set();
-  for (let seed = 1; seed <= 8; seed++) {
-    const r = await client.chat.completions.create({model, messages: user('Look it up'), max_tokens: 400, seed,
-      tools: forty, tool_choice: 'required', temperature: 1, parallel_tool_calls: false});
-    for (const c of checkCalls(r, forty, `40 tools seed ${seed}`)) names.add(c.function.name);
-  }
+  const fr = await Promise.all(seeds(Math.ceil((2 * N) / 3)).map((seed) => client.chat.completions.create({model,
+    messages: user('Look it up'), max_tokens: 400, seed, tools: forty, tool_choice: 'required', temperature: 1,
+    parallel_tool_calls: false})));
+  for (const [i, r] of fr.entries()) for (const c of checkCalls(r, forty, `40 tools seed ${i + 1}`)) names.add(c.function.name);
   const late = [...names].filter((n) => Number(n.slice(7)) >= 16);
   log(`40 tools: called ${[...names].sort().join(' ')}`);
   assert.ok(late.length > 0, `40 tools: no call of a tool past the 16th (${[...names].join(' ')})`);
