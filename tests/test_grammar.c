@@ -126,7 +126,7 @@ static void test_bytes(void) {
         cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
                     "\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},"
                     "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"noop\"}}]");
-    CHECK(ds_json_schema_tool_call(tools, NULL, &g, &err) == 0, "tool call grammar: %s", err.msg);
+    CHECK(ds_json_schema_tool_call(tools, NULL, 0, &g, &err) == 0, "tool call grammar: %s", err.msg);
 #define D                                                                                                              \
     "\xef\xbd\x9c"                                                                                                     \
     "DSML\xef\xbd\x9c"
@@ -142,8 +142,65 @@ static void test_bytes(void) {
         "get_weather without its required city");
     CHECK(!accepts(g, "\n\n<" D "tool_calls>\n<" D "invoke name=\"other\">\n\n</" D "invoke>\n</" D "tool_calls>"),
           "an unknown tool");
+#define NOOP "<" D "invoke name=\"noop\">\n\n</" D "invoke>"
+#define CITY                                                                                                           \
+    "<" D "invoke name=\"get_weather\">\n<" D "parameter name=\"city\" string=\"true\">Rome</" D "parameter>\n</" D    \
+    "invoke>"
+#define BLOCK(calls) "\n\n<" D "tool_calls>\n" calls "\n</" D "tool_calls>"
+    CHECK(!accepts(g, BLOCK(NOOP "\n" CITY)), "two calls without parallel");
+    ds_grammar_free(g);
+    /* parallel: one call or several, each valid for its tool */
+    CHECK(ds_json_schema_tool_call(tools, NULL, 1, &g, &err) == 0, "parallel tool call grammar: %s", err.msg);
+    CHECK(accepts(g, BLOCK(NOOP)), "parallel: one call");
+    CHECK(accepts(g, BLOCK(NOOP "\n" CITY)), "parallel: two calls");
+    CHECK(accepts(g, BLOCK(CITY "\n" NOOP "\n" CITY "\n" CITY "\n" NOOP "\n" CITY "\n" NOOP "\n" CITY "\n" NOOP
+                                "\n" CITY "\n" NOOP "\n" CITY "\n" CITY "\n" NOOP "\n" CITY "\n" NOOP "\n" CITY)),
+          "parallel: 17 calls (the depth does not grow per call)");
+    CHECK(!accepts(g, BLOCK("")), "parallel: no call");
+    CHECK(!accepts(g, BLOCK(NOOP "\n")), "parallel: a call cut after its separator");
+    CHECK(!accepts(g, BLOCK(NOOP "\n<" D "invoke name=\"get_weather\">\n\n</" D "invoke>")),
+          "parallel: the second call without its required city");
+    CHECK(!accepts(g, BLOCK(NOOP NOOP)), "parallel: two calls without the line between");
+    ds_grammar_free(g);
+    /* the named tool only, several times */
+    CHECK(ds_json_schema_tool_call(tools, "noop", 1, &g, &err) == 0, "named: %s", err.msg);
+    CHECK(accepts(g, BLOCK(NOOP "\n" NOOP)) && !accepts(g, BLOCK(NOOP "\n" CITY)), "named: that tool only");
     ds_grammar_free(g);
     cJSON_Delete(tools);
+    /* many tools whose names share a long prefix: each one callable (one thread matches the names) */
+    cJSON *many = cJSON_CreateArray();
+    for (int i = 0; i < 300; i++) {
+        char t[256];
+        snprintf(t, sizeof t,
+                 "{\"type\":\"function\",\"function\":{\"name\":\"lookup_record_%d\",\"parameters\":{\"type\":"
+                 "\"object\",\"properties\":{\"id%d\":{\"type\":\"integer\"}},\"required\":[\"id%d\"]}}}",
+                 i, i, i);
+        cJSON_AddItemToArray(many, cJSON_Parse(t));
+    }
+    CHECK(ds_json_schema_tool_call(many, NULL, 1, &g, &err) == 0, "300 tools: %s", err.msg);
+    for (int i = 0; g && i < 300; i += 7) {
+        char t[512];
+        snprintf(t, sizeof t,
+                 BLOCK("<" D "invoke name=\"lookup_record_%d\">\n<" D "parameter name=\"id%d\" string=\"false\">%d</" D
+                       "parameter>\n</" D "invoke>"),
+                 i, i, i);
+        CHECK(accepts(g, t), "300 tools: tool %d", i);
+        snprintf(t, sizeof t,
+                 BLOCK("<" D "invoke name=\"lookup_record_%d\">\n<" D "parameter name=\"id%d\" string=\"false\">%d</" D
+                       "parameter>\n</" D "invoke>"),
+                 i, (i + 1) % 300, i);
+        CHECK(!accepts(g, t), "300 tools: tool %d with another's parameter", i);
+    }
+    CHECK(!accepts(g, BLOCK("<" D "invoke name=\"lookup_record_300\">\n\n</" D "invoke>")), "300 tools: no 301st");
+    ds_grammar_free(g);
+    /* two tools of one name */
+    cJSON_AddItemToArray(many, cJSON_Parse("{\"type\":\"function\",\"function\":{\"name\":\"lookup_record_5\"}}"));
+    g = NULL;
+    CHECK(ds_json_schema_tool_call(many, NULL, 1, &g, &err) == -1 && strstr(err.msg, "tools[300]") &&
+              strstr(err.msg, "tools[5]"),
+          "a name twice: %s", err.msg);
+    ds_grammar_free(g);
+    cJSON_Delete(many);
 }
 
 /* the mask against feeding each token alone, on a few states */

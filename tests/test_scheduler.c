@@ -237,6 +237,32 @@ static void test_openai_text(ds_tokenizer *tok) {
           "message fields");
     cJSON_Delete(msg);
     ds_oai_text_free(&t);
+
+    /* two calls in one block; with one_call (parallel_tool_calls false) the first only */
+    const char *two = "\n\n<" DS_CHAT_DSML "tool_calls>\n<" DS_CHAT_DSML "invoke name=\"a\">\n\n</" DS_CHAT_DSML
+                      "invoke>\n<" DS_CHAT_DSML "invoke name=\"b\">\n<" DS_CHAT_DSML
+                      "parameter name=\"n\" string=\"false\">2</" DS_CHAT_DSML "parameter>\n</" DS_CHAT_DSML
+                      "invoke>\n</" DS_CHAT_DSML "tool_calls>";
+    for (int one = 0; one < 2; one++) {
+        ds_oai_text_init(&t, 1, 0, NULL, 0);
+        t.one_call = one;
+        ds_oai_text_push(&t, two, strlen(two));
+        ds_oai_text_end(&t);
+        msg = cJSON_CreateObject();
+        nc = ds_oai_text_message(&t, 1, "abc", msg);
+        cJSON *calls = cJSON_GetObjectItem(msg, "tool_calls");
+        cJSON *c1 = cJSON_GetArrayItem(calls, 1);
+        CHECK(nc == (one ? 1 : 2) && cJSON_GetArraySize(calls) == nc &&
+                  cJSON_IsNull(cJSON_GetObjectItem(msg, "content")),
+              "one_call %d: %d calls", one, nc);
+        if (!one)
+            CHECK(c1 && !strcmp(cJSON_GetObjectItem(c1, "id")->valuestring, "call_abc_1") &&
+                      !strcmp(cJSON_GetObjectItem(cJSON_GetObjectItem(c1, "function"), "arguments")->valuestring,
+                              "{\"n\": 2}"),
+                  "the second call");
+        cJSON_Delete(msg);
+        ds_oai_text_free(&t);
+    }
 }
 
 int main(void) {

@@ -3,9 +3,13 @@
 # refused, a public --host without a key warned about, 401 with WWW-Authenticate, the 400s of
 # malformed requests (invalid UTF-8, a NUL byte, bytes after the JSON, max_tokens -1, tool
 # messages without tool_call_id or first, response_format "json", two Content-Length headers,
-# n over --max-queue), HEAD, a non-streamed request cancelled when its client closes, the
-# connections of one peer bounded (another peer's /health still answered), a request line of
-# binary garbage answered 400 or closed at once. The server serves after each.
+# n over --max-queue, parallel_tool_calls not a boolean), HEAD, a non-streamed request cancelled
+# when its client closes, the connections of one peer bounded (another peer's /health still
+# answered), a request line of binary garbage answered 400 or closed at once, and bytes without
+# a line end closed after --header-timeout (a slow request body and a slow reader of a stream
+# are not cut; a kept-alive connection idle after a generation is closed then too); every
+# connection slot taken by several peers' unfinished headers while the health listener
+# (--health-port) still answers /health and /metrics. The server serves after each.
 set -euo pipefail
 bin="$1"
 src="$2"
@@ -26,7 +30,8 @@ kill -TERM $p0
 wait $p0 || true
 grep -q "warning: listening on 0.0.0.0 without --api-key" "$work/e0" || fail "no warning for 0.0.0.0: $(cat "$work/e0")"
 
-"$bin" serve -m "$model" --port 0 --api-key "$key" --max-queue 8 --max-conns-per-peer 6 >"$work/out" 2>"$work/err" &
+"$bin" serve -m "$model" --port 0 --api-key "$key" --max-queue 8 --max-conns-per-peer 6 --max-conns 16 \
+  --header-timeout 2 --health-port 0 >"$work/out" 2>"$work/err" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 url=
@@ -38,6 +43,9 @@ for _ in $(seq 1 200); do
 done
 [ -n "$url" ] || fail "the server did not start"
 port=${url##*:}
+hurl=$(sed -n 's/^health on //p' "$work/out")
+[ -n "$hurl" ] || fail "no health listener: $(cat "$work/out")"
+hport=${hurl##*:}
 auth=(-H "Authorization: Bearer $key")
 post_file() { curl -s -o "$work/resp" -w '%{http_code}' "${auth[@]}" -H 'Content-Type: application/json' --data-binary "@$1" "$url/v1/chat/completions"; }
 alive() {
@@ -61,6 +69,7 @@ printf '{"messages":[%s,{"role":"tool","content":"x"}]}' "$u" >"$work/b"; expect
 printf '{"messages":[{"role":"tool","content":"x","tool_call_id":"a"}]}' >"$work/b"; expect_400 'tool first' "$work/b" 'cannot come first'
 printf '{"messages":[%s],"response_format":"json"}' "$u" >"$work/b"; expect_400 'response_format json' "$work/b" response_format
 printf '{"messages":[%s],"n":9}' "$u" >"$work/b"; expect_400 'n over --max-queue' "$work/b" 'max-queue'
+printf '{"messages":[%s],"parallel_tool_calls":"no"}' "$u" >"$work/b"; expect_400 'parallel_tool_calls a string' "$work/b" parallel_tool_calls
 printf '{"messages":[%s],"max_tokens":2}' "$u" >"$work/b"
 st=$(curl -s -o "$work/resp" -w '%{http_code}' "${auth[@]}" -H 'Content-Length: 47' -H 'Content-Length: 48' --data-binary "@$work/b" "$url/v1/chat/completions")
 [ "$st" = 400 ] && grep -q Content-Length "$work/resp" || fail "two Content-Length headers: $st $(cat "$work/resp")"
@@ -117,6 +126,110 @@ for junk in (b"\xde\xad\xbe\xef" * 16 + b"\r\n\r\n", bytes(range(1, 200)) + b"\r
     g.close()
 PY
 alive "the connection limits"
+
+# bytes without a line end (libmicrohttpd waits for the request line) and a stalled header: closed
+# after --header-timeout (2 s), not --timeout (60 s); a request body sent with pauses longer than
+# that, a stream read slowly and a kept-alive connection's next request are not cut
+python3 - "$port" "$key" <<'PY' || fail "header timeout"
+import json, socket, sys, time
+port, key = int(sys.argv[1]), sys.argv[2]
+def closed_after(data):
+    g = socket.create_connection(("127.0.0.1", port)); g.settimeout(10)
+    t = time.time(); g.sendall(data)
+    try:
+        d = g.recv(100)
+    except ConnectionResetError:
+        d = b""
+    except socket.timeout:
+        d = None
+    g.close()
+    return d, time.time() - t
+for junk in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(128, 250)), b"GET /health HTT",
+             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"):
+    d, dt = closed_after(junk)
+    assert d is not None and not d.startswith(b"HTTP/1.1 200") and dt < 5, "%r: %r after %.1f s" % (junk[:20], d, dt)
+def request(s, body, pause=0.0, pieces=1):
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+            "Content-Length: %d\r\n\r\n" % (key, len(body))).encode()
+    s.sendall(head)
+    k = (len(body) + pieces - 1) // pieces
+    for i in range(0, len(body), k):
+        if i: time.sleep(pause)
+        s.sendall(body[i:i + k])
+# a body in three pieces 2.6 s apart: answered
+s = socket.create_connection(("127.0.0.1", port)); s.settimeout(30)
+request(s, json.dumps({"prompt": "And", "max_tokens": 4, "padding": "x" * 3000}).encode(), 2.6, 3)
+d = b""
+while b"\r\n\r\n" not in d: d += s.recv(65536)
+assert d.startswith(b"HTTP/1.1 200"), "a slow body: %r" % d[:200]
+# the same kept-alive connection: idle after the generation, closed after the header timeout
+s.settimeout(10)
+t = time.time()
+while True:
+    x = s.recv(65536)
+    if not x: break
+dt = time.time() - t
+assert 1 < dt < 5, "an idle kept-alive connection closed after %.1f s" % dt
+s.close()
+# a stream read slowly (a small receive buffer, 3 s without reading): complete
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096); s.settimeout(60)
+s.connect(("127.0.0.1", port))
+request(s, json.dumps({"prompt": "And", "max_tokens": 400, "stream": True, "logprobs": 5, "temperature": 1}).encode())
+d = s.recv(2048)
+time.sleep(3)
+while not d.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n") and not d.endswith(b"0\r\n\r\n"):
+    x = s.recv(65536)
+    if not x: break
+    d += x
+assert b"data: [DONE]" in d, "a slow reader's stream: %d bytes, ends %r" % (len(d), d[-80:])
+s.close()
+PY
+alive "the header timeout"
+
+# every slot of the main listener taken by several peers' headers that never end, a byte every
+# 0.5 s (under --header-timeout; 16 = --max-conns): a new client there gets nothing, the health
+# listener answers /health and /metrics
+python3 - "$port" "$hport" <<'PY' || fail "health listener"
+import socket, sys, threading, time
+port, hport = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for peer in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
+    for _ in range(6 if peer != "127.0.0.5" else 4):
+        s = socket.socket(); s.bind((peer, 0)); s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"); held.append(s)
+stop = threading.Event()
+def trickle():
+    while not stop.wait(0.5):
+        for h in held: h.sendall(b"X")
+threading.Thread(target=trickle, daemon=True).start()
+time.sleep(0.3)
+def get(p, path, src="127.0.0.6"):
+    o = socket.socket(); o.bind((src, 0)); o.settimeout(3); o.connect(("127.0.0.1", p))
+    o.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    d = b""
+    try:
+        while True:
+            x = o.recv(65536)
+            if not x: break
+            d += x
+    except (ConnectionResetError, socket.timeout):
+        pass
+    o.close()
+    return d
+d = get(port, b"/health")
+assert not d.startswith(b"HTTP/1.1 200"), "the main listener had a free slot: %r" % d[:100]
+d = get(hport, b"/health")
+assert d.startswith(b"HTTP/1.1 200") and d.endswith(b'{"status":"ok"}'), "the health listener's /health: %r" % d[:200]
+d = get(hport, b"/metrics")
+assert d.startswith(b"HTTP/1.1 200") and b"dsv4_requests_total" in d, "the health listener's /metrics: %r" % d[:200]
+d = get(hport, b"/v1/models")
+assert d.startswith(b"HTTP/1.1 404"), "the health listener serves only /health and /metrics: %r" % d[:200]
+stop.set()
+time.sleep(0.1)
+for h in held: h.close()
+PY
+sleep 0.3
+alive "the full listener"
 
 kill -TERM "$pid"
 rc=0

@@ -3,8 +3,9 @@
 # code that is not ours: random JSON schemas through response_format json_schema, every
 # completed reply validated by ajv (and a seeded reply the same alone and under load); tool
 # calls with tool_choice "required" through the Vercel AI SDK and LangChain JS, their arguments
-# validated; json_schema / json_object through the openai client; schema errors as 400s naming
-# the keyword. The npm packages are installed from the registry into the build tree.
+# validated; json_schema / json_object through the openai client; parallel tool calls (several in
+# one reply, or one with parallel_tool_calls false) and 40 tools, each call validated by ajv;
+# schema errors as 400s naming the keyword. The npm packages are installed from the registry into the build tree.
 set -euo pipefail
 bin="$1"
 src="$2"
@@ -99,12 +100,14 @@ if "$bin" run -m "$model" -p x -n 4 --json-schema "$work/bad.json" 2>"$work/run.
 grep -q "'format'" "$work/run.err" || fail "run: the error does not name the keyword: $(cat "$work/run.err")"
 
 t0=$(date +%s)
-# 100 schemas x 2 seeds (10 in a sanitized build, where the model runs ~50 times slower)
-n_schemas=100
-if ldd "$bin" 2>/dev/null | grep -q libasan; then n_schemas=10; fi
+# 100 schemas x 2 seeds, 12 seeds of tool calls (10 and 6 in a sanitized build, where the model runs
+# ~50 times slower)
+n_schemas=100 n_tools=12
+if ldd "$bin" 2>/dev/null | grep -q libasan; then n_schemas=10 n_tools=6; fi
 timeout 900 node "$nm/serve_structured.mjs" gen "$url" "$key" "${DSV4_STRUCTURED_SCHEMAS:-$n_schemas}" || fail "random schemas"
 t1=$(date +%s)
 timeout 600 node "$nm/serve_structured.mjs" clients "$url" "$key" || fail "clients"
+timeout 600 node "$nm/serve_structured.mjs" tools "$url" "$key" "$n_tools" || fail "parallel tool calls, 40 tools"
 t2=$(date +%s)
 curl -s "$url/metrics" | grep -E '^dsv4_grammar' || fail "no grammar metrics"
 echo "random schemas $((t1 - t0)) s, clients $((t2 - t1)) s"

@@ -18,8 +18,9 @@
 #include "runtime/scheduler.h"
 
 typedef struct {
-    const char *host, *key, *name;
-    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer, mtp, mtp_batch;
+    const char *host, *key, *name, *health_host;
+    long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer, header_timeout,
+        max_conns, health_port, mtp, mtp_batch;
 } serve_args;
 
 static const cli_opt serve_opts[] = {
@@ -45,9 +46,20 @@ static const cli_opt serve_opts[] = {
                  "finished conversations kept for prefix reuse (default 4; 0: off)"),
     CLI_LONG_OPT("--max-body", NULL, serve_args, max_body, 1024, 1LL << 32, "BYTES",
                  "request body limit (default 8388608; larger gets 413)"),
-    CLI_LONG_OPT("--timeout", NULL, serve_args, timeout, 1, 86400, "S", "idle connection timeout in seconds (default 60)"),
-    CLI_LONG_OPT("--max-conns-per-peer", NULL, serve_args, per_peer, 1, 1016, "N",
-                 "connections of one client address at most, of 1024 (default 512: the rest stay for others)"),
+    CLI_LONG_OPT("--timeout", NULL, serve_args, timeout, 1, 86400, "S",
+                 "a connection sending its request body is closed after S seconds without a byte (default 60)"),
+    CLI_LONG_OPT("--header-timeout", NULL, serve_args, header_timeout, 1, 86400, "S",
+                 "a connection whose request header is not complete (a new one, or a kept-alive one between "
+                 "requests) is closed after S seconds without a byte (default 10)"),
+    CLI_LONG_OPT("--max-conns", NULL, serve_args, max_conns, 1, 1024, "N",
+                 "connections at most; more are closed at once (default 1024)"),
+    CLI_LONG_OPT("--max-conns-per-peer", NULL, serve_args, per_peer, 1, 1024, "N",
+                 "connections of one client address at most (default 512: the rest stay for others)"),
+    CLI_LONG_OPT("--health-port", NULL, serve_args, health_port, 0, 65535, "N",
+                 "also answer GET /health and /metrics on this port, a listener of its own that slow clients "
+                 "of the main port cannot fill (0: any free port, printed at start; default: none)"),
+    CLI_STRING_OPT("--health-host", NULL, serve_args, health_host, "ADDR",
+                   "IPv4 address of the health listener (default 127.0.0.1)"),
     CLI_LONG_OPT("--mtp", NULL, serve_args, mtp, 0, DS_GEN_MTP_MAX, "K",
                  "speculative decoding with the model's MTP block: K tokens drafted per request and step, the same "
                  "tokens and logprobs (default 0: off)"),
@@ -91,7 +103,9 @@ static int serve_ctx(const ds_model *m, const ds_backend *be, long long n, long 
 int cmd_serve(int argc, char **argv) {
     const char *env_key = getenv("DSV4_API_KEY");
     serve_args sa = {.host = "127.0.0.1", .key = env_key, .per_peer = 512, .port = 8080, .max_seqs = 16, .ctx = 0,
-                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20, .timeout = 60, .mtp_batch = 4};
+                     .max_queue = 64, .step = 256, .chunk = 128, .cache = 4, .wait = 10, .max_body = 8 << 20,
+                     .timeout = 60, .header_timeout = 10, .max_conns = 1024, .health_port = -1,
+                     .health_host = "127.0.0.1", .mtp_batch = 4};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
     const cli_group groups[] = {{NULL, cli_model_opts, &ma},
@@ -188,8 +202,19 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         goto out;
     }
-    serve_cfg cfg = {host, (int)port, key, name, ctx, (size_t)max_body, (int)timeout, 1024, (int)sa.per_peer,
-                     m->mtp_model && sa.mtp > 0};
+    serve_cfg cfg = {.host = host,
+                     .port = (int)port,
+                     .api_key = key,
+                     .model_id = name,
+                     .ctx = ctx,
+                     .max_body = (size_t)max_body,
+                     .timeout_s = (int)timeout,
+                     .header_timeout_s = (int)sa.header_timeout,
+                     .max_conns = (int)sa.max_conns,
+                     .max_conns_per_peer = (int)sa.per_peer,
+                     .health_host = sa.health_host,
+                     .health_port = (int)sa.health_port,
+                     .mtp = m->mtp_model && sa.mtp > 0};
     if (serve_start(&cfg, m, tok, sched, &srv)) goto out;
     fprintf(stderr, "dsv4 serve: model '%s' (%s), ctx %lld, max-seqs %lld, backend %s, %d threads%s", name, dir, ctx,
             max_seqs, be.name, be.threads(&be), key ? ", API key required" : "");

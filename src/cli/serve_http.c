@@ -28,6 +28,7 @@ struct serve {
     pthread_mutex_t tok_mu; /* ds_tokenizer_encode: one thread at a time */
     ds_sched *sched;
     struct MHD_Daemon *d;
+    struct MHD_Daemon *health; /* the health listener, or NULL */
     pthread_mutex_t mu; /* the fields below */
     uint64_t next_id;
     uint64_t http[6]; /* responses by status class: 2xx, 4xx other, 401, 404, 429, 5xx */
@@ -616,6 +617,7 @@ static enum MHD_Result handle_generate(serve *s, struct MHD_Connection *c, conn 
             return send_error(s, c, &e);
         }
         ds_oai_text_init(&ch->text, chat, g->q.thinking, (const char *const *)g->q.stop, g->q.n_stop);
+        ch->text.one_call = !g->q.parallel_calls;
         rp[i] = g->q.rp;
         rp[i].sampling.seed = g->q.rp.sampling.seed + (uint64_t)i; /* choice i: seed + i */
     }
@@ -878,6 +880,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         k->s = s;
         *con_cls = k;
+        /* the header is complete: the body may take the (longer) request timeout */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)s->cfg.timeout_s);
         /* this connection's thread (one per connection) wakes once per generated
          * token: SCHED_BATCH keeps those wake-ups from preempting the scheduler
          * thread in the middle of a step (they run at the next slice instead).
@@ -948,14 +952,51 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
-    (void)cls;
-    (void)c;
-    (void)t;
+    serve *s = cls;
     conn *k = *con_cls;
+    /* a kept-alive connection waits for its next request header: the header timeout again
+     * (a generation had set none) */
+    if (t == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)s->cfg.header_timeout_s);
     if (!k) return;
     free(k->body);
     free(k);
     *con_cls = NULL;
+}
+
+/* the health listener: GET / HEAD /health and /metrics, nothing else */
+static enum MHD_Result on_health(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *upload, size_t *upload_n, void **con_cls) {
+    serve *s = cls;
+    (void)version;
+    (void)upload;
+    if (!*con_cls) { /* the header: wait for the end of any body */
+        *con_cls = s;
+        return MHD_YES;
+    }
+    if (*upload_n) {
+        *upload_n = 0;
+        return MHD_YES;
+    }
+    ds_oai_error e;
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (get && !strcmp(url, "/health")) return send_buf(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    if (get && !strcmp(url, "/metrics")) return handle_metrics(s, c);
+    if (!strcmp(url, "/health") || !strcmp(url, "/metrics")) {
+        ds_oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %s", method,
+                    url);
+        return send_error(s, c, &e);
+    }
+    ds_oai_fail(&e, 404, "invalid_request_error", NULL, "not_found",
+                "No route %s %.200s on the health listener (/health and /metrics only)", method, url);
+    return send_error(s, c, &e);
+}
+
+static int ipv4(const char *host, int port, struct sockaddr_in *a) {
+    memset(a, 0, sizeof *a);
+    a->sin_family = AF_INET;
+    a->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
 }
 
 int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_sched *sched, serve **out) {
@@ -968,19 +1009,23 @@ int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_s
     s->sched = sched;
     pthread_mutex_init(&s->tok_mu, NULL);
     pthread_mutex_init(&s->mu, NULL);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)cfg->port);
-    if (inet_pton(AF_INET, cfg->host, &a.sin_addr) != 1) {
+    struct sockaddr_in a, ha;
+    if (ipv4(cfg->host, cfg->port, &a)) {
         fprintf(stderr, "dsv4 serve: --host '%s' is not an IPv4 address\n", cfg->host);
+        serve_stop(s);
+        return -1;
+    }
+    if (cfg->health_port >= 0 && ipv4(cfg->health_host, cfg->health_port, &ha)) {
+        fprintf(stderr, "dsv4 serve: --health-host '%s' is not an IPv4 address\n", cfg->health_host);
         serve_stop(s);
         return -1;
     }
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
                             (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &a,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)cfg->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            /* a new connection until its request header is complete (on_request sets the
+                             * body's timeout, a generation none, on_completed this one again) */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->header_timeout_s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)cfg->max_conns_per_peer, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_END);
     if (!s->d) {
@@ -988,8 +1033,26 @@ int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_s
         serve_stop(s);
         return -1;
     }
+    /* the health listener: its own socket, connection slots and one polling thread, so that
+     * /health answers while the main listener's slots are all taken */
+    if (cfg->health_port >= 0) {
+        s->health = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)cfg->health_port,
+                                     NULL, NULL, on_health, s, MHD_OPTION_SOCK_ADDR, &ha,
+                                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->header_timeout_s,
+                                     MHD_OPTION_CONNECTION_LIMIT, 64u, MHD_OPTION_END);
+        if (!s->health) {
+            fprintf(stderr, "dsv4 serve: cannot listen on %s:%d for /health (in use or not permitted)\n",
+                    cfg->health_host, cfg->health_port);
+            serve_stop(s);
+            return -1;
+        }
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     printf("listening on http://%s:%u\n", cfg->host, di ? di->port : (unsigned)cfg->port);
+    if (s->health) {
+        di = MHD_get_daemon_info(s->health, MHD_DAEMON_INFO_BIND_PORT);
+        printf("health on http://%s:%u\n", cfg->health_host, di ? di->port : (unsigned)cfg->health_port);
+    }
     fflush(stdout);
     *out = s;
     return 0;
@@ -997,6 +1060,7 @@ int serve_start(const serve_cfg *cfg, const ds_model *m, ds_tokenizer *tok, ds_s
 
 void serve_stop(serve *s) {
     if (!s) return;
+    if (s->health) MHD_stop_daemon(s->health);
     if (s->d) MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->tok_mu);
     pthread_mutex_destroy(&s->mu);

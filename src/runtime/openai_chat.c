@@ -334,14 +334,16 @@ static int parse_response_format(const cJSON *b, ds_oai_req *r, const cJSON **sc
     return 0;
 }
 
-/* tool_choice "required" / a named function: the reply is one DSML tool call
- * (json_schema.c, ds_json_schema_tool_call): the block the V4 encoder renders
- * for an assistant's call, a name among the tools (or the named one), its
- * parameters following the tool's schema -- right after the prompt in chat
- * mode, after the reasoning's </think> in thinking mode. */
+/* tool_choice "required" / a named function: the reply is a DSML tool-call
+ * block (json_schema.c, ds_json_schema_tool_call): the block the V4 encoder
+ * renders for an assistant's calls, one call (parallel_tool_calls false) or
+ * several, each a name among the tools (or the named one) and its parameters
+ * following that tool's schema -- right after the prompt in chat mode, after
+ * the reasoning's </think> in thinking mode. */
 static int tool_grammar(ds_tokenizer *tok, const cJSON *tools, const char *name, ds_oai_req *r, ds_oai_error *e) {
     ds_err err = {{0}};
-    if (ds_json_schema_tool_call(tools, name, &r->grammar, &err)) return BAD("tools", "%s", err.msg);
+    if (ds_json_schema_tool_call(tools, name, r->parallel_calls, &r->grammar, &err))
+        return BAD("tools", "%s", err.msg);
     r->rp.grammar_after = -1;
     if (r->thinking && (r->rp.grammar_after = ds_tokenizer_token_id(tok, DS_CHAT_THINK_END)) < 0)
         return BAD("tool_choice", "the tokenizer has no %s token to start a tool call after", DS_CHAT_THINK_END);
@@ -408,6 +410,8 @@ static int parse_chat(ds_tokenizer *tok, const cJSON *b, ds_oai_req *r, ds_oai_e
             k++;
         }
     }
+    r->parallel_calls = 1;
+    if (get_bool(b, "parallel_tool_calls", &r->parallel_calls, e) < 0) goto done;
     const char *force_name = NULL; /* tool_choice names a function */
     int force = 0;                 /* tool_choice "required" or a function */
     if (tc && !cJSON_IsNull(tc)) {
@@ -753,7 +757,8 @@ int ds_oai_text_message(ds_oai_text *t, int eos, const char *id_base, cJSON *msg
             memcpy(full + t->n_raw, DS_CHAT_EOS, sizeof DS_CHAT_EOS);
             if (!ds_chat_parse(full, n - 1, t->thinking, &rep, &err)) {
                 calls = cJSON_CreateArray();
-                for (size_t i = 0; i < rep.n_calls; i++) {
+                size_t keep_n = t->one_call && rep.n_calls > 1 ? 1 : rep.n_calls; /* parallel_tool_calls false */
+                for (size_t i = 0; i < keep_n; i++) {
                     cJSON *c = cJSON_CreateObject(), *f = cJSON_CreateObject();
                     char id[96];
                     snprintf(id, sizeof id, "call_%s_%zu", id_base, i);
@@ -764,7 +769,7 @@ int ds_oai_text_message(ds_oai_text *t, int eos, const char *id_base, cJSON *msg
                     cJSON_AddItemToObject(c, "function", f);
                     cJSON_AddItemToArray(calls, c);
                 }
-                n_calls = (int)rep.n_calls;
+                n_calls = (int)keep_n;
                 ds_chat_reply_free(&rep);
             }
             free(full);

@@ -37,6 +37,7 @@ typedef struct ds_oai_req {
     int stream, include_usage;
     int thinking;      /* chat: thinking mode (the reply starts with reasoning) */
     int has_tools;
+    int parallel_calls; /* parallel_tool_calls (default true): several tool calls in one reply */
     int n_choices;     /* n: choices, each its own sequence with seed seed + i */
     int32_t *prompt;   /* malloc'ed */
     int n_prompt;
@@ -74,6 +75,7 @@ typedef struct ds_oai_text {
     size_t released;  /* raw[0..released) cannot become part of a stop string */
     int stop_hit;     /* a stop string was found: raw ends before it */
     int ended;
+    int one_call; /* at most one tool call in the message (parallel_tool_calls false); set after init */
     size_t sent_reasoning, sent_content;
 } ds_oai_text;
 
@@ -91,7 +93,8 @@ void ds_oai_text_deltas(ds_oai_text *t, const char **reasoning, size_t *n_reason
 
 /* The final message of an ended text: sets "content" (null when empty with
  * tool calls), "reasoning_content" (thinking mode) and "tool_calls" (DSML
- * calls parsed back, ids "call_<id_base>_<i>") on msg, a cJSON object.
+ * calls parsed back, ids "call_<id_base>_<i>"; the first only with one_call)
+ * on msg, a cJSON object.
  * Returns the number of tool calls. eos: generation ended at the EOS token. */
 struct cJSON;
 int ds_oai_text_message(ds_oai_text *t, int eos, const char *id_base, struct cJSON *msg);

@@ -149,6 +149,38 @@ int ds_grammar_add_text(ds_grammar *g, int node, const char *s, size_t n, ds_err
     return 0;
 }
 
+int ds_grammar_pick_add(ds_grammar *g, int pick, const char *s, size_t n, int then, ds_err *err) {
+    gnode *x = &g->nodes[pick];
+    if (!n) return ds_fail(err, "grammar: an empty text");
+    /* the texts stay sorted: the first at or after s */
+    int at = 0;
+    for (int hi = x->n; at < hi;) {
+        int m = (at + hi) / 2, c = memcmp(x->txt[m], s, x->len[m] < n ? x->len[m] : n);
+        if (c < 0 || (c == 0 && x->len[m] < n))
+            at = m + 1;
+        else
+            hi = m;
+    }
+    /* a prefix of s sorts just before it; a text s is a prefix of, just after it */
+    if (at > 0 && x->len[at - 1] <= n && !memcmp(x->txt[at - 1], s, x->len[at - 1]))
+        return ds_fail(err, "grammar: the choice '%.*s' starts with the choice '%.*s'", (int)n, s, (int)x->len[at - 1],
+                       x->txt[at - 1]);
+    if (at < x->n && x->len[at] >= n && !memcmp(x->txt[at], s, n))
+        return ds_fail(err, "grammar: the choice '%.*s' starts with the choice '%.*s'", (int)x->len[at], x->txt[at],
+                       (int)n, s);
+    if (grow(x, err)) return -1;
+    char *t = dupn(s, n);
+    if (!t) return ds_fail(err, "grammar: out of memory");
+    memmove(x->txt + at + 1, x->txt + at, (size_t)(x->n - at) * sizeof *x->txt);
+    memmove(x->len + at + 1, x->len + at, (size_t)(x->n - at) * sizeof *x->len);
+    memmove(x->kid + at + 1, x->kid + at, (size_t)(x->n - at) * sizeof *x->kid);
+    x->txt[at] = t;
+    x->len[at] = (uint32_t)n;
+    x->kid[at] = then;
+    x->n++;
+    return 0;
+}
+
 int ds_grammar_add_child(ds_grammar *g, int node, int child, ds_err *err) {
     gnode *x = &g->nodes[node];
     if (x->kind == DS_G_ALT && x->n >= 64) return ds_fail(err, "schema: more than 64 alternatives");
@@ -200,6 +232,7 @@ int ds_grammar_finish(ds_grammar *g, ds_err *err) {
         const gnode *x = &g->nodes[i];
         if (x->kind == DS_G_REF && x->target < 0) return ds_fail(err, "schema: a $ref without a target");
         if (x->kind == DS_G_ALT && x->n == 0) return ds_fail(err, "schema: anyOf / enum / type with no alternative");
+        if (x->kind == DS_G_PICK && x->n == 0) return ds_fail(err, "grammar: a choice of no text");
         if (x->kind == DS_G_ARR && x->items < 0) return ds_fail(err, "grammar: an array without items");
         dsml |= x->kind == DS_G_OBJ && x->dsml;
     }
@@ -300,6 +333,7 @@ enum {
     T_IN,
     R_IN,
     Q_IN,
+    P_IN,
 };
 
 static void st_init(ds_gstate *s) {
@@ -528,6 +562,11 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             case DS_G_SEQ:
                 f->st = Q_IN;
                 f->n = 0;
+                continue;
+            case DS_G_PICK: /* the choices [lo, hi) that match so far: cand = lo | hi << 32 */
+                f->st = P_IN;
+                f->n = 0;
+                f->cand = (uint64_t)x->n << 32;
                 continue;
             }
             return;
@@ -791,9 +830,51 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             KEEP();
         case Q_IN:
             if ((int)f->n == x->n) REFEED();
+            if ((int)f->n + 1 == x->n) {
+                /* the last child takes the sequence's frame: a sequence that ends by coming back
+                 * to where it started (repeated tool calls) keeps its depth */
+                if (hops > 16) return;
+                hops++;
+                int k = x->kid[f->n];
+                memset(f, 0, sizeof *f);
+                f->node = (uint16_t)k;
+                f->st = ST_START;
+                continue;
+            }
             PUSH(x->kid[f->n]);
             fr[d - 2].n++;
             continue;
+        case P_IN: {
+            /* within [lo, hi) the texts share their first n bytes, all are longer than n
+             * (none is a prefix of another) and they are sorted: byte n does not decrease */
+            uint32_t lo = (uint32_t)f->cand, hi = (uint32_t)(f->cand >> 32), n = f->n, a = lo, b = hi;
+            while (a < b) {
+                uint32_t m = (a + b) / 2;
+                if ((unsigned char)x->txt[m][n] < c)
+                    a = m + 1;
+                else
+                    b = m;
+            }
+            uint32_t l2 = a;
+            for (b = hi; a < b;) {
+                uint32_t m = (a + b) / 2;
+                if ((unsigned char)x->txt[m][n] <= c)
+                    a = m + 1;
+                else
+                    b = m;
+            }
+            if (l2 == a) return;
+            if (x->len[l2] == n + 1) { /* the text is complete (the only one left): its node follows */
+                int k = x->kid[l2];
+                memset(f, 0, sizeof *f);
+                f->node = (uint16_t)k;
+                f->st = ST_START;
+                KEEP();
+            }
+            f->n = n + 1;
+            f->cand = l2 | (uint64_t)a << 32;
+            KEEP();
+        }
         }
         return;
     }

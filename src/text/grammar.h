@@ -45,6 +45,7 @@ enum {
     DS_G_RAW,  /* raw UTF-8 text without '<' (a DSML string parameter) */
     DS_G_SEQ,  /* the children one after the other */
     DS_G_REF,  /* the node target (set later: recursive $ref) */
+    DS_G_PICK, /* one of several texts, each followed by its own node (a tool's name, then its call) */
 };
 
 /* A grammar is reference-counted (new: one reference): ds_grammar_ref adds
@@ -64,6 +65,11 @@ void ds_grammar_str_set(ds_grammar *g, int str, int min_len, int max_len);
 void ds_grammar_arr_set(ds_grammar *g, int arr, int items, int min_items, int max_items);
 /* DS_G_LIT / DS_G_TEXT: an exact text (LIT: one more alternative). */
 int ds_grammar_add_text(ds_grammar *g, int node, const char *s, size_t n, ds_err *err);
+/* DS_G_PICK: one more choice, the text s[0..n) then the node `then`. No text
+ * may be a prefix of another (an error names the two); any number of choices
+ * (matched by binary search over the sorted texts, one thread whatever their
+ * shared prefixes). */
+int ds_grammar_pick_add(ds_grammar *g, int pick, const char *s, size_t n, int then, ds_err *err);
 /* DS_G_ALT / DS_G_SEQ: one more child. */
 int ds_grammar_add_child(ds_grammar *g, int node, int child, ds_err *err);
 void ds_grammar_ref_set(ds_grammar *g, int ref, int target);

@@ -35,7 +35,7 @@ static int in_list(const char *k, const char *const *l) {
 
 static int node_of(ctx *c, const cJSON *s, const char *path, int dsml, ds_err *err);
 
-static int oom(ds_err *err) { return ds_fail(err, "schema: out of memory"); }
+static int oom(ds_err *err) { return ds_fail(err, "schema: out of memory (or over 65535 grammar nodes)"); }
 
 /* the JSON-escaped bytes of a name, without the quotes (malloc'ed) */
 static char *escaped(const char *name, size_t *n) {
@@ -379,13 +379,33 @@ done:
     "\xef\xbd\x9c"                                                                                                     \
     "DSML\xef\xbd\x9c"
 
-int ds_json_schema_tool_call(const cJSON *tools, const char *only, ds_grammar **out, ds_err *err) {
+int ds_json_schema_tool_call(const cJSON *tools, const char *only, int parallel, ds_grammar **out, ds_err *err) {
+    static const char OPEN[] = "\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"";
+    static const char NEXT[] = "\n<" DSML "invoke name=\"";
+    static const char CLOSE[] = "\n</" DSML "tool_calls>";
     ds_grammar *g = ds_grammar_new();
     if (!g) return oom(err);
-    int alt = ds_grammar_node(g, DS_G_ALT);
-    if (alt < 0) goto oom;
+    /* root: OPEN, then pick; pick: a tool's name and '">\n', then SEQ(its parameters, after);
+     * after: CLOSE, or (parallel) ALT(CLOSE, SEQ(NEXT, pick)) -- one call or several */
+    int root = ds_grammar_node(g, DS_G_SEQ), open = ds_grammar_node(g, DS_G_TEXT), pick = ds_grammar_node(g, DS_G_PICK),
+        close = ds_grammar_node(g, DS_G_TEXT), after = close;
+    if (root < 0 || open < 0 || pick < 0 || close < 0) goto oom;
+    if (ds_grammar_add_text(g, open, OPEN, sizeof OPEN - 1, err) ||
+        ds_grammar_add_text(g, close, CLOSE, sizeof CLOSE - 1, err) || ds_grammar_add_child(g, root, open, err) ||
+        ds_grammar_add_child(g, root, pick, err))
+        goto fail;
+    if (parallel) {
+        int more = ds_grammar_node(g, DS_G_ALT), again = ds_grammar_node(g, DS_G_SEQ),
+            next = ds_grammar_node(g, DS_G_TEXT);
+        if (more < 0 || again < 0 || next < 0) goto oom;
+        if (ds_grammar_add_text(g, next, NEXT, sizeof NEXT - 1, err) || ds_grammar_add_child(g, again, next, err) ||
+            ds_grammar_add_child(g, again, pick, err) || ds_grammar_add_child(g, more, close, err) ||
+            ds_grammar_add_child(g, more, again, err))
+            goto fail;
+        after = more;
+    }
     const cJSON *t;
-    int i = 0;
+    int i = 0, n_pick = 0;
     cJSON_ArrayForEach(t, tools) {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -400,19 +420,19 @@ int ds_json_schema_tool_call(const cJSON *tools, const char *only, ds_grammar **
             ds_fail(err, "tools[%d]: the function name '%.100s' is empty or holds '\"'", i - 1, nm->valuestring);
             goto fail;
         }
-        int seq = ds_grammar_node(g, DS_G_SEQ), head = ds_grammar_node(g, DS_G_TEXT),
-            tail = ds_grammar_node(g, DS_G_TEXT);
-        if (seq < 0 || head < 0 || tail < 0) goto oom;
-        static const char OPEN[] = "\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\"";
-        size_t nl = strlen(nm->valuestring), hl = sizeof OPEN - 1 + nl + 3;
-        char *h = malloc(hl + 1);
-        if (!h) goto oom;
-        snprintf(h, hl + 1, "%s%s\">\n", OPEN, nm->valuestring);
-        int rc = ds_grammar_add_text(g, head, h, hl, err);
-        free(h);
-        if (rc) goto fail;
-        static const char CLOSE[] = "\n</" DSML "tool_calls>";
-        if (ds_grammar_add_text(g, tail, CLOSE, sizeof CLOSE - 1, err)) goto fail;
+        int k = 0;
+        const cJSON *u;
+        cJSON_ArrayForEach(u, tools) {
+            if (k++ == i - 1) break;
+            const cJSON *un = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "function"), "name");
+            if (cJSON_IsString(un) && !strcmp(un->valuestring, nm->valuestring)) {
+                ds_fail(err, "tools[%d]: the function name '%.100s' is also tools[%d]'s", i - 1, nm->valuestring,
+                        k - 1);
+                goto fail;
+            }
+        }
+        int call = ds_grammar_node(g, DS_G_SEQ);
+        if (call < 0) goto oom;
         int args;
         cJSON *empty = NULL;
         if (!params || cJSON_IsNull(params)) params = empty = cJSON_Parse("{\"type\":\"object\",\"properties\":{}}");
@@ -425,11 +445,22 @@ int ds_json_schema_tool_call(const cJSON *tools, const char *only, ds_grammar **
             ds_fail(err, "tools[%d].function.parameters: %s", i - 1, m);
             goto fail;
         }
-        if (ds_grammar_add_child(g, seq, head, err) || ds_grammar_add_child(g, seq, args, err) ||
-            ds_grammar_add_child(g, seq, tail, err) || ds_grammar_add_child(g, alt, seq, err))
-            goto fail;
+        if (ds_grammar_add_child(g, call, args, err) || ds_grammar_add_child(g, call, after, err)) goto fail;
+        size_t nl = strlen(nm->valuestring);
+        char *h = malloc(nl + 4);
+        if (!h) goto oom;
+        memcpy(h, nm->valuestring, nl);
+        memcpy(h + nl, "\">\n", 4);
+        int rc = ds_grammar_pick_add(g, pick, h, nl + 3, call, err);
+        free(h);
+        if (rc) goto fail;
+        n_pick++;
     }
-    ds_grammar_set_root(g, alt);
+    if (!n_pick) {
+        ds_fail(err, "tools: no tool to call");
+        goto fail;
+    }
+    ds_grammar_set_root(g, root);
     if (ds_grammar_finish(g, err)) goto fail;
     *out = g;
     return 0;

@@ -27,11 +27,13 @@ int ds_json_schema_compile(const char *text, size_t n, ds_grammar **out, ds_err 
  * (its string properties raw text, the others JSON) — a tool's arguments. */
 int ds_json_schema_add(ds_grammar *g, const struct cJSON *schema, int dsml, ds_err *err);
 
-/* The grammar of one DSML tool call of any of tools (an OpenAI "tools"
- * array): the block "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"NAME\">\n",
- * the parameters following the tool's "parameters" schema, then
- * "\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>". only: the one tool allowed, or
- * NULL for any. */
-int ds_json_schema_tool_call(const struct cJSON *tools, const char *only, ds_grammar **out, ds_err *err);
+/* The grammar of a DSML tool-call block of tools (an OpenAI "tools" array):
+ * "\n\n<｜DSML｜tool_calls>\n", then one call, or with parallel one or more
+ * separated by "\n": "<｜DSML｜invoke name=\"NAME\">\n", the parameters
+ * following that tool's "parameters" schema, "\n</｜DSML｜invoke>"; then
+ * "\n</｜DSML｜tool_calls>". only: the one tool allowed, or NULL for any. The
+ * names are matched as one choice (no limit on the number of tools); two
+ * tools of one name are an error. */
+int ds_json_schema_tool_call(const struct cJSON *tools, const char *only, int parallel, ds_grammar **out, ds_err *err);
 
 #endif
