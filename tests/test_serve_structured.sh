@@ -100,9 +100,9 @@ if "$bin" run -m "$model" -p x -n 4 --json-schema "$work/bad.json" 2>"$work/run.
 grep -q "'format'" "$work/run.err" || fail "run: the error does not name the keyword: $(cat "$work/run.err")"
 
 t0=$(date +%s)
-# 100 schemas x 2 seeds, 12 seeds of tool calls (10 and 6 in a sanitized build, where the model runs
+# 200 schemas x 2 seeds, 12 seeds of tool calls (10 and 6 in a sanitized build, where the model runs
 # ~50 times slower)
-n_schemas=100 n_tools=12
+n_schemas=200 n_tools=12
 if ldd "$bin" 2>/dev/null | grep -q libasan; then n_schemas=10 n_tools=6; fi
 timeout 900 node "$nm/serve_structured.mjs" gen "$url" "$key" "${DSV4_STRUCTURED_SCHEMAS:-$n_schemas}" || fail "random schemas"
 t1=$(date +%s)
