@@ -53,7 +53,19 @@ done
 [ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --kernels --tokens 0 must be a usage error"; }
 "$DSV4" bench -m "$SRC/tests/fixtures/q128" --batch 0 >/dev/null 2>&1
 [ $? -eq 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --batch 0 must be a usage error"; }
+# the grammar mask's cost: a schema over the bundled vocabulary
+G=$(mktemp)
+echo '{"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string"}},"required":["n"]}' >"$G"
+gout=$("$DSV4" bench --grammar "$G" -m "$SRC/models/kjv" --tokens 300 2>&1)
+if echo "$gout" | grep -q "^mask       300 tokens .*mean [0-9.]* us/token"; then pass=$((pass + 1)); else
+  fail=$((fail + 1)); echo "FAIL: bench --grammar: $gout"; fi
+echo '{"type":"string","format":"date"}' >"$G"
+gerr=$("$DSV4" bench --grammar "$G" -m "$SRC/models/kjv" 2>&1)
+[ $? -ne 0 ] && echo "$gerr" | grep -q "format" && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL: bench --grammar with an unsupported keyword: $gerr"; }
+rm -f "$G"
 echo "$out"
 echo "$kout"
+echo "$gout"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

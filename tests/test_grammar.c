@@ -204,28 +204,79 @@ static void test_bytes(void) {
 }
 
 /* the mask against feeding each token alone, on a few states */
-static void test_mask(ds_tokenizer *tok) {
-    ds_vocab_trie *t = NULL;
-    ds_err err = {{0}};
-    CHECK(ds_vocab_trie_build(tok, &t, &err) == 0, "trie: %s", err.msg);
-    if (!t) return;
+/* No reachable state without a way on: random walks over bytes (each step
+ * one of the bytes the state takes, a finished value starting the next) on
+ * schemas with free keys (their 256-byte limit), bounded strings, escapes,
+ * UTF-8 and numbers; at every step some byte, or the end, must be possible. */
+static void test_no_dead_end(void) {
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\"}}}",
+        "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\",\"maxLength\":3}}",
+        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"minLength\":2}]},"
+        "\"maxItems\":4}",
+    };
+    for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
+        ds_grammar *g = compile(schemas[k]);
+        if (!g) continue;
+        ds_gstate *s = ds_gstate_new(g), *c = ds_gstate_new(g);
+        uint32_t x = 2463534242u + (uint32_t)k;
+        int dead = 0, ends = 0, longest = 0, len = 0;
+        for (int step = 0; step < 60000 && !dead; step++) {
+            unsigned char ok[256];
+            int n = 0;
+            for (int b = 0; b < 256; b++) {
+                ds_gstate_copy(c, s);
+                unsigned char byte = (unsigned char)b;
+                if (ds_gstate_feed(c, &byte, 1) == 0) ok[n++] = byte;
+            }
+            x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+            if (ds_gstate_can_end(s) && (!n || x % 8 == 0)) { /* the value ends: the next one */
+                ends++, len = 0;
+                ds_gstate_reset(s);
+                continue;
+            }
+            if (!n) {
+                dead = 1;
+                break;
+            }
+            /* '"' (ends a key or string) drawn rarely: long keys reach their limit */
+            int i = (int)(x % (uint32_t)n);
+            if (ok[i] == '"' && x % 97) i = (i + 1) % n;
+            ds_gstate_feed(s, &ok[i], 1);
+            longest = ++len > longest ? len : longest;
+        }
+        CHECK(!dead && ends > 0, "schema %zu: %s after a valid text (%d values ended)", k,
+              dead ? "no byte can continue" : "no value ended", ends);
+        printf("byte walk: schema %zu, 60000 bytes, %d values, the longest %d bytes\n", k, ends, longest);
+        ds_gstate_free(c);
+        ds_gstate_free(s);
+        ds_grammar_free(g);
+    }
+    /* the key limit inside a character: a UTF-8 sequence or an escape begun at byte 256 completes */
+    ds_grammar *g = compile("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}");
+    if (g) {
+        char t[300];
+        const char *tails[] = {"\xd0\x90\":1}", "\\n\":1}", "\xe2\x82\xac\":1}"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(t, sizeof t, "{\"%s%s", "", tails[i]);
+            memset(t + 2, 'a', 255);
+            snprintf(t + 257, sizeof t - 257, "%s", tails[i]);
+            CHECK(accepts(g, t), "a key of 255 bytes and a character of more than one byte: tail %d refused", i);
+            memset(t + 2, 'a', 256);
+            snprintf(t + 258, sizeof t - 258, "%s", tails[i]);
+            CHECK(!accepts(g, t), "a key of 256 bytes and more: tail %d accepted", i);
+        }
+        ds_grammar_free(g);
+    }
+}
+
+/* Each mask against feeding every token alone, after each prefix */
+static void mask_agrees(ds_tokenizer *tok, ds_vocab_trie *t, ds_mask_scratch *ms, uint64_t *m, const char *schema,
+                        const char *const *prefixes, size_t np) {
     int V = ds_vocab_trie_vocab(t);
-    uint64_t *m = calloc(((size_t)V + 63) / 64, 8);
-    ds_mask_scratch *ms = ds_mask_scratch_new(t);
-    ds_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
-                            "\"array\",\"items\":{\"type\":\"integer\"}},\"ok\":{\"type\":\"boolean\"}},\"required\":["
-                            "\"name\",\"ok\"],\"additionalProperties\":false}");
-    const char *prefixes[] = {"",
-                              "{",
-                              "{\"",
-                              "{\"name\":\"Jo",
-                              "{\"name\":\"\\",
-                              "{\"n\":[1",
-                              "{\"n\":[1,2], ",
-                              "{\"ok\":true,\"name\":\"x\",\"n\":[]}",
-                              "{\"name\":\"\xc3"};
+    ds_grammar *g = compile(schema);
     int32_t eos = ds_tokenizer_eos_id(tok);
-    for (size_t p = 0; g && p < sizeof prefixes / sizeof *prefixes; p++) {
+    for (size_t p = 0; g && p < np; p++) {
         ds_gstate *s = ds_gstate_new(g), *c = ds_gstate_new(g);
         CHECK(ds_gstate_feed(s, prefixes[p], strlen(prefixes[p])) == 0, "prefix %s", prefixes[p]);
         int n = ds_grammar_mask(t, s, ms, m), bad = 0, cnt = 0;
@@ -237,13 +288,48 @@ static void test_mask(ds_tokenizer *tok) {
             int bit = (int)(m[id >> 6] >> (id & 63) & 1);
             cnt += bit;
             if (ok != bit && bad++ < 3)
-                fprintf(stderr, "prefix %s token %d: mask %d, feed %d\n", prefixes[p], id, bit, ok);
+                fprintf(stderr, "prefix %.40s token %d: mask %d, feed %d\n", prefixes[p], id, bit, ok);
         }
-        CHECK(!bad && cnt == n && n > 0, "prefix '%s': %d tokens disagree (%d allowed)", prefixes[p], bad, n);
+        CHECK(!bad && cnt == n && n > 0, "prefix '%.60s': %d tokens disagree (%d allowed)", prefixes[p], bad, n);
         ds_gstate_free(s);
         ds_gstate_free(c);
     }
     ds_grammar_free(g);
+}
+
+static void test_mask(ds_tokenizer *tok) {
+    ds_vocab_trie *t = NULL;
+    ds_err err = {{0}};
+    CHECK(ds_vocab_trie_build(tok, &t, &err) == 0, "trie: %s", err.msg);
+    if (!t) return;
+    int V = ds_vocab_trie_vocab(t);
+    uint64_t *m = calloc(((size_t)V + 63) / 64, 8);
+    ds_mask_scratch *ms = ds_mask_scratch_new(t);
+    const char *prefixes[] = {"",
+                              "{",
+                              "{\"",
+                              "{\"name\":\"Jo",
+                              "{\"name\":\"\\",
+                              "{\"n\":[1",
+                              "{\"n\":[1,2], ",
+                              "{\"ok\":true,\"name\":\"x\",\"n\":[]}",
+                              "{\"name\":\"\xc3"};
+    mask_agrees(tok, t, ms, m,
+                "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
+                "\"array\",\"items\":{\"type\":\"integer\"}},\"ok\":{\"type\":\"boolean\"}},\"required\":["
+                "\"name\",\"ok\"],\"additionalProperties\":false}",
+                prefixes, sizeof prefixes / sizeof *prefixes);
+    /* free keys (the plain-token shortcut once no declared name can match),
+     * near their 256-byte limit too */
+    static char k200[300], k250[300];
+    snprintf(k200, sizeof k200, "{\"%0200d", 0);
+    snprintf(k250, sizeof k250, "{\"%0250d", 0);
+    const char *free_prefixes[] = {"{\"",          "{\"na",  "{\"zz", "{\"name", "{\"zz\":\"v",
+                                   "{\"n\":1,\"q", "{\"q\\", k200,    k250};
+    mask_agrees(tok, t, ms, m,
+                "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
+                "\"integer\"}},\"additionalProperties\":{\"type\":\"string\"}}",
+                free_prefixes, sizeof free_prefixes / sizeof *free_prefixes);
     ds_mask_scratch_free(ms);
     free(m);
     ds_vocab_trie_free(t);
@@ -376,6 +462,7 @@ static ds_tokenizer *synthetic(const char *path) {
 
 int main(void) {
     test_bytes();
+    test_no_dead_end();
     char path[1024];
     test_path(path, sizeof path, "models/kjv/tokenizer.json");
     ds_tokenizer *tok = NULL;

@@ -325,6 +325,7 @@ static const char BENCH_ABOUT[] =
 int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
+        else if (!strcmp(argv[i], "--grammar")) return cmd_bench_grammar(argc, argv);
     bench_args ba = {.prompt = 128, .gen = 16};
     cli_model_arg ma = {0};
     ds_backend_opts bo = {0};
@@ -336,7 +337,8 @@ int cmd_bench(int argc, char **argv) {
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"bench",
                          "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--mtp K] [--backend cpu|cuda]\n"
-                         "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]",
+                         "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]\n"
+                         "       dsv4 bench --grammar SCHEMA.json [-m DIR] [--tokens N]",
                          BENCH_ABOUT, NULL, groups, 6};
     int crc;
     if (cli_parse(&cmd, argc, argv, &crc)) return crc;

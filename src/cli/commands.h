@@ -9,6 +9,8 @@ int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* dsv4 bench --grammar: the token mask's cost (cmd_bench_grammar.c). */
+int cmd_bench_grammar(int argc, char **argv);
 /* `dsv4 bench --backend cuda ...` (cmd_bench_device.c) */
 #include "runtime/backend_select.h"
 int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long prompt, long long gen, const int32_t *batches,

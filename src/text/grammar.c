@@ -590,6 +590,7 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             KEEP();
         case O_KEY: {
             int free_key = x->addl >= 0;
+            int start = f->aux == 0; /* the byte starts a character (not an escape's or UTF-8's rest) */
             int r = str_byte(&f->aux, c);
             if (!r) return;
             if (r == 2) {
@@ -613,7 +614,10 @@ static void step(const ds_grammar *g, gframe *fr, int d, unsigned c, ds_gstate *
             f->cand = nc;
             if (!nc && !free_key) return;
             f->n++;
-            if (f->n > 256) return;
+            /* keys of 256 bytes at most, counted where a character starts: the
+             * rest of one begun at byte 256 is still taken (a limit inside a
+             * character would leave no byte to continue with) */
+            if (f->n > 256 && start) return;
             KEEP();
         }
         case O_COLON:
@@ -1125,14 +1129,22 @@ static int walk(const trie *t, const int32_t *dup, const ds_gstate *s, ds_mask_s
     return cnt;
 }
 
-/* every thread is inside a plain JSON string (not escaping, no UTF-8 pending) */
-static int in_plain_string(const ds_gstate *s) {
+/* Every thread is inside a plain JSON string (not escaping, no UTF-8 pending),
+ * or inside a free key (additionalProperties) that no declared property name
+ * can still match, with room for the longest token under the key limit: a
+ * plain token then continues every thread, and leaves each as it was but for
+ * the key's length, so the rest trie's walk may skip a token's plain prefix. */
+static int in_plain_text(const ds_vocab_trie *tr, const ds_gstate *s) {
     if (!s->nt) return 0;
     for (int t = 0; t < s->nt; t++) {
         int d = s->off[t + 1] - s->off[t];
         if (!d) return 0;
         const gframe *f = &s->f[s->off[t + 1] - 1];
         const gnode *x = &s->g->nodes[f->node];
+        if (f->st == O_KEY) {
+            if (x->addl < 0 || f->cand || f->aux || (int)f->n + tr->max_len > 256) return 0;
+            continue;
+        }
         if (f->st != S_IN || f->aux || x->max >= 0 || (int)f->n < x->min) return 0;
     }
     return 1;
@@ -1141,7 +1153,7 @@ static int in_plain_string(const ds_gstate *s) {
 int ds_grammar_mask(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed) {
     size_t words = ((size_t)t->vocab + 63) / 64;
     int cnt;
-    if (in_plain_string(s)) {
+    if (in_plain_text(t, s)) {
         memcpy(allowed, t->plain, words * sizeof *allowed);
         cnt = 0;
         for (size_t w = 0; w < words; w++) cnt += __builtin_popcountll(allowed[w]);
