@@ -12,7 +12,7 @@ files=(
   src/runtime/generate.c src/backend/cpu/bf16x.c
   src/runtime/sched_spec.c src/runtime/sched_impl.h
   src/runtime/context.c src/runtime/context.h src/backend/cpu/indexer.c tests/test_long.c
-  src/cli/heatmap.c src/cli/heatmap.h src/cli/cmd_perplexity.c tests/picks.c tests/picks.h
+  src/cli/heatmap.c src/cli/heatmap.h src/cli/cmd_perplexity.c src/cli/cmd_bench_grammar.c tests/picks.c tests/picks.h
   src/text/pyjson.h src/text/grammar.c src/text/grammar.h src/text/json_schema.c src/text/json_schema.h tests/test_grammar.c
   src/cli/opts.c src/cli/opts.h tests/test_opts.c
   fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c fuzz/fuzz_oai.c
