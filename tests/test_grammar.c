@@ -223,8 +223,8 @@ static void test_no_dead_end(void) {
     static const char *const schemas[] = {
         "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\"}}}",
         "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\",\"maxLength\":3}}",
-        "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"minLength\":2}]},"
-        "\"maxItems\":4}",
+        ("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"minLength\":2}]},"
+         "\"maxItems\":4}"),
     };
     for (size_t k = 0; k < sizeof schemas / sizeof schemas[0]; k++) {
         ds_grammar *g = compile(schemas[k]);
