@@ -22,6 +22,7 @@ declare -A OPTS=(
     [chat]="-m --system --ctx -n --think --verbose --no-cache --parse-special --threads --prefill-chunk --mtp $SAMPLING"
     [perplexity]="-m --file -f --window --batch --threads"
     [stats]="-m --file -f --window --batch --threads --fractions"
+    [tiers]="-m --gpu-mem --expert-load --batch --pcie --cpu-read --cpu-gflops --trials --seed"
     [check]="-m --trials --mode --requests --gen --max-prompt --seed --mtp --self-test --backend --gpu"
     [info]="-m"
     [logits]="-m --tokens -o --prefill-chunk --threads --dump --backend --gpu"
@@ -40,7 +41,7 @@ declare -A BADVAL=(
     [info]="-m||missing value" [logits]="--tokens|5,x|not a list" [generate]="--top-p|abc|not a number"
     [bench]="--batch|1,5000|out of range" [synth]="--layers|0|out of range"
     [tokenize]="--special|some|not one of all, nonspecial, none" [detokenize]="--ids||missing value"
-    [serve]="--port|70000|out of range [0, 65535]"
+    [serve]="--port|70000|out of range [0, 65535]" [tiers]="--batch|0|out of range"
 )
 
 has_opt() { grep -qE -- "(^|[ ,])$1([ ,=]|\$)" "$2"; }

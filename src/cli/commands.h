@@ -40,6 +40,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_tiers(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 

@@ -27,6 +27,7 @@ static const command commands[] = {
     {"chat", cmd_chat, "interactive multi-turn chat on stdin / stdout"},
     {"perplexity", cmd_perplexity, "perplexity of a text file over [BOS] + fixed windows"},
     {"stats", cmd_stats, "per-layer expert load of the MoE routing on a text file"},
+    {"tiers", cmd_tiers, "plan the routed experts in GPU slots and host memory for a GPU's memory"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
 };
 

@@ -70,13 +70,12 @@ static int pick_dir(const char *name, uint64_t bytes, char *dir, size_t cap, ds_
                    need / 1e9, local, local > 1 ? "s" : "", room[0] / 1e9, room[1] / 1e9, room[2] / 1e9);
 }
 
-static int load_synth(const char *spec, ds_model **out, ds_err *err) {
-    *out = NULL;
-    char name[64];
+/* spec: NAME[:LAYERS] */
+static int synth_config(const char *spec, char *name, size_t cap, ds_config *cfg, ds_err *err) {
     const char *colon = strchr(spec, ':');
     size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
     long layers = -1;
-    if (n >= sizeof name) return ds_fail(err, "synth:%s: unknown shape", spec);
+    if (n >= cap) return ds_fail(err, "synth:%s: unknown shape", spec);
     if (colon) {
         char *end;
         layers = strtol(colon + 1, &end, 10);
@@ -85,12 +84,19 @@ static int load_synth(const char *spec, ds_model **out, ds_err *err) {
     }
     memcpy(name, spec, n);
     name[n] = 0;
-    ds_config cfg;
-    if (ds_synth_like(name, &cfg, err)) return ds_fail_prefix(err, "synth:%s", spec);
+    if (ds_synth_like(name, cfg, err)) return ds_fail_prefix(err, "synth:%s", spec);
     if (layers > 0) {
-        cfg.n_layers = (int)layers;
-        if (cfg.n_hash_layers > cfg.n_layers) cfg.n_hash_layers = cfg.n_layers;
+        cfg->n_layers = (int)layers;
+        if (cfg->n_hash_layers > cfg->n_layers) cfg->n_hash_layers = cfg->n_layers;
     }
+    return 0;
+}
+
+static int load_synth(const char *spec, ds_model **out, ds_err *err) {
+    *out = NULL;
+    char name[64];
+    ds_config cfg;
+    if (synth_config(spec, name, sizeof name, &cfg, err)) return -1;
     synth_skip k = {{0, 0, 0, 0, NULL, NULL}, ds_ep_session_rank()};
     if (ds_placement_build(&k.pl, ds_ep_session_size(), cfg.n_layers, cfg.n_routed_experts, ds_ep_session_opts(), err))
         return -1;
@@ -114,4 +120,12 @@ static int load_synth(const char *spec, ds_model **out, ds_err *err) {
 int ds_load_model(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err) {
     if (!strncmp(dir, "synth:", 6)) return load_synth(dir + 6, out, err);
     return ds_model_load_with(dir, lo, out, err);
+}
+
+int ds_load_config(const char *dir, ds_config *cfg, ds_err *err) {
+    char name[64], path[4200];
+    if (!strncmp(dir, "synth:", 6)) return synth_config(dir + 6, name, sizeof name, cfg, err);
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return ds_fail(err, "%s: path too long", dir);
+    return ds_config_load(path, cfg, err);
 }

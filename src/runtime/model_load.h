@@ -12,5 +12,8 @@
  * files are written, mapped and removed at once (lo is not used); errors
  * name "synth:SPEC". */
 int ds_load_model(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err);
+/* The config a command's model has, without its weights: DIR/config.json, or
+ * for "synth:NAME[:LAYERS]" the named shape. */
+int ds_load_config(const char *dir, ds_config *cfg, ds_err *err);
 
 #endif
