@@ -18,7 +18,8 @@ rm -rf "$work"
 mkdir -p "$work"
 key="test-key-$$"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
 # under AddressSanitizer freed memory waits in a quarantine (256 MB by default)
 # before it is reused: the resident memory then grows round after round with
 # no leak. A small quarantine keeps the memory check below about leaks.
@@ -35,30 +36,7 @@ client() { # MODE BASE [BASE2]
   timeout 900 node "$PWD/node/serve_client.mjs" "$1" "$2" "$key" "${3:-}"
 }
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-start_server() { # NAME ARGS... -> sets url, pid
-  local name="$1"
-  shift
-  "$bin" serve -m "$model" --port 0 --api-key "$key" "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  for _ in $(seq 1 200); do
-    url=$(sed -n 's/^listening on //p' "$work/$name.out")
-    [ -n "$url" ] && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.err" >&2; fail "server $name exited"; }
-    sleep 0.1
-  done
-  [ -n "$url" ] || fail "server $name did not start"
-}
-stop_server() { # PID: SIGTERM, must exit 0 (ASan: no leak)
-  kill -TERM "$1"
-  local rc=0
-  wait "$1" || rc=$?
-  [ "$rc" -eq 0 ] || fail "server exited with $rc on SIGTERM"
-}
+serve_args=(-m "$model" --api-key "$key")
 auth=(-H "Authorization: Bearer $key")
 post() { # PATH BODY -> "STATUS BODY"
   curl -s -o "$work/resp" -w '%{http_code}' "${auth[@]}" -H 'Content-Type: application/json' --data-binary "$2" "$url$1"

@@ -18,7 +18,8 @@ work="$PWD/serve_edges_test"
 rm -rf "$work"
 mkdir -p "$work"
 key="test-key-$$"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
 
 # an empty key is refused; 0.0.0.0 without a key warns
 if "$bin" serve -m "$model" --port 0 --api-key '' >"$work/o" 2>"$work/e"; then fail "--api-key '' accepted"; fi
@@ -30,21 +31,11 @@ kill -TERM $p0
 wait $p0 || true
 grep -q "warning: listening on 0.0.0.0 without --api-key" "$work/e0" || fail "no warning for 0.0.0.0: $(cat "$work/e0")"
 
-"$bin" serve -m "$model" --port 0 --api-key "$key" --max-queue 8 --max-conns-per-peer 6 --max-conns 16 \
-  --header-timeout 2 --health-port 0 >"$work/out" 2>"$work/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-url=
-for _ in $(seq 1 200); do
-  url=$(sed -n 's/^listening on //p' "$work/out")
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$work/err" >&2; fail "the server exited"; }
-  sleep 0.1
-done
-[ -n "$url" ] || fail "the server did not start"
+serve_args=(-m "$model" --api-key "$key")
+start_server srv --max-queue 8 --max-conns-per-peer 6 --max-conns 16 --header-timeout 2 --health-port 0
 port=${url##*:}
-hurl=$(sed -n 's/^health on //p' "$work/out")
-[ -n "$hurl" ] || fail "no health listener: $(cat "$work/out")"
+hurl=$(sed -n 's/^health on //p' "$work/srv.out")
+[ -n "$hurl" ] || fail "no health listener: $(cat "$work/srv.out")"
 hport=${hurl##*:}
 auth=(-H "Authorization: Bearer $key")
 post_file() { curl -s -o "$work/resp" -w '%{http_code}' "${auth[@]}" -H 'Content-Type: application/json' --data-binary "@$1" "$url/v1/chat/completions"; }
@@ -231,9 +222,5 @@ PY
 sleep 0.3
 alive "the full listener"
 
-kill -TERM "$pid"
-rc=0
-wait "$pid" || rc=$?
-[ "$rc" -eq 0 ] || fail "the server exited with $rc on SIGTERM"
-trap - EXIT
+stop_server "$pid"
 echo "test_serve_edges: ok"

@@ -11,18 +11,10 @@ src="$2"
 work="$PWD/serve_long_test"
 rm -rf "$work"
 mkdir -p "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-"$bin" serve -m "$src/models/kjv" --port 0 --ctx 16384 --max-seqs 8 >"$work/out" 2>"$work/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-url=
-for _ in $(seq 1 300); do
-  url=$(sed -n 's/^listening on //p' "$work/out")
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$work/err" >&2; fail "server exited"; }
-  sleep 0.1
-done
-[ -n "$url" ] || fail "server did not start"
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
+serve_args=(-m "$src/models/kjv")
+start_server srv --ctx 16384 --max-seqs 8
 # a long prompt of verses' words (deterministic), and one over --ctx
 python3 - "$work" <<'PY'
 import json, random, sys
@@ -61,7 +53,5 @@ echo "ok   the long request beside six short ones = alone (text, logprobs, usage
 st=$(post "$work/over.json" "$work/over")
 [ "$st" = 400 ] && grep -q context_length_exceeded "$work/over" || { cat "$work/over"; fail "a prompt over --ctx: status $st"; }
 echo "ok   a prompt over --ctx: 400 context_length_exceeded"
-kill -TERM "$pid"
-wait "$pid" || fail "server exit status $? on SIGTERM"
-trap - EXIT
+stop_server "$pid"
 echo "test_serve_long: 3 passed, 0 failed"

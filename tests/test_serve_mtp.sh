@@ -17,37 +17,15 @@ work="$PWD/serve_mtp_test"
 rm -rf "$work"
 mkdir -p "$work"
 src="$2"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=8"
 
 model="$work/model"
 "$bin" synth --like tiny --mtp --vocab 6000 -o "$model" >/dev/null
 cp "$src/models/kjv/tokenizer.json" "$src/models/kjv/tokenizer_config.json" "$model/"
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-start_server() { # NAME ARGS... -> url, pid
-  local name="$1"
-  shift
-  "$bin" serve -m "$model" --port 0 --threads 2 "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  url=""
-  for _ in $(seq 1 300); do
-    url=$(sed -n 's/^listening on //p' "$work/$name.out")
-    [ -n "$url" ] && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.err" >&2; fail "server $name exited"; }
-    sleep 0.1
-  done
-  [ -n "$url" ] || fail "server $name did not start"
-}
-stop_server() {
-  kill -TERM "$1"
-  local rc=0
-  wait "$1" || rc=$?
-  [ "$rc" -eq 0 ] || fail "server exited with $rc on SIGTERM"
-}
+serve_args=(-m "$model" --threads 2)
 post() { # URL BODY OUT
   local st
   st=$(curl -s -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$2" "$1/v1/completions")

@@ -20,18 +20,11 @@ if [ ! -d "$PWD/node/node_modules/puppeteer-core" ]; then
     { echo "FAIL: npm install puppeteer-core (needs the npm registry)" >&2; exit 1; }
 fi
 key="page-key-$$"
-"$bin" serve -m "$src/models/kjv" --port 0 --api-key "$key" >"$work/out" 2>"$work/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-url=
-for _ in $(seq 1 200); do
-  url=$(sed -n 's/^listening on //p' "$work/out")
-  [ -n "$url" ] && break
-  sleep 0.1
-done
-[ -n "$url" ] || { cat "$work/err" >&2; echo "FAIL: server did not start" >&2; exit 1; }
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
+serve_args=(-m "$src/models/kjv" --api-key "$key")
+start_server srv
 cp "$src/tests/serve_page.mjs" "$PWD/node/serve_page.mjs"
 timeout 120 node "$PWD/node/serve_page.mjs" "$url" "$key" "$chromium"
-kill -TERM "$pid"
-wait "$pid"
+stop_server "$pid"
 echo "test_serve_page: ok"

@@ -14,7 +14,8 @@ work="$PWD/serve_structured_test"
 rm -rf "$work"
 mkdir -p "$work"
 key="test-key-$$"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/serve_lib.sh
+. "$src/tests/serve_lib.sh"
 
 nm="$PWD/node_structured"
 if [ ! -d "$nm/node_modules/@langchain/openai" ]; then
@@ -24,17 +25,8 @@ fi
 export NODE_PATH="$nm/node_modules"
 cp "$src/tests/serve_structured.mjs" "$nm/serve_structured.mjs"
 
-"$bin" serve -m "$model" --port 0 --api-key "$key" --max-seqs 16 >"$work/out" 2>"$work/err" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
-url=
-for _ in $(seq 1 200); do
-  url=$(sed -n 's/^listening on //p' "$work/out")
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$work/err" >&2; fail "the server exited"; }
-  sleep 0.1
-done
-[ -n "$url" ] || fail "the server did not start"
+serve_args=(-m "$model" --api-key "$key")
+start_server srv --max-seqs 16
 
 post() { # BODY -> status; the body in $work/resp
   curl -s -o "$work/resp" -w '%{http_code}' -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
@@ -111,9 +103,5 @@ timeout 600 node "$nm/serve_structured.mjs" tools "$url" "$key" "$n_tools" || fa
 t2=$(date +%s)
 curl -s "$url/metrics" | grep -E '^dsv4_grammar' || fail "no grammar metrics"
 echo "random schemas $((t1 - t0)) s, clients $((t2 - t1)) s"
-kill -TERM "$pid"
-rc=0
-wait "$pid" || rc=$?
-[ "$rc" -eq 0 ] || fail "the server exited with $rc on SIGTERM"
-trap - EXIT
+stop_server "$pid"
 echo "test_serve_structured: ok"

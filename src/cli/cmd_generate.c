@@ -162,12 +162,10 @@ int cmd_generate(int argc, char **argv) {
         int32_t tok;
         const float *from = logits;
         if (gs) { /* only the tokens that continue the schema's JSON (EOS once complete) */
-            if (!ds_grammar_mask(trie, gs, ms, bits)) {
+            if (!ds_grammar_mask_logits(trie, gs, ms, bits, logits, V, glg)) {
                 fprintf(stderr, "dsv4 generate: the schema allows no token here\n");
                 goto out;
             }
-            const int TV = ds_vocab_trie_vocab(trie);
-            for (int v = 0; v < V; v++) glg[v] = v < TV && (bits[v >> 6] >> (v & 63) & 1) ? logits[v] : -INFINITY;
             from = glg;
         }
         if (ds_sample(&sp, from, V, hist, n_hist, seq->pos, scr, &tok, &err)) goto fail;

@@ -345,12 +345,10 @@ int ds_generate(const ds_model *m, const ds_backend *be, const ds_tokenizer *tok
         if (p->on_logits) p->on_logits(p->hook_ctx, seq->pos, logits, V);
         const float *from = logits;
         if (gs && g_on) { /* the grammar's mask, on a copy */
-            if (!ds_grammar_mask(p->trie, gs, ms, bits)) {
+            if (!ds_grammar_mask_logits(p->trie, gs, ms, bits, logits, V, glg)) {
                 ds_fail(err, "generate: the grammar allows no token here");
                 goto done;
             }
-            const int TV = ds_vocab_trie_vocab(p->trie);
-            for (int v = 0; v < V; v++) glg[v] = v < TV && (bits[v >> 6] >> (v & 63) & 1) ? logits[v] : -INFINITY;
             from = glg;
         }
         if (ds_sample(&p->sampling, from, V, hist, n_hist, seq->pos, scr, &t, err)) goto done;

@@ -1,6 +1,7 @@
 /* grammar.c — see grammar.h: the byte automaton of a grammar. */
 #include "text/grammar.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1167,6 +1168,13 @@ int ds_grammar_mask(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch 
         cnt++;
     }
     return cnt;
+}
+
+int ds_grammar_mask_logits(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed,
+                           const float *logits, int V, float *out) {
+    int n = ds_grammar_mask(t, s, m, allowed);
+    for (int v = 0; n && v < V; v++) out[v] = v < t->vocab && (allowed[v >> 6] >> (v & 63) & 1) ? logits[v] : -INFINITY;
+    return n;
 }
 
 int ds_grammar_accept(const ds_vocab_trie *t, ds_gstate *s, int32_t id) {

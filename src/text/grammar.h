@@ -114,6 +114,11 @@ void ds_mask_scratch_free(ds_mask_scratch *m);
 /* allowed[(vocab + 63) / 64]: bit id set if token id can come next from
  * state s. Returns the number of allowed tokens. */
 int ds_grammar_mask(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed);
+/* The mask into allowed, then out[v] = logits[v] for the V ids it allows and
+ * -inf for the rest (ids past the trie's vocabulary too). The number of
+ * allowed tokens (0: none; out is then not written). */
+int ds_grammar_mask_logits(const ds_vocab_trie *t, const ds_gstate *s, ds_mask_scratch *m, uint64_t *allowed,
+                           const float *logits, int V, float *out);
 /* Advances s by token id's bytes (EOS: needs a complete text). 0, or -1 when
  * the token is not allowed (s unchanged). */
 int ds_grammar_accept(const ds_vocab_trie *t, ds_gstate *s, int32_t id);
