@@ -32,7 +32,7 @@ declare -A OPTS=(
     [tokenize]="-m --model --text --file --special --stats"
     [detokenize]="-m --model --ids --skip-special --lossy"
     [serve]="-m --host --port --api-key --max-seqs --ctx --threads --backend --gpu --max-queue --step-tokens
-             --prefill-chunk --cache-seqs --max-body --timeout --model-name --mtp --mtp-max-batch"
+             --prefill-chunk --cache-seqs --max-body --timeout --model-name --mtp --mtp-max-batch --load-out"
 )
 # a bad value per command: option, value, what the message says
 declare -A BADVAL=(

@@ -3,9 +3,14 @@
 # shape (synth:flash, nothing written) gets floor(GB / expert bytes) slots,
 # an expert being its three 4096 x 2048 MXFP4 matrices (half a byte a value,
 # one E8M0 scale per 32); a load file puts the one slot on its hottest expert
-# and the hit rate is that expert's share; bad input is named.
+# and the hit rate is that expert's share; bad input is named. The load a
+# server learned: `dsv4 serve --load-out` on the bundled model writes, at
+# SIGTERM, a table of every (layer, expert) whose rows sum per layer to at
+# most the tokens it ran times the experts a token takes, and `dsv4 tiers`
+# reads it; an unwritable --load-out stops the server at the start.
 set -u
 BIN=$1
+SRC=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 pass=0
@@ -53,6 +58,47 @@ expect 1 "$T/nope/config.json" -m "$T/nope" --gpu-mem 1
 expect 1 "synth:huge" -m synth:huge --gpu-mem 1
 echo "7 300 5" >"$T/badload"
 expect 1 "$T/badload line 1" -m synth:flash --gpu-mem 1 --expert-load "$T/badload"
+
+# the load a server learned
+"$BIN" serve -m "$SRC/models/kjv" --port 0 --load-out "$T/served" >"$T/srv.out" 2>"$T/srv.err" &
+spid=$!
+url=
+for _ in $(seq 1 300); do
+    url=$(sed -n 's/^listening on //p' "$T/srv.out")
+    [ -n "$url" ] && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+done
+if [ -n "$url" ]; then
+    ntok=0
+    for p in "In the beginning" "And the LORD said unto Moses"; do
+        curl -s -o "$T/resp" -H 'Content-Type: application/json' \
+            --data-binary "{\"prompt\":\"$p\",\"max_tokens\":16,\"temperature\":0}" "$url/v1/completions"
+        n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['usage']['total_tokens'])" "$T/resp") || n=0
+        ntok=$((ntok + n))
+    done
+    kill -TERM $spid
+    wait $spid && ok || bad "serve --load-out: exit $?: $(cat "$T/srv.err")"
+    [ ! -e "$T/served.tmp" ] && ok || bad "serve --load-out left its .tmp"
+    python3 - "$T/served" "$ntok" <<'PY' && ok || bad "serve --load-out: the table ($ntok tokens): $(head -c 300 "$T/served")"
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if not l.startswith("#")]
+per = {}
+for l, e, c in rows:
+    per[int(l)] = per.get(int(l), 0.0) + float(c)
+assert len(rows) == 6 * 16 and sorted(per) == list(range(6)), len(rows)
+tokens = int(sys.argv[2])
+assert tokens > 0 and all(0 < v <= 2 * tokens for v in per.values()), (tokens, per)
+PY
+    "$BIN" tiers -m "$SRC/models/kjv" --gpu-mem 0.005 --expert-load "$T/served" --batch 1 >"$T/out" 2>"$T/err" && ok ||
+        bad "tiers on the served load: $(cat "$T/err")"
+else
+    bad "serve --load-out did not start: $(cat "$T/srv.err")"
+fi
+"$BIN" serve -m "$SRC/models/kjv" --port 0 --load-out "$T/no/such/dir/load" >/dev/null 2>"$T/err"
+rc=$?
+[ "$rc" = 1 ] && grep -qF -- "--load-out $T/no/such/dir/load: cannot write" "$T/err" && ok ||
+    bad "serve --load-out unwritable: exit $rc: $(cat "$T/err")"
 
 echo "tiers_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]

@@ -1,9 +1,11 @@
 /* cmd_serve.c — `dsv4 serve`: an OpenAI-compatible HTTP server over the
  * continuous-batching scheduler (runtime/scheduler.h); HTTP in serve_http.c. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/opts.h"
@@ -18,7 +20,7 @@
 #include "runtime/scheduler.h"
 
 typedef struct {
-    const char *host, *key, *name, *health_host;
+    const char *host, *key, *name, *health_host, *load_out;
     long long port, max_seqs, ctx, max_queue, step, chunk, cache, max_body, timeout, wait, per_peer, header_timeout,
         max_conns, health_port, mtp, mtp_batch;
 } serve_args;
@@ -66,6 +68,10 @@ static const cli_opt serve_opts[] = {
     CLI_LONG_OPT("--mtp-max-batch", NULL, serve_args, mtp_batch, 0, 256, "N",
                  "speculate only in steps with at most N decoding requests (default 4; docs/server.md)"),
     CLI_STRING_OPT("--model-name", NULL, serve_args, name, "NAME", "the model id clients name (default: the directory's name)"),
+    CLI_STRING_OPT("--load-out", NULL, serve_args, load_out, "F",
+                   "at the stop (SIGINT / SIGTERM), write the experts' exponentially weighted load (/metrics' "
+                   "dsv4_expert_load) to F as lines 'LAYER EXPERT TOKENS', for dsv4 tiers --expert-load and "
+                   "--expert-load under mpirun (checked writable at start)"),
     CLI_END,
 };
 
@@ -97,6 +103,32 @@ static int serve_ctx(const ds_model *m, const ds_backend *be, long long n, long 
                 b.avail / 1e9, b.activations / 1e9, fit);
         return -1;
     }
+    return 0;
+}
+
+/* --load-out: the table written whole into the file opened at the start
+ * (PATH.tmp), then renamed over PATH, so that PATH is the old file or the
+ * whole new one. */
+static int write_load(const char *path, const char *tmp, FILE *f, ds_sched *s, int layers, int experts) {
+    size_t n = (size_t)layers * (size_t)experts;
+    double *ld = malloc(n * sizeof *ld);
+    int bad = !ld || ds_sched_get_load(s, ld, (int)n);
+    if (!bad) {
+        fprintf(f,
+                "# dsv4 serve --load-out: LAYER EXPERT TOKENS, exponentially weighted (half-life %.0f routed "
+                "tokens of a layer)\n",
+                DS_SCHED_LOAD_HALFLIFE);
+        for (size_t i = 0; i < n; i++) fprintf(f, "%d %d %.6f\n", (int)(i / experts), (int)(i % experts), ld[i]);
+    }
+    free(ld);
+    bad |= ferror(f) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path)) {
+        fprintf(stderr, "dsv4 serve: --load-out %s: %s\n", path, bad ? "writing failed" : strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    fprintf(stderr, "dsv4 serve: the experts' load written to %s\n", path);
     return 0;
 }
 
@@ -133,10 +165,24 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: warning: listening on %s without --api-key: anyone who can reach this address "
                         "can use the server\n",
                 host);
+    char load_tmp[4200];
+    FILE *load_f = NULL;
+    if (sa.load_out) { /* unwritable: said now, not after serving */
+        if ((size_t)snprintf(load_tmp, sizeof load_tmp, "%s.tmp", sa.load_out) >= sizeof load_tmp)
+            return cli_usage_error(&cmd, "--load-out: path too long");
+        if (!(load_f = fopen(load_tmp, "w"))) {
+            fprintf(stderr, "dsv4 serve: --load-out %s: cannot write %s: %s\n", sa.load_out, load_tmp,
+                    strerror(errno));
+            return 1;
+        }
+    }
     if (step < max_seqs) step = max_seqs;
 
     char dir[4096];
-    if (cli_model_dir("serve", given, dir, sizeof dir)) return 1;
+    if (cli_model_dir("serve", given, dir, sizeof dir)) {
+        if (load_f) fclose(load_f), unlink(load_tmp);
+        return 1;
+    }
     if (!name) {
         size_t n = strlen(dir);
         while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
@@ -228,6 +274,12 @@ int cmd_serve(int argc, char **argv) {
 out:
     if (sched) ds_sched_shutdown(sched); /* ends every request, so connections finish */
     serve_stop(srv);
+    if (load_f && sched && !rc) {
+        if (write_load(sa.load_out, load_tmp, load_f, sched, m->cfg.n_layers, m->cfg.n_routed_experts)) rc = 1;
+    } else if (load_f) {
+        fclose(load_f);
+        unlink(load_tmp);
+    }
     ds_sched_stop(sched);
     ds_vocab_trie_free(trie);
     ds_tokenizer_free(tok);
