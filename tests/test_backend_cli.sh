@@ -8,9 +8,7 @@ bin="$1"
 src="$2"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+. "$(dirname "$0")/check_lib.sh"
 m="$src/tests/fixtures/q128"
 
 "$bin" info -m "$m" >"$T/info" 2>&1 && grep -q "^backends   cpu" "$T/info" && ok || bad "info lacks the backends line"
@@ -36,5 +34,4 @@ else
 fi
 "$bin" logits -m "$m" --tokens 1,2 -o "$T/d" --gpu -1 >"$T/out" 2>&1
 [ $? -eq 2 ] && ok || bad "--gpu -1 should be a usage error: $(cat "$T/out")"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -7,8 +7,7 @@ DSV4="$1"
 SRC="$2"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 
 # expect_fail NAME EXPECTED_SUBSTRING... -- command...
 expect_fail() {
@@ -161,5 +160,4 @@ expect_fail "missing model dir" "/nonexistent/dir" -- "$DSV4" logits -m /nonexis
 expect_fail "unwritable output" "$T/no/such/dir/out.0.f32" -- "$DSV4" logits -m "$T/m" --tokens 5 -o "$T/no/such/dir/out"
 expect_fail "unknown command" "frobnicate" -- "$DSV4" frobnicate
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ] && [ $pass -gt 0 ]
+finish

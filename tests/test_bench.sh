@@ -11,8 +11,7 @@ DSV4="$1"
 SRC="$2"
 out=$("$DSV4" bench -m "$SRC/tests/fixtures/q128" --prompt 8 --gen 2 --batch 2,3 2>&1)
 rc=$?
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 check() { if echo "$out" | grep -q -- "$1"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: no '$1'"; fi; }
 [ $rc -eq 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: exit status $rc"; }
 check "read bandwidth"
@@ -67,5 +66,4 @@ rm -f "$G"
 echo "$out"
 echo "$kout"
 echo "$gout"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -12,10 +12,7 @@ set -u
 DSV4="$1"
 SRC="$2"
 K="$SRC/models/kjv"
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/check_lib.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
@@ -59,5 +56,4 @@ PY
 else
     bad "dsv4 stats failed: $(cat "$T/err")"
 fi
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -7,8 +7,7 @@
 set -u
 DSV4="$1"
 SRC="$2"
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 run() { # name expected-status command...
     local name="$1" want="$2"
     shift 2
@@ -49,5 +48,4 @@ else
     fail=$((fail + 1)); echo "FAIL logits differ across processes"
 fi
 rm -rf "$T"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+finish

@@ -6,15 +6,9 @@
 # and `dsv4 --help` / `dsv4 help [command]`.
 set -u
 BIN=$1
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-ok() { pass=$((pass + 1)); }
-bad() {
-    fail=$((fail + 1))
-    echo "FAIL: $*" >&2
-}
 
 SAMPLING="--temperature --top-k --top-p --min-p --repeat-penalty --presence-penalty --frequency-penalty --seed"
 declare -A OPTS=(
@@ -100,5 +94,4 @@ done
 "$BIN" help frobnicate >/dev/null 2>"$T/err"
 [ $? -eq 2 ] && grep -q frobnicate "$T/err" && ok || bad "dsv4 help frobnicate"
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ] && [ $pass -gt 0 ]
+finish

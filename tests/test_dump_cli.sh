@@ -7,9 +7,7 @@ bin="$1"
 src="$2"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+. "$(dirname "$0")/check_lib.sh"
 
 m="$src/tests/fixtures/q128"
 # one step (whole prefill): two sequences of 3 and 2 tokens
@@ -29,5 +27,4 @@ size="$(stat -c %s "$T/d.0.2.ffn_res.f32")"
 # an unwritable prefix is an error, not a silent success
 "$bin" logits -m "$m" --tokens 1,2 -o "$T/x" --dump "$T/nodir/d" >"$T/log" 2>&1 && bad "--dump to a missing directory succeeded" || ok
 grep -q "cannot write" "$T/log" && ok || bad "message for an unwritable dump: $(cat "$T/log")"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

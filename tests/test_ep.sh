@@ -18,10 +18,7 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" # Open MPI's own allocati
 pins="$src/tests/fixtures/pinned/logits.sha256"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/check_lib.sh"
 mpi() { # ranks command... (a 1200 s guard: a hang fails instead of blocking CI)
   local n="$1"
   shift
@@ -226,5 +223,4 @@ fi
 expect_fail "intermediates under data-parallel attention" "dump them with --ep-attention replicated" \
   -np 2 "$bin" $L --dump "$tmp/dump"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

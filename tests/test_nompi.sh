@@ -9,10 +9,7 @@ bin="$1"
 src="$2"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+. "$(dirname "$0")/check_lib.sh"
 
 if "$bin" info -m "$src/models/kjv" >"$tmp/info" 2>&1 && grep -q "^ranks *one process (no MPI in this build)" "$tmp/info"; then
   ok "info: one process (no MPI in this build)"
@@ -39,5 +36,4 @@ else
   bad "OMPI_COMM_WORLD_SIZE=1: did not run"; cat "$tmp/e"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

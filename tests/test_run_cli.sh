@@ -7,16 +7,10 @@
 set -u
 BIN=$1
 SRC=$2
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
-ok() { pass=$((pass + 1)); }
-bad() {
-    fail=$((fail + 1))
-    echo "FAIL: $*" >&2
-}
 expect_eq() { if [ "$2" == "$3" ]; then ok; else bad "$1: got '$2', want '$3'"; fi; }
 expect_ne() { if [ "$2" != "$3" ]; then ok; else bad "$1: both '$2'"; fi; }
 # expect_rc NAME WANT_RC CMD...: runs CMD, stdout/stderr in $T/out, $T/err
@@ -339,5 +333,4 @@ expect_err "run: missing model dir" "$T/nope"
 expect_rc "run: bad DSV4_MODEL" 1 env DSV4_MODEL="$T/nope" "$BIN" run -p x
 expect_err "run: bad DSV4_MODEL" "DSV4_MODEL"
 
-echo "test_run_cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_run_cli

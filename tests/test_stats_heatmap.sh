@@ -9,9 +9,7 @@ bin="$1"
 src="$2"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fail=$((fail + 1)); }
+. "$(dirname "$0")/check_lib.sh"
 
 head -c 6000 "$src/models/kjv/heldout.txt" >"$T/text"
 "$bin" stats -m "$src/models/kjv" --file "$T/text" --load-out "$T/load" --heatmap "$T/h.png" >"$T/log" 2>&1 &&
@@ -74,5 +72,4 @@ echo "$out"
 "$bin" stats -m "$src/models/kjv" --file "$T/text" --heatmap "$T/nodir/h.png" >"$T/log" 2>&1 &&
   bad "--heatmap into a missing directory succeeded" || ok
 grep -q "nodir/h.png" "$T/log" && ok || bad "the error does not name the file: $(tail -2 "$T/log")"
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

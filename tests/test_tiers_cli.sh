@@ -13,13 +13,7 @@ BIN=$1
 SRC=$2
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() {
-    fail=$((fail + 1))
-    echo "FAIL: $*" >&2
-}
+. "$(dirname "$0")/check_lib.sh"
 
 eb=$((3 * 4096 * 2048 * 17 / 32)) # bytes of one V4-Flash expert
 slots=$((120000000000 / eb))
@@ -100,5 +94,4 @@ rc=$?
 [ "$rc" = 1 ] && grep -qF -- "--load-out $T/no/such/dir/load: cannot write" "$T/err" && ok ||
     bad "serve --load-out unwritable: exit $rc: $(cat "$T/err")"
 
-echo "tiers_cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+finish tiers_cli

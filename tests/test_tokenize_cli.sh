@@ -6,16 +6,10 @@ set -u
 BIN=$1
 SRC=$2
 FX=$SRC/tests/fixtures/tokenizer
-pass=0
-fail=0
+. "$(dirname "$0")/check_lib.sh"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
-ok() { pass=$((pass + 1)); }
-bad() {
-    fail=$((fail + 1))
-    echo "FAIL: $*" >&2
-}
 # expect_eq NAME GOT WANT
 expect_eq() { if [ "$2" == "$3" ]; then ok; else bad "$1: got '$2', want '$3'"; fi; }
 # expect_rc NAME WANT_RC CMD...: runs CMD, stdout/stderr in $T/out, $T/err
@@ -95,5 +89,4 @@ expect_rc "negative id" 1 "$BIN" detokenize -m "$M" --ids "-1"
 expect_rc "bad id" 2 "$BIN" detokenize -m "$M" --ids "12x 3"
 expect_err "bad id" "12x"
 
-echo "test_tokenize_cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish test_tokenize_cli
