@@ -123,8 +123,6 @@ int ds_tier_simulate(const ds_tier_plan *p, const double *load, int active, int 
         return ds_fail(err, "out of memory");
     }
     uint64_t s = seed;
-    int mark = 0;
-    for (int e = 0; e < E; e++) stamp[e] = -1;
     for (int t = 0; t < trials; t++)
         for (int l = 0; l < L; l++) {
             double sum = 0;
@@ -133,11 +131,12 @@ int ds_tier_simulate(const ds_tier_plan *p, const double *load, int active, int 
                 w[e] = sum > 0 ? load[(size_t)l * E + e] : 1.0;
                 cum[e] = (e ? cum[e - 1] : 0) + w[e];
                 count[e] = 0;
+                stamp[e] = -1; /* the token that chose it last */
             }
-            for (int b = 0; b < B; b++, mark++)
+            for (int b = 0; b < B; b++)
                 for (int k = 0; k < active; k++) {
-                    int e = draw(w, cum, E, stamp, mark, &s);
-                    stamp[e] = mark;
+                    int e = draw(w, cum, E, stamp, b, &s);
+                    stamp[e] = b;
                     count[e]++;
                 }
             int n = 0;
