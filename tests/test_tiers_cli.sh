@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# test_tiers_cli.sh BIN SRC — `dsv4 tiers` from a config alone: V4-Flash's
-# shape (synth:flash, nothing written) gets floor(GB / expert bytes) slots,
-# an expert being its three 4096 x 2048 MXFP4 matrices (half a byte a value,
-# one E8M0 scale per 32); a load file puts the one slot on its hottest expert
-# and the hit rate is that expert's share; bad input is named. The load a
+# test_tiers_cli.sh BIN SRC — `dsv4 tiers` from a config alone: the bundled
+# model gets floor((GB - dense bytes) / expert bytes) slots, both sizes summed
+# from its safetensors headers; on V4-Flash's shape (synth:flash, nothing
+# written) k more experts' bytes buy k more slots, an expert being its three
+# 4096 x 2048 MXFP4 matrices (half a byte a value, one E8M0 scale per 32),
+# and too little memory for the dense weights is an error naming them; a
+# load file puts the one slot on its hottest expert and the hit rate is that
+# expert's share; bad input is named. The load a
 # server learned: `dsv4 serve --load-out` on the bundled model writes, at
 # SIGTERM, a table of every (layer, expert) whose rows sum per layer to at
 # most the tokens it ran times the experts a token takes, and `dsv4 tiers`
@@ -15,12 +18,36 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/check_lib.sh"
 
+# the bundled model: its dense and routed bytes from the checkpoint's headers
+read -r dense routed <<<"$(python3 - "$SRC/models/kjv" <<'PY'
+import glob, json, struct, sys
+dense = routed = 0
+for f in glob.glob(sys.argv[1] + "/*.safetensors"):
+    with open(f, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        h = json.loads(fh.read(n))
+    for k, v in h.items():
+        if k != "__metadata__":
+            b = v["data_offsets"][1] - v["data_offsets"][0]
+            if ".ffn.experts." in k: routed += b
+            else: dense += b
+print(dense, routed)
+PY
+)"
+keb=$((routed / 96)) # 6 layers x 16 experts
+want=$(((20000000 - dense) / keb))
+"$BIN" tiers -m "$SRC/models/kjv" --gpu-mem 0.02 --batch 1 --trials 4 >"$T/out" 2>"$T/err" && ok || bad "tiers: exit $?: $(cat "$T/err")"
+grep -q "^slots *$want of 96 experts" "$T/out" && ok || bad "bundled: want $want slots: $(grep slots "$T/out")"
+
 eb=$((3 * 4096 * 2048 * 17 / 32)) # bytes of one V4-Flash expert
-slots=$((120000000000 / eb))
 "$BIN" tiers -m synth:flash --gpu-mem 120 --batch 1,8 --trials 8 >"$T/out" 2>"$T/err" && ok || bad "tiers: exit $?: $(cat "$T/err")"
 grep -q "43 layers x 256 routed experts (6 active)" "$T/out" && ok || bad "shape: $(head -1 "$T/out")"
-grep -q "^slots *$slots of 11008 experts" "$T/out" && ok || bad "want $slots slots: $(grep slots "$T/out")"
 [ "$(grep -cE '^ +(1|8) ' "$T/out")" = 2 ] && ok || bad "one row per batch: $(cat "$T/out")"
+s0=$(sed -n 's/^slots *\([0-9]*\) of 11008.*/\1/p' "$T/out")
+g1=$(awk -v b="$eb" 'BEGIN { printf "%.9f", 120 + 37 * b / 1e9 }')
+"$BIN" tiers -m synth:flash --gpu-mem "$g1" --batch 1 --trials 1 >"$T/out" 2>"$T/err"
+s1=$(sed -n 's/^slots *\([0-9]*\) of 11008.*/\1/p' "$T/out")
+[ -n "$s0" ] && [ "$((s1 - s0))" = 37 ] && ok || bad "37 experts' bytes more: $s0 -> $s1 slots"
 
 # the load: layer 7 expert 200 has 1000 tokens, every other expert 1; one slot
 {
@@ -29,7 +56,7 @@ grep -q "^slots *$slots of 11008 experts" "$T/out" && ok || bad "want $slots slo
         if [ "$l" = 7 ] && [ "$e" = 200 ]; then echo "$l $e 1000"; else echo "$l $e 1"; fi
     done; done
 } >"$T/load"
-one=$(awk -v b="$eb" 'BEGIN { printf "%.6f", 1.5 * b / 1e9 }')
+one=$(awk -v b="$eb" -v s="$s0" 'BEGIN { printf "%.9f", 120 - (s - 1) * b / 1e9 }') # s0 - 1 slots fewer
 "$BIN" tiers -m synth:flash --gpu-mem "$one" --expert-load "$T/load" --batch 1 --trials 4 >"$T/out" 2>"$T/err" && ok ||
     bad "tiers --expert-load: exit $?: $(cat "$T/err")"
 want=$(awk 'BEGIN { printf "%.2f%%", 100 * 1000 / (1000 + 11007) }')
@@ -46,6 +73,7 @@ expect() { # CODE NEEDLE ARGS...
 }
 expect 2 "--gpu-mem GB is required" -m synth:flash
 expect 2 "--gpu-mem: -1: must be" -m synth:flash --gpu-mem -1
+expect 1 "--gpu-mem 5 GB does not hold the dense weights alone" -m synth:flash --gpu-mem 5
 expect 2 "--pcie: 0: must be" -m synth:flash --gpu-mem 1 --pcie 0
 expect 2 "--cpu-read: inf: must be" -m synth:flash --gpu-mem 1 --cpu-read inf
 expect 1 "$T/nope/config.json" -m "$T/nope" --gpu-mem 1
@@ -84,7 +112,7 @@ assert len(rows) == 6 * 16 and sorted(per) == list(range(6)), len(rows)
 tokens = int(sys.argv[2])
 assert tokens > 0 and all(0 < v <= 2 * tokens for v in per.values()), (tokens, per)
 PY
-    "$BIN" tiers -m "$SRC/models/kjv" --gpu-mem 0.005 --expert-load "$T/served" --batch 1 >"$T/out" 2>"$T/err" && ok ||
+    "$BIN" tiers -m "$SRC/models/kjv" --gpu-mem 0.017 --expert-load "$T/served" --batch 1 >"$T/out" 2>"$T/err" && ok ||
         bad "tiers on the served load: $(cat "$T/err")"
 else
     bad "serve --load-out did not start: $(cat "$T/srv.err")"

@@ -25,8 +25,8 @@ typedef struct {
 
 static const cli_opt tiers_opts[] = {
     CLI_DOUBLE_OPT("--gpu-mem", NULL, tiers_args, gpu_mem, "GB",
-                   "GPU memory for expert slots (10^9 bytes; the dense weights and the sequences' state come on "
-                   "top); required"),
+                   "GPU memory for the model's weights: the dense ones, and expert slots in the rest (10^9 bytes; "
+                   "the sequences' state and a step's activations come on top); required"),
     CLI_STRING_OPT("--expert-load", NULL, tiers_args, load, "F",
                    "measured load, lines 'LAYER EXPERT TOKENS' (dsv4 stats --load-out); default: every expert the "
                    "same"),
@@ -73,14 +73,15 @@ int cmd_tiers(int argc, char **argv) {
     const cli_cmd cmd = {
         "tiers",
         "-m DIR --gpu-mem GB [--expert-load F] [--batch B,...] [--pcie GB/s] [--cpu-read GB/s] ...",
-        "Plans a model's routed experts in tiers on one GPU: the --gpu-mem GB hold the most loaded experts\n"
-        "(--expert-load, measured by dsv4 stats --load-out), the rest stay in host memory. A decode step's\n"
-        "routed expert without a slot is copied into one over PCIe or computed on the CPU for its tokens,\n"
-        "whichever finishes sooner (the copy stream and the CPU work side by side); the exact expert numerics\n"
-        "give the same bits either way. Prints the slots, the share of the routed picks they serve, and per\n"
-        "decode batch the predicted misses, copies, CPU-computed tokens and the time they add, the mean of\n"
-        "--trials random steps drawn from the load. Reads the config only: -m takes the real checkpoint's\n"
-        "directory or synth:NAME[:LAYERS]; expert sizes are those of the official layout (MXFP4).\n",
+        "Plans a model's routed experts in tiers on one GPU: the --gpu-mem GB hold the dense weights and\n"
+        "the most loaded experts (--expert-load, written by dsv4 stats --load-out or dsv4 serve --load-out);\n"
+        "the rest stay in host memory. A decode step's routed expert without a slot is copied into one over\n"
+        "PCIe or computed on the CPU for its tokens, whichever finishes sooner (the copy stream and the CPU\n"
+        "work side by side); the exact expert numerics give the same bits either way. Prints the slots, the\n"
+        "share of the routed picks they serve, and per decode batch the predicted misses, copies,\n"
+        "CPU-computed tokens and the time they add, the mean of --trials random steps drawn from the load.\n"
+        "Reads the config only: -m takes the real checkpoint's directory or synth:NAME[:LAYERS]; expert sizes\n"
+        "are those of the official layout (MXFP4).\n",
         "The plan and its cost model only: the engine does not yet run a model from these tiers.\n",
         groups,
         2};
@@ -124,7 +125,16 @@ int cmd_tiers(int argc, char **argv) {
         }
     }
     ds_tier_plan p;
-    long long slots = (long long)floor(ta.gpu_mem * 1e9 / eb);
+    if (ta.gpu_mem * 1e9 < dense) {
+        char d1[32], d2[32];
+        fprintf(stderr,
+                "dsv4 tiers: --gpu-mem %g GB does not hold the dense weights alone: %s (and %s of routed "
+                "experts)\n",
+                ta.gpu_mem, human(dense, d1, sizeof d1), human(routed, d2, sizeof d2));
+        free(load);
+        goto out;
+    }
+    long long slots = (long long)floor((ta.gpu_mem * 1e9 - dense) / eb);
     if (ds_tier_plan_build(&p, L, E, load, slots, &err)) {
         fprintf(stderr, "dsv4 tiers: %s\n", err.msg);
         free(load);
@@ -134,8 +144,8 @@ int cmd_tiers(int argc, char **argv) {
     char b1[32], b2[32], b3[32];
     printf("model      %s: %d layers x %d routed experts (%d active), %s an expert, %s routed + %s dense\n", ma.dir, L,
            E, c.n_active_experts, human(eb, b1, sizeof b1), human(routed, b2, sizeof b2), human(dense, b3, sizeof b3));
-    printf("slots      %lld of %d experts (%.1f%%) in %s of GPU memory; %s in host memory\n", p.slots, L * E,
-           100.0 * (double)p.slots / ((double)L * E), human((double)p.slots * eb, b1, sizeof b1),
+    printf("slots      %lld of %d experts (%.1f%%) in %s of GPU memory beside the dense weights; %s in host memory\n",
+           p.slots, L * E, 100.0 * (double)p.slots / ((double)L * E), human((double)p.slots * eb, b1, sizeof b1),
            human((double)(L * (long long)E - p.slots) * eb, b2, sizeof b2));
     printf("load       %s; the slots serve %.2f%% of the routed picks\n",
            ta.load ? ta.load : "every expert the same (no --expert-load)", 100.0 * p.hit);
