@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
+#include "cli/util.h"
 #include "ep/ep.h"
 #include "runtime/backend_select.h"
 #include "model/model.h"
@@ -13,7 +14,8 @@
 #include "runtime/model_load.h"
 
 static void print_bytes(const char *label, double b) {
-    printf("%s%.2f %s", label, b >= 1e9 ? b / 1e9 : b >= 1e6 ? b / 1e6 : b / 1e3, b >= 1e9 ? "GB" : b >= 1e6 ? "MB" : "kB");
+    char s[32];
+    printf("%s%s", label, cli_bytes(b, s, sizeof s));
 }
 
 /* the state a sequence holds per token of context, and with a backend the

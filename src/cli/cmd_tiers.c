@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/opts.h"
+#include "cli/util.h"
 #include "ep/ep.h"
 #include "ep/tiers.h"
 #include "model/synth.h"
@@ -48,17 +49,6 @@ static int skip_routed(void *ctx, const char *name) { /* 1: a routed expert's te
     return sscanf(name, "layers.%d.ffn.experts.%d.%n", &l, &e, &n) == 2 && n > 0;
 }
 static int keep_routed(void *ctx, const char *name) { return !skip_routed(ctx, name); }
-
-static const char *human(double b, char *buf, size_t cap) { /* 1.23 GB, 45.6 MB, 7.8 kB */
-    snprintf(buf, cap, "%.*f %s", b >= 1e9 ? 1 : 2,
-             b >= 1e9   ? b / 1e9
-             : b >= 1e6 ? b / 1e6
-                        : b / 1e3,
-             b >= 1e9   ? "GB"
-             : b >= 1e6 ? "MB"
-                        : "kB");
-    return buf;
-}
 
 static int positive(const cli_cmd *cmd, const char *opt, double v) {
     if (isfinite(v) && v > 0) return 0;
@@ -130,7 +120,7 @@ int cmd_tiers(int argc, char **argv) {
         fprintf(stderr,
                 "dsv4 tiers: --gpu-mem %g GB does not hold the dense weights alone: %s (and %s of routed "
                 "experts)\n",
-                ta.gpu_mem, human(dense, d1, sizeof d1), human(routed, d2, sizeof d2));
+                ta.gpu_mem, cli_bytes(dense, d1, sizeof d1), cli_bytes(routed, d2, sizeof d2));
         free(load);
         goto out;
     }
@@ -143,10 +133,11 @@ int cmd_tiers(int argc, char **argv) {
     ds_tier_rates r = {ta.pcie * 1e9, ta.cpu_read * 1e9, ta.cpu_gflops * 1e9};
     char b1[32], b2[32], b3[32];
     printf("model      %s: %d layers x %d routed experts (%d active), %s an expert, %s routed + %s dense\n", ma.dir, L,
-           E, c.n_active_experts, human(eb, b1, sizeof b1), human(routed, b2, sizeof b2), human(dense, b3, sizeof b3));
+           E, c.n_active_experts, cli_bytes(eb, b1, sizeof b1), cli_bytes(routed, b2, sizeof b2),
+           cli_bytes(dense, b3, sizeof b3));
     printf("slots      %lld of %d experts (%.1f%%) in %s of GPU memory beside the dense weights; %s in host memory\n",
-           p.slots, L * E, 100.0 * (double)p.slots / ((double)L * E), human((double)p.slots * eb, b1, sizeof b1),
-           human((double)(L * (long long)E - p.slots) * eb, b2, sizeof b2));
+           p.slots, L * E, 100.0 * (double)p.slots / ((double)L * E), cli_bytes((double)p.slots * eb, b1, sizeof b1),
+           cli_bytes((double)(L * (long long)E - p.slots) * eb, b2, sizeof b2));
     printf("load       %s; the slots serve %.2f%% of the routed picks\n",
            ta.load ? ta.load : "every expert the same (no --expert-load)", 100.0 * p.hit);
     printf("rates      PCIe %g GB/s; the CPU reads experts at %g GB/s and computes at %g GFLOP/s\n", ta.pcie,

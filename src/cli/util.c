@@ -26,6 +26,11 @@ static int has_config(const char *dir) {
     return k > 0 && (size_t)k < sizeof p && !stat(p, &st) && S_ISREG(st.st_mode);
 }
 
+const char *cli_bytes(double b, char *buf, size_t cap) {
+    snprintf(buf, cap, "%.2f %s", b >= 1e9 ? b / 1e9 : b >= 1e6 ? b / 1e6 : b / 1e3, b >= 1e9 ? "GB" : b >= 1e6 ? "MB" : "kB");
+    return buf;
+}
+
 int cli_model_dir(const char *cmd, const char *given, char *out, size_t cap) {
     if (given && !strncmp(given, "synth:", 6)) { /* ds_load_model builds it */
         if ((size_t)snprintf(out, cap, "%s", given) >= cap) return -1;

@@ -21,6 +21,8 @@ int cli_load_schema(const char *cmd, const char *file, const struct ds_tokenizer
                     struct ds_vocab_trie **trie);
 struct ds_model;
 struct ds_tokenizer;
+/* b bytes as "1.23 GB", "45.60 MB" or "7.80 kB" in buf; returns buf. */
+const char *cli_bytes(double b, char *buf, size_t cap);
 /* The model directory: `given` (-m) if non-NULL, else $DSV4_MODEL, else
  * ./models/kjv, else <dir of the executable>/../models/kjv (the first holding
  * config.json). -1 with a message on stderr naming `cmd` if none. */
