@@ -242,6 +242,17 @@ else
   summary+=("SKIP ep_gpu (no mpirun: set PATH / DSV4_MPI_ROOT)")
 fi
 fi
+# 6c. expert tiers on the GPU (docs/tiers.md): a store of a few slots with
+#     each path forced (copies into slots, the CPU's experts, mixed) and the
+#     cost model's choice = every expert bound, bitwise, alone, in a batch and
+#     decoding; the bundled model, synth:tiny and a flash-shaped model of two
+#     layers (written once under SYNTH_DIR)
+if [ "${TESTS:-1}" != 0 ]; then
+  run store env DSV4_TEST_BACKEND=cuda bash tests/test_store.sh "$bin" "$root"
+  d=${SYNTH_DIR:-/tmp}/flash2
+  [ -f "$d/config.json" ] || "$bin" synth --like flash --layers 2 -o "$d" >/dev/null 2>&1
+  run store_flash2 env DSV4_TEST_BACKEND=cuda STORE_MODELS="$d" bash tests/test_store.sh "$bin" "$root"
+fi
 # 6. speed
 if [ -n "${BENCH:-}" ]; then
   for L in 4 8; do
@@ -249,6 +260,9 @@ if [ -n "${BENCH:-}" ]; then
     [ -f "$d/config.json" ] || "$bin" synth --like flash --layers "$L" -o "$d" >/dev/null 2>&1
     run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
   done
+  # the experts in tiers: half of flash 4's 1,024 experts in slots, uniform routing
+  run bench_tiers4 "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 --gen 32 --batch 8,64 \
+    --expert-slots 512
   run kernels "$B/test_cuda_ops" --bench
   # a switch's two settings (the same bits: graph_bits), interleaved: flash 4
   # layers, three rounds: the shared expert on the main stream against the

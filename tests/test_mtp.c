@@ -286,7 +286,7 @@ int main(void) {
     ds_model *m = NULL;
     ds_backend be;
     ds_err err = {0};
-    ds_backend_opts bo = {getenv("DSV4_TEST_BACKEND"), 0, 2, 0, 0};
+    ds_backend_opts bo = {.name = getenv("DSV4_TEST_BACKEND"), .threads = 2};
     int rc = ds_model_load(dir_mtp, &m, &err);
     if (!rc) {
         m->bind_mtp = 1;

@@ -22,7 +22,7 @@ void test_path(char *buf, size_t n, const char *rel) {
 
 int test_load(const char *dir, int threads, ds_model **m, ds_backend *be, ds_err *err) {
     if (ds_model_load(dir, m, err)) return -1;
-    ds_backend_opts o = {getenv("DSV4_TEST_BACKEND"), 0, threads, 0, 0};
+    ds_backend_opts o = {.name = getenv("DSV4_TEST_BACKEND"), .threads = threads};
     if (ds_backend_open(&o, be, err)) {
         ds_model_free(*m);
         return -1;

@@ -327,6 +327,13 @@ struct ds_backend {
     int (*map_weights)(const ds_backend *be, const void *host, size_t bytes, ds_map_what what, const void **out,
                        ds_err *err);
     void (*unmap_weights)(const ds_backend *be, const void *p);
+    /* Optional (NULL: no expert store, model/store.h). Writes bytes of host
+     * into dst (backend memory from alloc, at least bytes rounded up to 4)
+     * as map_weights would keep them (what: the same), in the order of the
+     * step's ops: ops issued before it read dst's old bytes, ops issued
+     * after it the new ones. host must stay valid until the step's end. */
+    int (*fill_weights)(const ds_backend *be, void *dst, const void *host, size_t bytes, ds_map_what what,
+                        ds_err *err);
     /* Optional. Called once for every mapped weight the model multiplies
      * (every weight but the embedding): the backend may keep a second copy
      * of it in a faster layout of its own (w->packed: the same values, so

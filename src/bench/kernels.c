@@ -126,7 +126,7 @@ static int bench_prefill(ds_backend *be, uint8_t *buf, size_t n, uint8_t *scales
 
 int cmd_bench_kernels(int argc, char **argv) {
     kernels_args ka = {.reps = 3, .mib = 1024, .tokens = 128};
-    ds_backend_opts bo = {"cpu", 0, 2, 0, 0};
+    ds_backend_opts bo = {.name = "cpu", .threads = 2};
     const cli_group groups[] = {
         {NULL, kernels_opts, &ka}, {NULL, cli_threads_opts, &bo}, {"backend", cli_backend_opts, &bo}};
     const cli_cmd cmd = {

@@ -333,13 +333,14 @@ int cmd_bench(int argc, char **argv) {
                                 {NULL, bench_opts, &ba},
                                 {"backend", cli_threads_opts, &bo},
                                 {"backend", cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"bench",
                          "-m DIR [--prompt P] [--gen N] [--threads N] [--batch 1,4,16,64] [--mtp K] [--backend cpu|cuda]\n"
                          "       dsv4 bench --kernels [--threads N] [--reps R] [--mib M]\n"
                          "       dsv4 bench --grammar SCHEMA.json [-m DIR] [--tokens N]",
-                         BENCH_ABOUT, NULL, groups, 6};
+                         BENCH_ABOUT, NULL, groups, (int)(sizeof groups / sizeof groups[0])};
     int crc;
     if (cli_parse(&cmd, argc, argv, &crc)) return crc;
     if (!ma.dir) {
@@ -426,11 +427,13 @@ int cmd_bench(int argc, char **argv) {
     ds_seq_reset(seq);
     it.n_tokens = (int)prompt;
     ds_profile prof_prefill = {0};
+    cli_tiers_report(NULL, NULL, m, 0);
     be.profile = &prof_prefill;
     double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     double tp = ds_now() - t0;
     be.profile = NULL;
+    cli_tiers_report(stdout, "tiers      prefill: ", m, 1);
     /* decode in chunks, the read bandwidth measured again before each chunk
      * and after the last (this machine's bandwidth changes over seconds): a
      * chunk is compared with the higher of its two neighbours, the whole run
@@ -478,6 +481,7 @@ int cmd_bench(int argc, char **argv) {
     printf("chunks     %d of up to %d tokens, each against the bandwidth measured next to it: min %.2f, median %.2f, "
            "max %.2f\n",
            nchunks, CHUNK, ratio[0], ratio[nchunks / 2], ratio[nchunks - 1]);
+    cli_tiers_report(stdout, "tiers      decode: ", m, (double)gen);
     bench_print_profile("where      per token:", &prof, (double)gen, td);
     bench_print_profile("prefill    per call: ", &prof_prefill, 1.0, tp);
     free(bw_at);
@@ -522,6 +526,7 @@ int cmd_bench(int argc, char **argv) {
         batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};
         ds_observer obs = {on_route, NULL, &bu.u, NULL};
         double t_b = 0;
+        cli_tiers_report(NULL, NULL, m, 0);
         int ok = bu.u.used && bench_batch_decode(m, &be, B, prompt, gen, toks, &obs, count_step, &bu, NULL, &t_b, &err) == 0;
         double bytes_b = bu.bytes;
         if (ok)
@@ -531,6 +536,11 @@ int cmd_bench(int argc, char **argv) {
                    bytes_b / t_b / 1e9 / bw);
         else
             fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, bu.u.used ? err.msg : "out of memory");
+        if (ok) {
+            char label[64];
+            snprintf(label, sizeof label, "tiers      batch %d (prefill and decode): ", B);
+            cli_tiers_report(stdout, label, m, (double)gen);
+        }
         free(bu.u.used);
         fflush(stdout);
         if (!ok) goto out;

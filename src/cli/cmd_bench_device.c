@@ -112,12 +112,14 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
     ds_seq_reset(seq);
     uint64_t free0 = be.avail ? be.avail(&be) : 0;
     it.n_tokens = (int)prompt;
+    cli_tiers_report(NULL, NULL, m, 0);
     double t0 = ds_now();
     if (ds_forward(m, &be, &it, 1, &err)) goto fail;
     double tp = ds_now() - t0, fl = token_flops(m);
     printf("prefill    %lld tokens in %.2f ms: %.0f tokens/s, %.2f TFLOP/s (%.2f GFLOP per token at a short context; "
            "steps of %d tokens)\n",
            prompt, tp * 1e3, (double)prompt / tp, fl * (double)prompt / tp / 1e12, fl / 1e9, DS_STEP_TOKENS);
+    cli_tiers_report(stdout, "tiers      prefill: ", m, 1);
     if (free0)
         printf("memory     %.2f GB of weights; the sequence's state %.3f GB (capacity %lld tokens); %.2f GB free "
                "after the prefill (%.2f GB more scratch than after the warm-up)\n",
@@ -133,6 +135,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
            "-> %.0f GB/s, %.2f of the floor (%.4f ms per layer at the floor)\n",
            gen, td * 1e3, td * 1e3 / c->n_layers, 1.0 / td, bytes / 1e9, bytes / td / 1e9, bytes / td / 1e9 / bw,
            bytes / (bw * 1e9) * 1e3 / c->n_layers);
+    cli_tiers_report(stdout, "tiers      decode: ", m, (double)gen);
     fflush(stdout);
     {
         /* where the time goes: the same decode again with the backend's
@@ -151,6 +154,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         tw = (ds_now() - tw) / (double)gen;
         be.profile = NULL;
         bench_print_profile("where      per token (profiled, ops synchronized):", &prof, (double)gen, tw);
+        cli_tiers_report(NULL, NULL, m, 0);
         fflush(stdout);
     }
     for (int bi = 0; bi < n_batches; bi++) {
@@ -165,6 +169,11 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
                    fl * B * gen / t_b / 1e12);
         else
             fprintf(stderr, "dsv4 bench: batch %d: %s\n", B, err.msg);
+        if (ok) {
+            char label[64];
+            snprintf(label, sizeof label, "tiers      batch %d (prefill and decode): ", B);
+            cli_tiers_report(stdout, label, m, (double)gen);
+        }
         fflush(stdout);
         if (!ok) goto out;
         if (batch_profile && bench_batch_profile(m, &be, B, prompt, gen, toks, &err)) goto fail;

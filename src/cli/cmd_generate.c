@@ -59,12 +59,14 @@ int cmd_generate(int argc, char **argv) {
                                 {"sampling", cli_sampling_opts, &sp},
                                 {"backend", cli_threads_opts, &bo},
                                 {"backend", cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"generate",
                          "-m DIR --tokens 5,17,42 -n N [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] "
                          "[--threads N] [--stop ID,...] [--mtp K] [--json-schema FILE] [--backend cpu|cuda] [--gpu N]",
-                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups, 7};
+                         "Prints the N generated token ids (greedy unless --temperature > 0).\n", NULL, groups,
+                         (int)(sizeof groups / sizeof groups[0])};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *dir = ma.dir;

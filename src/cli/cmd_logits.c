@@ -63,12 +63,13 @@ int cmd_logits(int argc, char **argv) {
                                 {NULL, logits_opts, &la},
                                 {"backend", cli_threads_opts, &bo},
                                 {"backend", cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"logits",
                          "-m DIR --tokens 5,17,42 [--tokens ...] -o PREFIX [--prefill-chunk N] [--threads N] "
                          "[--dump DPREFIX]",
-                         NULL, NULL, groups, 6};
+                         NULL, NULL, groups, (int)(sizeof groups / sizeof groups[0])};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     if (!ma.dir || !la.prefix || !la.tokens.n) {
@@ -128,6 +129,7 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "dsv4 logits: %s\n", err.msg);
         goto out;
     }
+    cli_tiers_report(stderr, "dsv4 logits: expert tiers: ", m, 0);
     for (int i = 0; i < n_seqs; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s.%d.f32", prefix, i);

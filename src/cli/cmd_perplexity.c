@@ -250,7 +250,7 @@ int cmd_perplexity(int argc, char **argv) {
     batch_bufs bb = {0};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
+    ds_backend_opts bo = {.threads = o.threads, .load = o.load};
     if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w)) goto out;
     int brc = cli_bind(o.cmd, m, &bo, &be);
     if (brc) {
@@ -372,7 +372,7 @@ int cmd_stats(int argc, char **argv) {
     route_counts cnt = {0, NULL};
     int rc = 1;
     ds_err err = {{0}};
-    ds_backend_opts bo = {NULL, 0, o.threads, o.load, 0};
+    ds_backend_opts bo = {.threads = o.threads, .load = o.load};
     if (cli_load_model_tok(o.cmd, dir, &bo, &m, &tok) || load_windows(&o, tok, &w)) goto out;
     int brc = cli_bind(o.cmd, m, &bo, &be);
     if (brc) {

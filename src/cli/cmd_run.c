@@ -112,10 +112,11 @@ int cmd_run(int argc, char **argv) {
                                 {SPEED, gen_mtp_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
                                 {SPEED, cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"run", "[-m DIR] (-p TEXT | -f FILE) [-n N] [--chat [--think] [--parse-special]] [--raw] "
                                 "[--special] [--mtp K] [--json-schema FILE] [sampling options]",
-                         RUN_ABOUT, NULL, groups, 8};
+                         RUN_ABOUT, NULL, groups, (int)(sizeof groups / sizeof groups[0])};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *prompt = ra.prompt, *file = ra.file;
@@ -327,10 +328,11 @@ int cmd_chat(int argc, char **argv) {
                                 {SPEED, gen_mtp_opts, &o},
                                 {SPEED, cli_threads_opts, &bo},
                                 {SPEED, cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"chat", "[-m DIR] [--think] [--system TEXT] [-n N] [--ctx N] [--verbose] [--no-cache] "
                                  "[--parse-special] [--mtp K] [sampling options]",
-                         CHAT_ABOUT, CHAT_NOTES, groups, 8};
+                         CHAT_ABOUT, CHAT_NOTES, groups, (int)(sizeof groups / sizeof groups[0])};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *system = ca.system;

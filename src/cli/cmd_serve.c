@@ -144,6 +144,7 @@ int cmd_serve(int argc, char **argv) {
                                 {NULL, serve_opts, &sa},
                                 {"backend", cli_threads_opts, &bo},
                                 {"backend", cli_load_opts, &bo},
+                                {CLI_TIER_TITLE, cli_tier_opts, &bo},
                                 {"backend", cli_backend_opts, &bo},
                                 {CLI_EP_TITLE, cli_ep_opts, ds_ep_session_opts()}};
     const cli_cmd cmd = {"serve",
@@ -152,7 +153,7 @@ int cmd_serve(int argc, char **argv) {
                          "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions (JSON or\n"
                          "SSE with \"stream\": true), GET /v1/models, /health, /metrics (Prometheus), / (chat page).\n"
                          "A request with a seed gets the same text whatever else the server is doing.\n",
-                         NULL, groups, 6};
+                         NULL, groups, (int)(sizeof groups / sizeof groups[0])};
     int rc = 1;
     if (cli_parse(&cmd, argc, argv, &rc)) return rc;
     const char *given = ma.dir, *host = sa.host, *key = sa.key, *name = sa.name;

@@ -58,7 +58,12 @@ static int positive(const cli_cmd *cmd, const char *opt, double v) {
 
 int cmd_tiers(int argc, char **argv) {
     cli_model_arg ma = {0};
-    tiers_args ta = {.gpu_mem = (double)NAN, .pcie = 50, .cpu_read = 100, .cpu_gflops = 1000, .trials = 64, .seed = 1};
+    tiers_args ta = {.gpu_mem = (double)NAN,
+                     .pcie = DS_TIER_PCIE / 1e9,
+                     .cpu_read = DS_TIER_CPU_READ / 1e9,
+                     .cpu_gflops = DS_TIER_CPU_FLOPS / 1e9,
+                     .trials = 64,
+                     .seed = 1};
     const cli_group groups[] = {{NULL, cli_model_req_opts, &ma}, {"tiers", tiers_opts, &ta}};
     const cli_cmd cmd = {
         "tiers",

@@ -74,6 +74,22 @@ const cli_opt cli_load_opts[] = {
     CLI_END,
 };
 
+static const char *const TIER_PATHS[] = {"auto", "copy", "cpu", "mixed", NULL}; /* DS_STORE_* */
+
+const cli_opt cli_tier_opts[] = {
+    CLI_DOUBLE_OPT("--gpu-mem", NULL, ds_backend_opts, gpu_mem, "GB",
+                   "keep the routed experts in tiers: the dense weights and as many expert slots as fit GB on the "
+                   "backend, the other experts in host memory (the most loaded experts by --expert-load hold slots); "
+                   "the same bits as all experts on the backend (docs/tiers.md)"),
+    CLI_LONG_OPT("--expert-slots", NULL, ds_backend_opts, expert_slots, 1, 1LL << 40, "N",
+                 "expert tiers with N slots (at most what --gpu-mem holds, when given)"),
+    CLI_CHOICE_OPT("--tier-path", NULL, ds_backend_opts, tier_path, TIER_PATHS,
+                   "how an expert without a slot is served: auto (default: copied into a staging slot or computed on "
+                   "the CPU, whichever the cost model finishes first), copy, cpu, or mixed (even expert ids copied, "
+                   "odd ones on the CPU)"),
+    CLI_END,
+};
+
 const cli_opt cli_sampling_opts[] = {
     CLI_DOUBLE_OPT("--temperature", NULL, ds_sampling, temperature, "T",
                    "0 = greedy (default); > 0 samples with a counter-based RNG"),

@@ -123,6 +123,10 @@ extern const cli_opt cli_threads_opts[];
 /* --load auto|copy|mmap into ds_backend_opts (commands that load a model). */
 extern const cli_opt cli_load_opts[];
 enum { CLI_LOAD_AUTO = 0, CLI_LOAD_COPY = 1, CLI_LOAD_MMAP = 2 }; /* ds_backend_opts.load */
+/* --gpu-mem, --expert-slots, --tier-path into ds_backend_opts (the routed
+ * experts in tiers: model/store.h), under the title CLI_TIER_TITLE. */
+extern const cli_opt cli_tier_opts[];
+#define CLI_TIER_TITLE "expert tiers (docs/tiers.md)"
 /* --temperature ... --seed into ds_sampling. */
 extern const cli_opt cli_sampling_opts[];
 

@@ -839,6 +839,38 @@ static enum MHD_Result handle_metrics(serve *s, struct MHD_Connection *c) {
         free(cv);
     }
     free(ld);
+    /* expert tiers (--gpu-mem): where the picks were served, per layer and in all */
+    int L = st.n_moe_layers;
+    ds_store_counts *tc = calloc((size_t)L + 1, sizeof *tc);
+    if (tc && !ds_sched_get_tiers(s->sched, tc, L + 1)) {
+        const ds_store_counts *all = &tc[L];
+        sb_printf(&b, "# HELP dsv4_expert_tier_picks_total Routed expert picks (token, expert) by where the expert "
+                      "ran: in a slot it held, copied into a slot for the step, or on the CPU.\n"
+                      "# TYPE dsv4_expert_tier_picks_total counter\n");
+        const char *const way[3] = {"slot", "copied", "cpu"};
+        for (int l = 0; l <= L; l++) {
+            const long long v[3] = {tc[l].hit_pairs, tc[l].copied_pairs, tc[l].cpu_pairs};
+            for (int w = 0; w < 3; w++) {
+                if (l < L)
+                    sb_printf(&b, "dsv4_expert_tier_picks_total{layer=\"%d\",way=\"%s\"} %lld\n", l, way[w], v[w]);
+                else
+                    sb_printf(&b, "dsv4_expert_tier_picks_total{way=\"%s\"} %lld\n", way[w], v[w]);
+            }
+        }
+        COUNTER("dsv4_expert_tier_copies_total", "Experts written into slots (staged for a step or re-placed).",
+                all->copies);
+        COUNTER("dsv4_expert_tier_replaced_total",
+                "Of them, experts moved into resident slots by the learned load (re-placement).", all->replaced);
+        sb_printf(&b, "# HELP dsv4_expert_tier_copy_bytes_total Bytes of those copies.\n# TYPE "
+                      "dsv4_expert_tier_copy_bytes_total counter\ndsv4_expert_tier_copy_bytes_total %.0f\n",
+                  all->copy_bytes);
+        sb_printf(&b, "# HELP dsv4_expert_tier_seconds_total Wall time of the copies and of the CPU's experts (their "
+                      "rows' transfers included).\n# TYPE dsv4_expert_tier_seconds_total counter\n"
+                      "dsv4_expert_tier_seconds_total{way=\"copy\"} %.6f\ndsv4_expert_tier_seconds_total{way=\"cpu\"} "
+                      "%.6f\n",
+                  all->copy_seconds, all->cpu_seconds);
+    }
+    free(tc);
     enum MHD_Result rc = send_buf(s, c, 200, "text/plain; version=0.0.4", b.b ? b.b : "", b.n);
     free(b.b);
     return rc;

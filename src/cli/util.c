@@ -4,6 +4,7 @@
 #include "text/json_schema.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "ep/launch.h"
 #include "text/tokenizer.h"
 #include "model/model.h"
+#include "model/store.h"
 #include "runtime/model_load.h"
 
 static int has_config(const char *dir) {
@@ -143,9 +145,38 @@ char *cli_read_file(const char *cmd, const char *path, size_t *n) {
     return buf;
 }
 
+/* The routed experts in tiers (model/store.h) when --gpu-mem or
+ * --expert-slots asks for them; placed by --expert-load's file. */
+static int tiers(ds_model *m, const ds_backend_opts *o, ds_err *err) {
+    if (!o || (o->gpu_mem == 0 && o->expert_slots == 0)) return 0;
+    if (!(isfinite(o->gpu_mem) && o->gpu_mem >= 0))
+        return ds_fail(err, "--gpu-mem %g: must be a finite number >= 0", o->gpu_mem);
+    const ds_config *c = &m->cfg;
+    const char *lf = ds_ep_session_opts()->load;
+    double *load = NULL;
+    if (lf) {
+        load = malloc((size_t)c->n_layers * c->n_routed_experts * sizeof *load);
+        if (!load) return ds_fail(err, "out of memory");
+        if (ds_load_read(lf, c->n_layers, c->n_routed_experts, load, err)) {
+            free(load);
+            return -1;
+        }
+    }
+    ds_store_opts so = {(uint64_t)(o->gpu_mem * 1e9), o->expert_slots > 0 ? o->expert_slots : -1, o->tier_path, load,
+                        {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS}};
+    int rc = ds_store_new(m, &so, err);
+    free(load);
+    return rc;
+}
+
 int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend *be) {
     ds_err err;
     if (ds_ep_session_size() > 1) {
+        if (o && (o->gpu_mem != 0 || o->expert_slots != 0)) {
+            if (ds_ep_session_rank() == 0)
+                fprintf(stderr, "dsv4 %s: --gpu-mem / --expert-slots: not under expert parallelism (mpirun)\n", cmd);
+            return -1;
+        }
         int rc = ds_ep_launch(m, o, be, &err);
         if (rc < 0) {
             if (ds_ep_session_rank() == 0) fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
@@ -156,13 +187,47 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
         ds_ep_launch_report(m, stderr);
         return 0;
     }
-    if (ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
+    if (tiers(m, o, &err) || ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
         ds_model_unbind(m);
         ds_backend_close(be);
         return -1;
     }
+    if (m->store) {
+        char a[32], b[32];
+        const ds_store *st = m->store;
+        fprintf(stderr, "dsv4 %s: expert tiers: %lld slots of %s (%lld resident, %lld staging) for %d x %d experts "
+                        "(%s in host memory)\n",
+                cmd, ds_store_slots(st), cli_bytes((double)ds_store_expert_bytes(st), a, sizeof a),
+                ds_store_resident(st), ds_store_slots(st) - ds_store_resident(st), m->cfg.n_layers,
+                m->cfg.n_routed_experts,
+                cli_bytes((double)ds_store_expert_bytes(st) * m->cfg.n_layers * m->cfg.n_routed_experts, b, sizeof b));
+    }
     return 0;
+}
+
+void cli_tiers_report(FILE *f, const char *label, const ds_model *m, double steps) {
+    if (!m->store) return;
+    ds_store_counts t = ds_store_counts_of(m->store, -1);
+    if (!f) {
+        ds_store_counts_reset(m->store);
+        return;
+    }
+    char b[32];
+    double P = t.pairs > 0 ? (double)t.pairs : 1, s = steps > 0 ? steps : 1;
+    const char *per = steps > 0 ? " ms/step" : " ms";
+    fprintf(f,
+            "%s%lld expert picks: %.1f%% in slots, %.1f%% copied (%lld experts, %lld of them re-placed, %s, %.2f%s), "
+            "%.1f%% on the CPU (%.2f%s); in slots by layer:",
+            label, t.pairs, 100.0 * t.hit_pairs / P, 100.0 * t.copied_pairs / P, t.copies, t.replaced,
+            cli_bytes(t.copy_bytes, b, sizeof b), t.copy_seconds / s * 1e3, per, 100.0 * t.cpu_pairs / P,
+            t.cpu_seconds / s * 1e3, per);
+    for (int li = 0; li < m->cfg.n_layers; li++) {
+        ds_store_counts c = ds_store_counts_of(m->store, li);
+        fprintf(f, " %.0f%%", c.pairs ? 100.0 * c.hit_pairs / c.pairs : 0.0);
+    }
+    fprintf(f, "\n");
+    ds_store_counts_reset(m->store);
 }
 
 int cli_load_schema(const char *cmd, const char *file, const ds_tokenizer *tok, ds_grammar **g, ds_vocab_trie **trie) {

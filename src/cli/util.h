@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/clock.h"
 #include "runtime/backend_select.h"
@@ -48,4 +49,10 @@ int cli_bind(const char *cmd, struct ds_model *m, const ds_backend_opts *o, ds_b
 /* A command's exit status after a cli_bind that did not return 0: 1 after
  * an error, 0 on a follower that served the leader. */
 static inline int cli_bind_done(int bind_rc) { return bind_rc > 0 ? 0 : 1; }
+/* Where a model with expert tiers (--gpu-mem) served its experts since the
+ * store's counts were last reset, one line after label: picks in slots,
+ * copied, on the CPU, and each layer's share in slots; then the counts are
+ * reset (f NULL: only that). Nothing without a store. steps: the steps they
+ * cover (for per-step times). */
+void cli_tiers_report(FILE *f, const char *label, const struct ds_model *m, double steps);
 #endif

@@ -22,6 +22,12 @@ typedef struct ds_tier_rates {
     double cpu_flops; /* the CPU on an expert's products, flop/s */
 } ds_tier_rates;
 
+/* The rates a command assumes unless told: PCIe 5 x16, a server's DRAM, a
+ * server CPU's vector units. */
+#define DS_TIER_PCIE 50e9
+#define DS_TIER_CPU_READ 100e9
+#define DS_TIER_CPU_FLOPS 1000e9
+
 typedef struct ds_tier_plan {
     int layers, experts;
     long long slots;         /* experts resident in GPU slots */

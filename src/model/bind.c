@@ -4,22 +4,16 @@
 
 #include "ep/ep.h"
 #include "model/model.h"
+#include "model/store.h"
 
 /* Every pointer the forward pass reads, with its size in bytes and what it
  * holds (an MXFP4 matrix's codes, which a backend may reorder, or bytes);
  * w: the weight whose data ptr is, else NULL. */
 typedef void (*visit_fn)(void *ctx, const void **ptr, size_t bytes, ds_map_what what, ds_weight *w);
 
-static size_t scale_bytes(const ds_weight *w) {
-    size_t ss = w->scale_f32 ? 4 : 1;
-    if (w->kind == DS_W_FP8) return ss * (size_t)((w->rows + DS_FP8_BLOCK - 1) / DS_FP8_BLOCK) * (size_t)w->scale_cols;
-    if (w->kind == DS_W_FP4) return ss * (size_t)w->rows * (size_t)w->scale_cols;
-    return 0;
-}
-
 static void weight(const ds_weight *cw, visit_fn fn, void *ctx) {
     ds_weight *w = (ds_weight *)cw;
-    size_t sb = scale_bytes(w);
+    size_t sb = (size_t)ds_weight_scale_bytes(w);
     fn(ctx, (const void **)&w->data, (size_t)ds_weight_bytes(w) - sb,
        w->kind == DS_W_FP4 ? DS_MAP_FP4_CODES : DS_MAP_BYTES, w);
     if (sb) fn(ctx, (const void **)&w->scale, sb, DS_MAP_BYTES, NULL);
@@ -73,6 +67,7 @@ static void walk_layer(ds_model *m, ds_layer *ly, int li, visit_fn fn, void *ctx
         floats(&ly->gate_bias, E, fn, ctx);
     for (size_t e = 0; e < E; e++) {
         if (m->ep && !ds_placement_holds(ds_ep_placement(m->ep), ds_ep_rank(m->ep), li, (int)e)) continue;
+        if (m->store && li < c->n_layers) continue; /* the store's (its slots, or host memory) */
         weight(&ly->w1[e], fn, ctx);
         weight(&ly->w2[e], fn, ctx);
         weight(&ly->w3[e], fn, ctx);
@@ -144,6 +139,7 @@ static void unmap(void *ctx, const void **ptr, size_t bytes, ds_map_what what, d
 
 void ds_model_unbind(ds_model *m) {
     if (!m->be) return;
+    ds_store_unbind(m->store);
     free(m->mtp_model);
     m->mtp_model = NULL;
     if (m->rs) {
@@ -196,7 +192,8 @@ static uint64_t experts_of(const ds_model *m, int rank) {
 void ds_model_expert_bytes(const ds_model *m, int rank, uint64_t *experts, uint64_t *rest) {
     sum_ctx all = {0};
     walk((ds_model *)m, sum_bytes, &all); /* this rank's: the dense weights and its experts */
-    *rest = all.bytes - experts_of(m, m->ep ? ds_ep_rank(m->ep) : 0);
+    /* the walk leaves out the experts of other ranks, or all of them when a store holds them */
+    *rest = all.bytes - (m->store ? 0 : experts_of(m, m->ep ? ds_ep_rank(m->ep) : 0));
     *experts = experts_of(m, rank);
 }
 
@@ -218,13 +215,17 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
     }
     m->be = be;
     m->rs->be = be;
-    m->rs->ep = m->ep != NULL;
+    m->rs->ep = m->ep != NULL || m->store != NULL; /* the MoE in two halves */
     B.n = 0;
     walk(m, map, &B);
     m->n_host_ptrs = B.n;
     if (B.rc) {
         ds_model_unbind(m);
         return ds_fail_prefix(err, "%s: uploading the weights to the %s backend", m->path, be->name);
+    }
+    if (m->store && ds_store_bind(m->store, err)) {
+        ds_model_unbind(m);
+        return -1;
     }
     if (m->mtp && m->bind_mtp && !m->ep) { /* the MTP block as a one-layer model (model.h) */
         ds_model *t = malloc(sizeof *t);
@@ -241,6 +242,7 @@ int ds_model_bind(ds_model *m, const ds_backend *be, ds_err *err) {
         t->hc_head = m->mtp->hc_head;
         t->mtp = NULL;
         t->mtp_model = NULL;
+        t->store = NULL; /* its experts are bound (the store holds the main layers') */
         t->mtp_of = m;
         t->host_ptrs = NULL, t->n_host_ptrs = 0;
         m->mtp_model = t;

@@ -1,6 +1,7 @@
 /* model.c — loading a DeepSeek-V4 checkpoint into a ds_model: every tensor
  * the forward pass reads is looked up by its official name and checked. */
 #include "model/model.h"
+#include "model/store.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -399,6 +400,8 @@ int ds_model_load_with(const char *dir, const ds_load_opts *lo, ds_model **out, 
 void ds_model_free(ds_model *m) {
     if (!m) return;
     ds_model_unbind(m);
+    ds_store_free(m->store);
+    m->store = NULL;
     if (m->layers) {
         for (int li = 0; li < m->cfg.n_layers; li++) free_layer(&m->layers[li]);
         free(m->layers);

@@ -94,6 +94,9 @@ typedef struct ds_model {
      * process. Not owned. Only the routed experts this rank serves are bound
      * (and ever read). */
     struct ds_ep *ep;
+    /* the routed experts in tiers (model/store.h: ds_store_new, before
+     * ds_model_bind), owned; NULL: every expert bound to the backend */
+    struct ds_store *store;
     /* the most tokens one step runs: a ds_forward call with more is run as
      * several steps of at most this many (chunking is bitwise invariant, so
      * the results are the one-step results); 0: DS_STEP_TOKENS */

@@ -6,6 +6,7 @@
 #include "common/clock.h"
 #include "ep/ep.h"
 #include "model/step.h"
+#include "model/store.h"
 
 static int score_func(const ds_config *c) {
     return c->score_func == DS_SCORE_SOFTMAX   ? DS_ROUTE_SOFTMAX
@@ -141,6 +142,7 @@ int ds_moe(const ds_step *S, int li, const float *xn, float *out, ds_err *err) {
     if (T > 0 && (ds_matmul(be, &ly->gate, xn, T, rs->logits, err) || be->route(be, &rp, err))) return -1;
     int sh = c->n_shared_experts > 0;
     if (m->ep) return moe_ep(S, li, xn, idx, out, err);
+    if (m->store) return ds_store_moe(S, li, xn, idx, out, err);
     ds_moe_params mp = {xn,     T,      c->dim, E,           k,           idx,         rs->wts,      ly->w1,
                         ly->w2, ly->w3, sh ? &ly->sw1 : NULL, sh ? &ly->sw2 : NULL, sh ? &ly->sw3 : NULL,
                         c->swiglu_limit, out};

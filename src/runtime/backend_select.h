@@ -14,6 +14,11 @@ typedef struct ds_backend_opts {
     int load;         /* how the weights reach memory: CLI_LOAD_* of cli/opts.h (0: auto) */
     int rank;         /* > 0: an expert-parallel rank of this host; CUDA takes
                        * GPU (gpu + rank) mod the GPUs present (ranks may share one) */
+    /* the routed experts in tiers (model/store.h; cli/util.c's cli_bind):
+     * on when either of the first two is set */
+    double gpu_mem;          /* GB the dense weights and the expert slots may take (0: no cap) */
+    long long expert_slots;  /* the slots (0: what gpu_mem holds) */
+    int tier_path;           /* DS_STORE_* */
 } ds_backend_opts;
 
 /* Opens the backend o names (o may be NULL: the CPU with all cores). Errors

@@ -9,6 +9,7 @@
 
 #include "model/forward.h"
 #include "model/state.h"
+#include "model/store.h"
 #include "runtime/scheduler.h"
 
 /* A wake-up shared by the requests of one ds_sched_submit_n: a futex word the
@@ -130,6 +131,8 @@ struct ds_sched {
     uint64_t *expert_tokens; /* [n_layers][n_experts], written by the route hook on the scheduler thread */
     uint64_t *expert_step;   /* the step's counts, merged under mu */
     double *expert_load;     /* [n_layers][n_experts]: the exponentially weighted load (load_update), under mu */
+    ds_store_counts *tiers;  /* [n_layers + 1]: an expert store's counts after the last step (per layer, then all),
+                                under mu; NULL without a store */
     double rate_t[64];
     uint64_t rate_n[64];
     int rate_i;

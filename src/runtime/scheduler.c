@@ -767,6 +767,8 @@ static void *sched_main(void *arg) {
         if (s->mt && !frc) sched_spec_follow(s);
         const double t4 = ds_now();
         pthread_mutex_lock(&s->mu);
+        for (int l = 0; s->tiers && l <= s->m->cfg.n_layers; l++) /* the store is this thread's */
+            s->tiers[l] = ds_store_counts_of(s->m->store, l < s->m->cfg.n_layers ? l : -1);
         s->st.mtp_s += spec_s + (t4 - t3);
         s->st.steps++;
         s->st.admit_s += t0 - t_admit;
@@ -864,12 +866,13 @@ int ds_sched_start(const ds_model *m, const ds_backend *be, const ds_sched_opts 
     s->expert_tokens = calloc(n_exp ? n_exp : 1, sizeof *s->expert_tokens);
     s->expert_step = calloc(n_exp ? n_exp : 1, sizeof *s->expert_step);
     s->expert_load = calloc(n_exp ? n_exp : 1, sizeof *s->expert_load);
+    if (m->store) s->tiers = calloc((size_t)m->cfg.n_layers + 1, sizeof *s->tiers);
     if (!s->logits) { /* the backend's message (pinned memory, or the bytes asked) */
         ds_sched_stop(s);
         return ds_fail_prefix(err, "scheduler logits for %d sequences, vocabulary %d", o->max_seqs, V);
     }
     if (!s->run || !s->cache || !s->items || !s->item_req || !s->expert_tokens || !s->expert_step ||
-        !s->expert_load) {
+        !s->expert_load || (m->store && !s->tiers)) {
         ds_sched_stop(s);
         return ds_fail(err, "out of memory for the scheduler (%d sequences, vocabulary %d)", o->max_seqs, V);
     }
@@ -1043,6 +1046,7 @@ void ds_sched_stop(ds_sched *s) {
     free(s->expert_tokens);
     free(s->expert_step);
     free(s->expert_load);
+    free(s->tiers);
     free(s);
 }
 
@@ -1051,6 +1055,15 @@ int ds_sched_get_load(ds_sched *s, double *load, int copy_cap) {
     if (!load || (size_t)copy_cap < n_exp) return -1;
     pthread_mutex_lock(&s->mu);
     memcpy(load, s->expert_load, n_exp * sizeof *load);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int ds_sched_get_tiers(ds_sched *s, ds_store_counts *out, int copy_cap) {
+    int n = s->m->cfg.n_layers + 1;
+    if (!s->tiers || !out || copy_cap < n) return -1;
+    pthread_mutex_lock(&s->mu);
+    memcpy(out, s->tiers, (size_t)n * sizeof *out);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }

@@ -39,6 +39,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "model/store.h"
 #include "runtime/sampler.h"
 #include "text/grammar.h"
 
@@ -208,6 +209,10 @@ void ds_sched_get_stats(ds_sched *s, ds_sched_stats *out, uint64_t *expert_token
  * the recent tokens an expert took); 0, or -1 when copy_cap is below
  * n_moe_layers * n_experts. */
 int ds_sched_get_load(ds_sched *s, double *load, int copy_cap);
+/* An expert store's counts (model/store.h) after the last step: [n_layers]
+ * per layer, then all of them; 0, or -1 without a store or when copy_cap is
+ * below n_layers + 1. */
+int ds_sched_get_tiers(ds_sched *s, ds_store_counts *out, int copy_cap);
 /* Bytes of one sequence's state at ctx. */
 uint64_t ds_sched_seq_bytes(const ds_sched *s);
 

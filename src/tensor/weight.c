@@ -79,6 +79,14 @@ uint64_t ds_weight_bytes(const ds_weight *w) {
     return 0;
 }
 
+uint64_t ds_weight_scale_bytes(const ds_weight *w) {
+    uint64_t ss = w->scale_f32 ? 4 : 1;
+    if (w->kind == DS_W_FP8)
+        return ss * (uint64_t)((w->rows + DS_FP8_BLOCK - 1) / DS_FP8_BLOCK) * (uint64_t)w->scale_cols;
+    if (w->kind == DS_W_FP4) return ss * (uint64_t)w->rows * (uint64_t)w->scale_cols;
+    return 0;
+}
+
 uint64_t ds_weight_read_bytes(const ds_weight *w) { return w->packed ? w->packed_bytes : ds_weight_bytes(w); }
 
 static float scale_at(const ds_weight *w, int r, int c) {

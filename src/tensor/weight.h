@@ -54,6 +54,8 @@ void ds_weight_row_f32(const ds_weight *w, int r, float *out);
 
 /* Bytes the weight occupies in memory (data + scales). */
 uint64_t ds_weight_bytes(const ds_weight *w);
+/* Of them, the scale grid's (FP8 / FP4; 0 for the other kinds). */
+uint64_t ds_weight_scale_bytes(const ds_weight *w);
 /* Bytes a product reads: the packed copy's where there is one, else
  * ds_weight_bytes (the decode floor and the profile count these). */
 uint64_t ds_weight_read_bytes(const ds_weight *w);

@@ -54,6 +54,13 @@ static int cpu_map_weights(const ds_backend *be, const void *host, size_t bytes,
 
 static void cpu_unmap_weights(const ds_backend *be, const void *p) { (void)be, (void)p; }
 
+static int cpu_fill_weights(const ds_backend *be, void *dst, const void *host, size_t bytes, ds_map_what what,
+                            ds_err *err) {
+    (void)be, (void)what, (void)err; /* the checkpoint's order, as map_weights keeps it */
+    memcpy(dst, host, bytes);
+    return 0;
+}
+
 /* Only the SIMD paths' kernels (AVX-512, AVX2) read the packed copy (bf16x.c) and the
  * MXFP4 scale_plain flag (matmul/rows_avx512.c, matmul/rows_avx2.c). */
 static int cpu_pack_weight(const ds_backend *be, ds_weight *w, ds_err *err) {
@@ -284,6 +291,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->copy = cpu_copy;
     be->map_weights = cpu_map_weights;
     be->unmap_weights = cpu_unmap_weights;
+    be->fill_weights = cpu_fill_weights;
     be->pack_weight = cpu_pack_weight;
     be->release_weight = ds_cpu_bf16x_release;
     be->begin_step = cpu_begin_step;

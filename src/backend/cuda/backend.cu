@@ -368,6 +368,21 @@ static int c_map_weights(const ds_backend *be, const void *host, size_t bytes, d
 
 static void c_unmap_weights(const ds_backend *be, const void *p) { c_free(be, (void *)p); }
 
+/* On the step's stream after the ops issued before it: a pageable source is
+ * staged before the call returns; the FP4 codes reordered in place after. */
+static int c_fill_weights(const ds_backend *be, void *dst, const void *host, size_t bytes, ds_map_what what,
+                          ds_err *err) {
+    if (dsc_use(be, err, "fill_weights")) return -1;
+    dsc_impl *I = dsc_of(be);
+    if (dsc_graph_end(I, err)) return -1;
+    size_t n4 = (bytes + 3) & ~(size_t)3;
+    cudaError_t e = cudaSuccess;
+    if (n4 > bytes) e = cudaMemsetAsync((uint8_t *)dst + n4 - 4, 0, 4, I->stream);
+    if (e == cudaSuccess && bytes) e = cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, I->stream);
+    if (e == cudaSuccess && what == DS_MAP_FP4_CODES) e = dsc_fp4_reorder(I->stream, (uint32_t *)dst, n4 / 4);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "fill_weights", "copy of an expert into its slot", e);
+}
+
 /* Pinned host memory: a download into it is one DMA (pageable memory goes
  * through the driver's staging copy). */
 static void *c_host_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
@@ -726,6 +741,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->copy = c_copy;
     be->map_weights = c_map_weights;
     be->unmap_weights = c_unmap_weights;
+    be->fill_weights = c_fill_weights;
     be->begin_step = c_begin_step;
     be->lane = dsc_lane;
     be->embed = c_embed;

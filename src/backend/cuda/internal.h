@@ -87,6 +87,8 @@ typedef struct dsc_moe_table {
     dsc_expert_ptrs *host;      /* the key: the same [3][E] table on the host */
     int E;
     dsc_expert_ptrs *dev;       /* device [3][E]: w1, w3, w2 */
+    const void *owner;          /* the caller's w1 array: a table whose pointers changed (an expert
+                                   store's slots) is rewritten in place, not added */
 } dsc_moe_table;
 
 enum {

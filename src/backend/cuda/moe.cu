@@ -523,6 +523,7 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
         const ds_weight *u[3] = {&p->w1[e], &p->w3[e], &p->w2[e]};
         for (int q = 0; q < 3; q++) h[(size_t)q * p->E + e] = dsc_expert_ptrs{u[q]->data, u[q]->scale, u[q]->srow0};
     }
+    int same_owner = -1;
     for (int i = 0; i < I->n_moe; i++) {
         const dsc_expert_ptrs *k = I->moe[i].host;
         size_t j = 0;
@@ -532,6 +533,22 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
             free(h);
             return &I->moe[i];
         }
+        if (I->moe[i].E == p->E && I->moe[i].owner == (const void *)p->w1) same_owner = i;
+    }
+    if (same_owner >= 0) { /* the same layer's experts in other places: its table rewritten after the ops before */
+        dsc_moe_table *m = &I->moe[same_owner];
+        if (dsc_graph_end(I, err)) {
+            free(h);
+            return NULL;
+        }
+        memcpy(m->host, h, n * sizeof *h);
+        free(h);
+        cudaError_t ce = cudaMemcpyAsync(m->dev, m->host, n * sizeof *h, cudaMemcpyHostToDevice, I->stream);
+        if (ce != cudaSuccess) {
+            dsc_fail(err, op, "expert table", ce);
+            return NULL;
+        }
+        return m;
     }
     if (I->n_moe == I->cap_moe) {
         int cap = I->cap_moe ? 2 * I->cap_moe : 16;
@@ -562,6 +579,7 @@ static const dsc_moe_table *moe_table(dsc_impl *I, const ds_moe_params *p, ds_er
     m->host = h;
     m->E = p->E;
     m->dev = (dsc_expert_ptrs *)d;
+    m->owner = p->w1;
     return m;
 }
 
