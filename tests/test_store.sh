@@ -116,6 +116,12 @@ gb=$(python3 -c "print(($dense + 1000) / 1e9)") # not one slot (an expert is ~10
   bad "--expert-slots over --gpu-mem ran" ||
   { grep -q "expert-slots 2: --gpu-mem .* holds 0 slots" "$T/err" && ok "slots over --gpu-mem: $(cat "$T/err")" ||
     bad "slots over --gpu-mem: $(cat "$T/err")"; }
+if [ -n "${DSV4_TEST_HOOKS:-}" ]; then # a host of 8 MiB: less than the bundled model's 10.2 MB of experts
+  DSV4_TEST_MEM_TOTAL_MB=8 "$BIN" logits -m "$M" --backend "$BE" --tokens 1,2,3 -o "$T/x" --expert-slots 4 2>"$T/err" &&
+    bad "experts over the host's memory ran" ||
+    { grep -q "the routed experts (0.010 GB) do not fit this host's memory (0.008 GB)" "$T/err" &&
+      ok "a host too small: $(cat "$T/err")" || bad "host too small: $(cat "$T/err")"; }
+fi
 "$BIN" logits -m "$M" --backend "$BE" --tokens 1,2,3 -o "$T/x" --gpu-mem -1 2>"$T/err" && bad "--gpu-mem -1 ran" ||
   { grep -q "gpu-mem -1: must be" "$T/err" && ok "--gpu-mem -1: $(cat "$T/err")" || bad "--gpu-mem -1: $(cat "$T/err")"; }
 # the server: /metrics counts the picks by way, per layer and in all

@@ -627,6 +627,8 @@ uint64_t ds_checkpoint_bytes(const ds_checkpoint *ck) {
 
 uint64_t ds_mem_available(void) { return ds_proc_kb_bytes("/proc/meminfo", "MemAvailable"); }
 
+uint64_t ds_mem_total(void) { return ds_proc_kb_bytes("/proc/meminfo", "MemTotal"); }
+
 /* File i's bytes into a fresh 2 MiB-aligned anonymous block; its tensors
  * point there afterwards and the file's mapping is gone. */
 static int copy_file(ds_checkpoint *ck, int fi, uint64_t *done, uint64_t total, const ds_copy_progress *pr,

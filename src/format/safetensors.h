@@ -81,9 +81,11 @@ int ds_checkpoint_copy_in(ds_checkpoint *ck, uint64_t reserve, const ds_copy_pro
 int ds_checkpoint_mlock(const ds_checkpoint *ck);
 /* 1 when every file was copied in. */
 int ds_checkpoint_copied(const ds_checkpoint *ck);
-/* The bytes of all files; MemAvailable of /proc/meminfo (0 if unknown). */
+/* The bytes of all files; MemAvailable and MemTotal of /proc/meminfo (0 if
+ * unknown). */
 uint64_t ds_checkpoint_bytes(const ds_checkpoint *ck);
 uint64_t ds_mem_available(void);
+uint64_t ds_mem_total(void);
 
 /* Streaming writer. The header is written first from `specs`; then for each
  * tensor in order `fill` is called with a buffer of exactly its byte size

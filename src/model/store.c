@@ -76,6 +76,16 @@ int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     uint64_t ex, dense;
     ds_model_expert_bytes(m, 0, &ex, &dense);
     long long all = (long long)c->n_layers * c->n_routed_experts, fit = all;
+    uint64_t host = ds_mem_total();
+#ifdef DSV4_TEST_HOOKS
+    const char *hk = getenv("DSV4_TEST_MEM_TOTAL_MB"); /* tests: a host of this size */
+    if (hk && *hk) host = (uint64_t)strtoull(hk, NULL, 10) << 20;
+#endif
+    if (host && ex > host)
+        return ds_fail(err,
+                       "%s: the routed experts (%.3f GB) do not fit this host's memory (%.3f GB): the store keeps "
+                       "them all in host memory, and every miss would read them from disk",
+                       m->path, ex / 1e9, host / 1e9);
     if (o->device_bytes) {
         if (dense > o->device_bytes)
             return ds_fail(err,
