@@ -263,6 +263,12 @@ if [ -n "${BENCH:-}" ]; then
   # the experts in tiers: half of flash 4's 1,024 experts in slots, uniform routing
   run bench_tiers4 "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 --gen 32 --batch 8,64 \
     --expert-slots 512
+  # the whole V4-Flash shape on this GPU: 43 layers sharing 4 layers' experts
+  # (13 GB of host memory), slots in 3/4 of the GPU's memory (TIER_GB)
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  tgb=${TIER_GB:-$(awk -v m="${mib:-81559}" 'BEGIN { printf "%d", m * 1.048576 * 0.75 / 1000 }')}
+  run bench_tiers_flash "$bin" bench -m synth:flash:43:4 --backend cuda --gpu-mem "$tgb" --prompt 2048 --gen 64 \
+    --batch 8,64,256
   run kernels "$B/test_cuda_ops" --bench
   # a switch's two settings (the same bits: graph_bits), interleaved: flash 4
   # layers, three rounds: the shared expert on the main stream against the

@@ -19,7 +19,7 @@ T=$(mktemp -d)
 . "$(dirname "$0")/serve_lib.sh"
 trap 'serve_cleanup; rm -rf "$T"' EXIT
 BE=${DSV4_TEST_BACKEND:-cpu}
-MODELS=${STORE_MODELS:-"$SRC/models/kjv synth:tiny"}
+MODELS=${STORE_MODELS:-"$SRC/models/kjv synth:tiny synth:tiny:6:2"}
 
 same() { # A B N: the N sequences' logits files equal
   local i
@@ -60,6 +60,36 @@ for M in $MODELS; do
     ok "$name: token-by-token decoding, 4 slots, mixed = the whole prefill without a store (bits)" ||
     bad "$name: decoding with the store differs: $(cat "$T/err")"
 done
+
+# the CPU's experts through a CPU backend of the store's own (as beside a
+# GPU: x downloaded, the rows uploaded), a test hook
+if [ -n "${DSV4_TEST_HOOKS:-}" ] && [ "$BE" = cpu ]; then
+  M=$SRC/models/kjv
+  a=$(python3 -c "print(','.join(str((i * 7919 + 13) % 6000) for i in range(40)))")
+  b=$(python3 -c "print(','.join(str((i * 104729 + 7) % 6000) for i in range(23)))")
+  "$BIN" logits -m "$M" --tokens "$a" --tokens "$b" -o "$T/ref" 2>/dev/null
+  for way in cpu mixed; do
+    DSV4_TEST_STORE_OWN_CPU=1 "$BIN" logits -m "$M" --tokens "$a" --tokens "$b" -o "$T/own" --expert-slots 5 \
+      --tier-path $way 2>"$T/err" && same "$T/ref" "$T/own" 2 &&
+      ok "kjv $way, the CPU's experts on a backend of their own: logits = every expert bound (bits)" ||
+      bad "own CPU backend, $way: $(cat "$T/err")"
+  done
+fi
+
+# synth:tiny:6:2: layers 2-5 read the experts of layers 0-1, so host memory
+# holds a third of them (and the logits are not tiny:6's)
+"$BIN" logits -m synth:tiny:6 --backend "$BE" --tokens 1,2,3,4,5 -o "$T/t6" --expert-slots 4 --tier-path cpu 2>"$T/r6" &&
+  "$BIN" logits -m synth:tiny:6:2 --backend "$BE" --tokens 1,2,3,4,5 -o "$T/t62" --expert-slots 4 --tier-path cpu 2>"$T/r62" ||
+  bad "synth:tiny:6 / 6:2: $(cat "$T/r6" "$T/r62")"
+hostkb() { # the report's bytes in host memory, in kB
+  sed -n 's/.*(\([0-9.]*\) \([kMG]\)B in host memory).*/\1 \2/p' "$1" |
+    awk '{ print $1 * ($2 == "k" ? 1 : $2 == "M" ? 1e3 : 1e6) }'
+}
+h6=$(hostkb "$T/r6")
+h62=$(hostkb "$T/r62")
+[ -n "$h6" ] && [ -n "$h62" ] && python3 -c "import sys; sys.exit(abs($h62 * 3 - $h6) > 0.02 * $h6)" &&
+  ! cmp -s "$T/t6.0.f32" "$T/t62.0.f32" && ok "synth:tiny:6:2 holds $h62 kB of experts in host memory, a third of tiny:6's $h6" ||
+  bad "shared expert layers: $h62 kB vs $h6 kB; $(cat "$T/r62")"
 
 # placement from load: all the load on the last layer puts the resident slots there
 M=$SRC/models/kjv

@@ -201,7 +201,7 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
                 cmd, ds_store_slots(st), cli_bytes((double)ds_store_expert_bytes(st), a, sizeof a),
                 ds_store_resident(st), ds_store_slots(st) - ds_store_resident(st), m->cfg.n_layers,
                 m->cfg.n_routed_experts,
-                cli_bytes((double)ds_store_expert_bytes(st) * m->cfg.n_layers * m->cfg.n_routed_experts, b, sizeof b));
+                cli_bytes((double)ds_store_host_bytes(st), b, sizeof b));
     }
     return 0;
 }

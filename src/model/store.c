@@ -24,6 +24,7 @@ struct ds_store {
     int L, E;
     long long n_slots, n_resident; /* slots [0, n_resident): the plan's; the rest stage copies */
     uint64_t expert_bytes, off[6]; /* a slot: w1, w1 scale, w3, w3 scale, w2, w2 scale at off[] */
+    uint64_t host_bytes;           /* the routed experts in host memory */
     uint64_t parts[6];             /* their bytes */
     double flops_per_token;        /* one token through one expert (the auto path's cost model) */
     ds_tier_plan plan;
@@ -52,6 +53,22 @@ static uint64_t round_up(uint64_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN 
 static uint64_t data_bytes(const ds_weight *w) { return ds_weight_bytes(w) - ds_weight_scale_bytes(w); }
 
 uint64_t ds_store_expert_bytes(const ds_store *st) { return st->expert_bytes; }
+uint64_t ds_store_host_bytes(const ds_store *st) { return st->host_bytes; }
+
+/* The routed experts' bytes in host memory: an expert whose data is an
+ * earlier layer's (synth:NAME:LAYERS:R) counts once. */
+static uint64_t host_bytes(const ds_model *m) {
+    const ds_config *c = &m->cfg;
+    uint64_t b = 0;
+    for (int li = 0; li < c->n_layers; li++)
+        for (int e = 0; e < c->n_routed_experts; e++) {
+            const ds_layer *ly = &m->layers[li];
+            int seen = 0;
+            for (int lj = 0; lj < li && !seen; lj++) seen = m->layers[lj].w1[e].data == ly->w1[e].data;
+            if (!seen) b += ds_weight_bytes(&ly->w1[e]) + ds_weight_bytes(&ly->w2[e]) + ds_weight_bytes(&ly->w3[e]);
+        }
+    return b;
+}
 long long ds_store_slots(const ds_store *st) { return st->n_slots; }
 long long ds_store_resident(const ds_store *st) { return st->n_resident; }
 
@@ -81,6 +98,7 @@ int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     const char *hk = getenv("DSV4_TEST_MEM_TOTAL_MB"); /* tests: a host of this size */
     if (hk && *hk) host = (uint64_t)strtoull(hk, NULL, 10) << 20;
 #endif
+    ex = host_bytes(m);
     if (host && ex > host)
         return ds_fail(err,
                        "%s: the routed experts (%.3f GB) do not fit this host's memory (%.3f GB): the store keeps "
@@ -121,6 +139,7 @@ int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     memcpy(st->parts, parts, sizeof parts);
     memcpy(st->off, off, sizeof off);
     st->expert_bytes = eb;
+    st->host_bytes = ex;
     st->flops_per_token = 2.0 * 3.0 * (double)w[0]->rows * (double)w[0]->cols;
     st->n_slots = slots, st->n_resident = slots - stage;
     st->ew = calloc((size_t)st->L * st->E, sizeof *st->ew);
@@ -236,7 +255,11 @@ int ds_store_bind(ds_store *st, ds_err *err) {
                        m->path, be->name);
     }
     st->be = be;
-    if (!strcmp(be->name, "cpu")) {
+    int own = strcmp(be->name, "cpu") != 0;
+#ifdef DSV4_TEST_HOOKS
+    if (getenv("DSV4_TEST_STORE_OWN_CPU")) own = 1; /* tests: the CPU's experts through a backend of their own */
+#endif
+    if (!own) {
         st->host = be;
     } else {
         if (ds_backend_cpu_init(&st->host_own, 0)) {

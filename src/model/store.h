@@ -70,6 +70,9 @@ int ds_store_new(struct ds_model *m, const ds_store_opts *o, ds_err *err);
 /* Bytes of one routed expert (w1, w3, w2 with their scales) as a slot
  * holds it, and the slots. */
 uint64_t ds_store_expert_bytes(const ds_store *st);
+/* The routed experts' bytes in host memory (those a synth:NAME:LAYERS:R
+ * model's layers share counted once). */
+uint64_t ds_store_host_bytes(const ds_store *st);
 long long ds_store_slots(const ds_store *st);
 long long ds_store_resident(const ds_store *st); /* of them, the plan's resident ones */
 

@@ -1,5 +1,5 @@
 /* model_load.h — the model a command names: a checkpoint directory, or
- * "synth:NAME[:LAYERS]", the random-weight model `dsv4 synth --like NAME
+ * "synth:NAME[:LAYERS[:R]]", the random-weight model `dsv4 synth --like NAME
  * --layers LAYERS` writes, built in memory; under expert parallelism with
  * this rank's routed experts only (ep/ep.h). */
 #ifndef DS_MODEL_LOAD_H
@@ -13,7 +13,7 @@
  * name "synth:SPEC". */
 int ds_load_model(const char *dir, const ds_load_opts *lo, ds_model **out, ds_err *err);
 /* The config a command's model has, without its weights: DIR/config.json, or
- * for "synth:NAME[:LAYERS]" the named shape. */
+ * for "synth:NAME[:LAYERS[:R]]" the named shape. */
 int ds_load_config(const char *dir, ds_config *cfg, ds_err *err);
 
 #endif
