@@ -507,31 +507,29 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
      * slots take, then the rest of the copies round after round (a slot read
      * in a round is refilled only after it: the backend's ops run in order) */
     const ds_weight *vw = st->view + (size_t)li * 3 * E;
+    int *at = st->tok; /* (the split is done) the round an expert runs in on the backend, or -1 */
+    for (int e = 0; e < E; e++) at[e] = st->way[e] == WAY_HIT ? 0 : -1;
     for (int round = 0;; round++) {
         long long stamp = ++st->rounds;
-        int any = 0, copies_left = 0;
-        memset(st->sel_dev, 0, P);
+        int any = round == 0, copies_left = 0;
         double t0 = ds_now();
         for (int e = 0; e < E; e++) {
-            if (st->way[e] == WAY_COPY) {
-                long long s = free_stage(st, stamp);
-                if (s < 0) {
-                    copies_left = 1;
-                    continue;
-                }
-                if (fill(st, s, li, e, err)) return -1;
-                st->slot[s].used = st->pass, st->slot[s].round = stamp;
-                d.copies++, d.copy_bytes += (double)st->expert_bytes, d.copied_pairs += st->cnt[e];
-                st->way[e] = WAY_DONE;
-                for (size_t i = 0; i < P; i++) st->sel_dev[i] |= ih[i] == e;
-                any = 1;
-            } else if (round == 0 && st->way[e] == WAY_HIT) {
-                for (size_t i = 0; i < P; i++) st->sel_dev[i] |= ih[i] == e;
-                any = 1;
+            if (st->way[e] != WAY_COPY) continue;
+            long long s = free_stage(st, stamp);
+            if (s < 0) {
+                copies_left = 1;
+                break;
             }
+            if (fill(st, s, li, e, err)) return -1;
+            st->slot[s].used = st->pass, st->slot[s].round = stamp;
+            d.copies++, d.copy_bytes += (double)st->expert_bytes, d.copied_pairs += st->cnt[e];
+            st->way[e] = WAY_DONE;
+            at[e] = round;
+            any = 1;
         }
+        for (size_t i = 0; i < P; i++) st->sel_dev[i] = ih[i] >= 0 && ih[i] < E && at[ih[i]] == round;
         d.copy_seconds += ds_now() - t0;
-        if (round == 0 || any) {
+        if (any) {
             int s0 = round == 0 && sh; /* the shared expert once, in the first round */
             ds_moe_experts_params xp = {xn,
                                         T,
