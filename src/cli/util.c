@@ -145,9 +145,16 @@ char *cli_read_file(const char *cmd, const char *path, size_t *n) {
     return buf;
 }
 
+/* "filling the expert slots: 4.2 / 110.0 GB" rewritten in place (ctx: the
+ * command's name) */
+static void show_fill(void *ctx, uint64_t done, uint64_t total) {
+    fprintf(stderr, "\rdsv4 %s: filling the expert slots: %.1f / %.1f GB%s", (const char *)ctx, done / 1e9,
+            total / 1e9, done >= total ? "\n" : "");
+}
+
 /* The routed experts in tiers (model/store.h) when --gpu-mem or
  * --expert-slots asks for them; placed by --expert-load's file. */
-static int tiers(ds_model *m, const ds_backend_opts *o, ds_err *err) {
+static int tiers(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_err *err) {
     if (!o || (o->gpu_mem == 0 && o->expert_slots == 0)) return 0;
     if (!(isfinite(o->gpu_mem) && o->gpu_mem >= 0))
         return ds_fail(err, "--gpu-mem %g: must be a finite number >= 0", o->gpu_mem);
@@ -162,8 +169,12 @@ static int tiers(ds_model *m, const ds_backend_opts *o, ds_err *err) {
             return -1;
         }
     }
-    ds_store_opts so = {(uint64_t)(o->gpu_mem * 1e9), o->expert_slots > 0 ? o->expert_slots : -1, o->tier_path, load,
-                        {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS}};
+    ds_store_opts so = {(uint64_t)(o->gpu_mem * 1e9),
+                        o->expert_slots > 0 ? o->expert_slots : -1,
+                        o->tier_path,
+                        load,
+                        {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS},
+                        {isatty(2) ? show_fill : NULL, (void *)cmd}};
     int rc = ds_store_new(m, &so, err);
     free(load);
     return rc;
@@ -187,7 +198,7 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
         ds_ep_launch_report(m, stderr);
         return 0;
     }
-    if (tiers(m, o, &err) || ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
+    if (tiers(cmd, m, o, &err) || ds_backend_open(o, be, &err) || ds_model_bind(m, be, &err)) {
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
         ds_model_unbind(m);
         ds_backend_close(be);

@@ -303,12 +303,20 @@ int ds_store_bind(ds_store *st, ds_err *err) {
         }
     }
     long long s = 0;
+    uint64_t total = (uint64_t)st->n_resident * st->expert_bytes, shown = 0;
     for (int li = 0; li < st->L; li++)
-        for (int e = 0; e < st->E; e++)
-            if (st->plan.resident[(size_t)li * st->E + e] && fill(st, s++, li, e, err)) {
+        for (int e = 0; e < st->E; e++) {
+            if (!st->plan.resident[(size_t)li * st->E + e]) continue;
+            if (fill(st, s++, li, e, err)) {
                 ds_store_unbind(st);
                 return -1;
             }
+            uint64_t done = (uint64_t)s * st->expert_bytes;
+            if (st->o.fill.fn && (done == total || done - shown >= 1000000000)) {
+                st->o.fill.fn(st->o.fill.ctx, done, total);
+                shown = done;
+            }
+        }
     ds_store_counts_reset(st);
     return 0;
 }

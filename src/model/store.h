@@ -20,6 +20,7 @@
 
 #include "common/err.h"
 #include "ep/tiers.h"
+#include "format/safetensors.h"
 
 struct ds_model;
 struct ds_step;
@@ -44,6 +45,8 @@ typedef struct ds_store_opts {
     int path;              /* DS_STORE_* */
     const double *load;    /* [layers][experts] measured load (the plan), or NULL: every expert the same */
     ds_tier_rates rates;   /* the auto path's cost model */
+    ds_copy_progress fill; /* the resident slots' filling at bind, every GB and at the end (fn may be NULL;
+                              ctx lives until ds_model_bind returns) */
 } ds_store_opts;
 
 /* What the store did since it was bound; per layer and in all. A pair is
