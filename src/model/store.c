@@ -54,6 +54,8 @@ static uint64_t data_bytes(const ds_weight *w) { return ds_weight_bytes(w) - ds_
 
 uint64_t ds_store_expert_bytes(const ds_store *st) { return st->expert_bytes; }
 uint64_t ds_store_host_bytes(const ds_store *st) { return st->host_bytes; }
+long long ds_store_slots(const ds_store *st) { return st->n_slots; }
+long long ds_store_resident(const ds_store *st) { return st->n_resident; }
 
 /* The routed experts' bytes in host memory: an expert whose data is an
  * earlier layer's (synth:NAME:LAYERS:R) counts once. */
@@ -69,8 +71,6 @@ static uint64_t host_bytes(const ds_model *m) {
         }
     return b;
 }
-long long ds_store_slots(const ds_store *st) { return st->n_slots; }
-long long ds_store_resident(const ds_store *st) { return st->n_resident; }
 
 int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     const ds_config *c = &m->cfg;
@@ -92,13 +92,13 @@ int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     }
     uint64_t ex, dense;
     ds_model_expert_bytes(m, 0, &ex, &dense);
+    ex = host_bytes(m);
     long long all = (long long)c->n_layers * c->n_routed_experts, fit = all;
     uint64_t host = ds_mem_total();
 #ifdef DSV4_TEST_HOOKS
     const char *hk = getenv("DSV4_TEST_MEM_TOTAL_MB"); /* tests: a host of this size */
     if (hk && *hk) host = (uint64_t)strtoull(hk, NULL, 10) << 20;
 #endif
-    ex = host_bytes(m);
     if (host && ex > host)
         return ds_fail(err,
                        "%s: the routed experts (%.3f GB) do not fit this host's memory (%.3f GB): the store keeps "
@@ -285,12 +285,12 @@ int ds_store_bind(ds_store *st, ds_err *err) {
         for (int e = 0; e < st->E; e++) {
             ds_layer *ly = &m->layers[li];
             ds_weight *w[3] = {&ly->w1[e], &ly->w3[e], &ly->w2[e]};
+            st->packed[(size_t)li * st->E + e] = 1; /* (unbind releases what a failed pack left) */
             for (int q = 0; q < 3; q++)
                 if (st->host->pack_weight && st->host->pack_weight(st->host, w[q], err)) {
                     ds_store_unbind(st);
                     return -1;
                 }
-            st->packed[(size_t)li * st->E + e] = 1;
             host_views(st, li, e);
         }
     if (st->n_slots) {
