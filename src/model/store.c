@@ -255,7 +255,7 @@ int ds_store_bind(ds_store *st, ds_err *err) {
                        m->path, be->name);
     }
     st->be = be;
-    int own = strcmp(be->name, "cpu") != 0;
+    int own = be->threads(be) <= 0; /* a device's backend: the CPU's experts go to a CPU backend of the store's */
 #ifdef DSV4_TEST_HOOKS
     if (getenv("DSV4_TEST_STORE_OWN_CPU")) own = 1; /* tests: the CPU's experts through a backend of their own */
 #endif
