@@ -48,7 +48,8 @@ const cli_opt cli_ep_opts[] = {
     CLI_STRING_OPT("--placement", NULL, ds_ep_opts, placement, "FILE",
                    "which rank serves each routed expert (default: expert e on rank e % ranks)"),
     CLI_STRING_OPT("--expert-load", NULL, ds_ep_opts, load, "FILE",
-                   "place experts by measured load (written by dsv4 stats --load-out)"),
+                   "place experts by measured load (written by dsv4 stats --load-out): the ranks' experts under "
+                   "mpirun, the resident slots with --gpu-mem / --expert-slots"),
     CLI_INT_OPT("--redundant-experts", NULL, ds_ep_opts, redundant, 0, 1 << 20, "N",
                 "extra replicas per layer of the busiest experts (needs --expert-load)"),
     CLI_CHOICE_OPT("--ep-attention", NULL, ds_ep_opts, attention, EP_ATTENTION,
