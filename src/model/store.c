@@ -41,10 +41,10 @@ struct ds_store {
     long long pass, rounds; /* layer steps and their rounds so far */
     /* a pass's scratch (host) */
     unsigned char *sel_dev, *sel_cpu;
-    int *cnt, *way, *tok, *pend;
+    int *cnt, *way, *tok, *pend, *split; /* [E] each */
     size_t pair_cap;
-    float *hx, *hrows; /* the CPU path on another backend: x [T][D], rows [T][k][D] */
-    size_t hx_cap, hrows_cap;
+    float *hx; /* the CPU path on another backend: x [T][D] (its rows land in the step's ep_rows) */
+    size_t hx_cap;
     ds_store_counts *counts; /* [L + 1]: per layer, then the total */
 };
 
@@ -188,10 +188,9 @@ void ds_store_unbind(ds_store *st) {
     free(st->sel_dev);
     free(st->cnt);
     free(st->hx);
-    free(st->hrows);
     free(st->counts);
     st->slots_mem = NULL, st->slot = NULL, st->slot_of = NULL, st->view = NULL, st->sel_dev = NULL, st->cnt = NULL;
-    st->hx = NULL, st->hrows = NULL, st->counts = NULL, st->hx_cap = st->hrows_cap = st->pair_cap = 0;
+    st->hx = NULL, st->counts = NULL, st->hx_cap = st->pair_cap = 0;
     st->be = st->host = NULL;
 }
 
@@ -337,7 +336,7 @@ static void count_add(ds_store *st, int li, const ds_store_counts *d) {
         c->pairs += d->pairs, c->hit_pairs += d->hit_pairs, c->copied_pairs += d->copied_pairs;
         c->cpu_pairs += d->cpu_pairs, c->copies += d->copies, c->copy_bytes += d->copy_bytes;
         c->replaced += d->replaced;
-        c->passes += d->passes, c->cpu_seconds += d->cpu_seconds, c->copy_seconds += d->copy_seconds;
+        c->cpu_seconds += d->cpu_seconds, c->copy_seconds += d->copy_seconds;
     }
 }
 
@@ -346,20 +345,20 @@ static int scratch(ds_store *st, size_t pairs, ds_err *err) {
     free(st->sel_dev);
     free(st->cnt);
     st->sel_dev = malloc(2 * pairs);
-    st->cnt = malloc(4 * (size_t)st->E * sizeof(int));
+    st->cnt = malloc(5 * (size_t)st->E * sizeof(int));
     st->pair_cap = st->sel_dev && st->cnt ? pairs : 0;
     if (!st->pair_cap) return ds_fail(err, "expert store: out of memory for a step of %zu pairs", pairs);
     st->sel_cpu = st->sel_dev + pairs;
-    st->way = st->cnt + st->E, st->tok = st->way + st->E, st->pend = st->tok + st->E;
+    st->way = st->cnt + st->E, st->tok = st->way + st->E, st->pend = st->tok + st->E, st->split = st->pend + st->E;
     return 0;
 }
 
-static int grow(float **p, size_t *cap, size_t n, ds_err *err) {
-    if (n <= *cap) return 0;
-    free(*p);
-    *p = malloc(n * sizeof **p);
-    *cap = *p ? n : 0;
-    return *p ? 0 : ds_fail(err, "expert store: out of memory for %zu floats", n);
+static int grow_x(ds_store *st, size_t n, ds_err *err) {
+    if (n <= st->hx_cap) return 0;
+    free(st->hx);
+    st->hx = malloc(n * sizeof *st->hx);
+    st->hx_cap = st->hx ? n : 0;
+    return st->hx ? 0 : ds_fail(err, "expert store: out of memory for %zu floats", n);
 }
 
 /* The least recently read staging slot not read in this round, or -1. */
@@ -401,11 +400,10 @@ static int cpu_pairs(ds_store *st, const ds_step *S, int li, const float *xn, co
                                     NULL};
         return be->moe_experts(be, &xp, err);
     }
-    if (grow(&st->hx, &st->hx_cap, (size_t)T * D, err) || grow(&st->hrows, &st->hrows_cap, P * D, err) ||
-        be->download(be, st->hx, xn, (size_t)T * D * sizeof(float), err))
-        return -1;
+    float *rows = S->rs->ep_rows; /* host [T][k][D]: the runstate's, reserved for the MoE in two halves */
+    if (grow_x(st, (size_t)T * D, err) || be->download(be, st->hx, xn, (size_t)T * D * sizeof(float), err)) return -1;
     ds_moe_experts_params xp = {st->hx, T,      D,    E,    k,    S->rs->idx_host,     st->sel_cpu, ly->w1,
-                                ly->w2, ly->w3, NULL, NULL, NULL, m->cfg.swiglu_limit, st->hrows,   NULL};
+                                ly->w2, ly->w3, NULL, NULL, NULL, m->cfg.swiglu_limit, rows,        NULL};
     if (st->host->moe_experts(st->host, &xp, err)) return ds_fail_prefix(err, "expert store: the CPU's experts");
     /* the rows up, a run of consecutive CPU pairs at a time */
     for (size_t i = 0; i < P;) {
@@ -415,7 +413,7 @@ static int cpu_pairs(ds_store *st, const ds_step *S, int li, const float *xn, co
         }
         size_t j = i;
         while (j < P && st->sel_cpu[j]) j++;
-        if (be->upload(be, S->rs->slot_out + i * D, st->hrows + i * D, (j - i) * D * sizeof(float), err)) return -1;
+        if (be->upload(be, S->rs->slot_out + i * D, rows + i * D, (j - i) * D * sizeof(float), err)) return -1;
         i = j;
     }
     return 0;
@@ -468,7 +466,7 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
     if (scratch(st, P, err) || be->download(be, rs->idx_host, idx, P * sizeof(int32_t), err)) return -1;
     const int32_t *ih = rs->idx_host;
     ds_store_counts d = {0};
-    d.passes = 1, d.pairs = (long long)P;
+    d.pairs = (long long)P;
     st->pass++;
     if (li == 0 && ++st->steps % DS_STORE_REPLACE_STEPS == 0) { /* between steps: the layers before ran */
         double t0 = ds_now();
@@ -498,11 +496,8 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
     }
     if (n_pend) {
         if (st->o.path == DS_STORE_AUTO && st->n_slots > st->n_resident) {
-            int split[1024], *sp = n_pend <= 1024 ? split : malloc((size_t)n_pend * sizeof(int));
-            if (!sp) return ds_fail(err, "out of memory");
-            ds_tier_split(&st->o.rates, (double)st->expert_bytes, st->flops_per_token, n_pend, st->tok, sp);
-            for (int i = 0; i < n_pend; i++) st->way[st->pend[i]] = sp[i] == DS_TIER_COPY ? WAY_COPY : WAY_CPU;
-            if (sp != split) free(sp);
+            ds_tier_split(&st->o.rates, (double)st->expert_bytes, st->flops_per_token, n_pend, st->tok, st->split);
+            for (int i = 0; i < n_pend; i++) st->way[st->pend[i]] = st->split[i] == DS_TIER_COPY ? WAY_COPY : WAY_CPU;
         } else {
             for (int i = 0; i < n_pend; i++) {
                 int e = st->pend[i], p = st->o.path;

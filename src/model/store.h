@@ -57,7 +57,6 @@ typedef struct ds_store_counts {
     long long copies;    /* experts written into slots (staging and re-placement) */
     long long replaced;  /* of them, moved into resident slots by the learned load */
     double copy_bytes;   /* their bytes */
-    long long passes;    /* layer steps */
     double cpu_seconds;  /* the CPU experts' wall time, their activations' and rows' transfers included */
     double copy_seconds; /* the copies' wall time */
 } ds_store_counts;
