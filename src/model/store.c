@@ -374,7 +374,9 @@ static long long free_stage(const ds_store *st, long long round) {
 
 enum { WAY_NONE = 0, WAY_HIT, WAY_COPY, WAY_CPU, WAY_DONE };
 
-/* The CPU's pairs (sel_cpu) into the step's slot_out rows. */
+/* The CPU's pairs (sel_cpu) into the step's slot_out rows (on another
+ * backend: x downloaded into st->hx before the backend's experts were
+ * queued, so the CPU computes while the device runs them). */
 static int cpu_pairs(ds_store *st, const ds_step *S, int li, const float *xn, const int32_t *idx, ds_err *err) {
     const ds_model *m = S->m;
     const ds_layer *ly = &m->layers[li];
@@ -401,7 +403,6 @@ static int cpu_pairs(ds_store *st, const ds_step *S, int li, const float *xn, co
         return be->moe_experts(be, &xp, err);
     }
     float *rows = S->rs->ep_rows; /* host [T][k][D]: the runstate's, reserved for the MoE in two halves */
-    if (grow_x(st, (size_t)T * D, err) || be->download(be, st->hx, xn, (size_t)T * D * sizeof(float), err)) return -1;
     ds_moe_experts_params xp = {st->hx, T,      D,    E,    k,    S->rs->idx_host,     st->sel_cpu, ly->w1,
                                 ly->w2, ly->w3, NULL, NULL, NULL, m->cfg.swiglu_limit, rows,        NULL};
     if (st->host->moe_experts(st->host, &xp, err)) return ds_fail_prefix(err, "expert store: the CPU's experts");
@@ -506,6 +507,19 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
             }
         }
     }
+    /* the CPU's pairs; on another backend x comes down now, before the
+     * backend's experts are queued (a download waits for the queue), so the
+     * CPU's experts run while the device's do */
+    memset(st->sel_cpu, 0, P);
+    int any_cpu = 0;
+    for (size_t i = 0; i < P; i++)
+        if (ih[i] >= 0 && ih[i] < E && st->way[ih[i]] == WAY_CPU) st->sel_cpu[i] = 1, any_cpu = 1, d.cpu_pairs++;
+    if (any_cpu && st->host != be) {
+        double t0 = ds_now();
+        if (grow_x(st, (size_t)T * D, err) || be->download(be, st->hx, xn, (size_t)T * D * sizeof(float), err))
+            return -1;
+        d.cpu_seconds += ds_now() - t0;
+    }
     /* rounds on the backend: the hits and as many copies as free staging
      * slots take, then the rest of the copies round after round (a slot read
      * in a round is refilled only after it: the backend's ops run in order) */
@@ -555,11 +569,6 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
         if (!copies_left) break;
         if (st->n_slots == st->n_resident) return ds_fail(err, "expert store: copies without a staging slot");
     }
-    /* the CPU's experts */
-    memset(st->sel_cpu, 0, P);
-    int any_cpu = 0;
-    for (size_t i = 0; i < P; i++)
-        if (ih[i] >= 0 && ih[i] < E && st->way[ih[i]] == WAY_CPU) st->sel_cpu[i] = 1, any_cpu = 1, d.cpu_pairs++;
     if (any_cpu) {
         double t0 = ds_now();
         if (cpu_pairs(st, S, li, xn, idx, err)) return -1;
