@@ -7,7 +7,10 @@
  *   that never saw them, across window wraps and compressor blocks;
  * - generation: --mtp 0..4, greedy and seeded sampling, give the same tokens
  *   and the same logits bits for every sampled token, and the sequence ends
- *   in the same state. */
+ *   in the same state;
+ * - the block against transformers: its logits of 160 tokens within 1e-4 of
+ *   tools/mtp_reference.py's on the same model (tests/fixtures/mtp). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -133,6 +136,46 @@ static void test_rewind(ds_model *m, const ds_backend *be) {
         }
     CHECK(runs > 0, "rewind runs");
     free(a), free(b);
+}
+
+/* The block's logits (row p: the streams of token p and token p + 1) against
+ * tools/mtp_reference.py's rows of the same model and tokens (transformers
+ * with the block as one more layer; tests/fixtures/mtp/README.md). */
+static void test_block_reference(ds_model *m, const ds_backend *be) {
+    enum { N = 160 };
+    ds_err err = {0};
+    size_t V = (size_t)m->cfg.vocab_size, H = (size_t)m->cfg.hc_mult * (size_t)m->cfg.dim, R = N - 1;
+    char path[512];
+    test_path(path, sizeof path, "tests/fixtures/mtp/reference.f32");
+    float *ref = malloc(R * V * sizeof *ref), *lg = malloc(R * V * sizeof *lg), *hid = malloc(N * H * sizeof *hid);
+    FILE *f = fopen(path, "rb");
+    size_t got = f && ref ? fread(ref, sizeof *ref, R * V, f) : 0;
+    int extra = f ? fgetc(f) != EOF : 0;
+    if (f) fclose(f);
+    CHECK(got == R * V && !extra, "%s: %zu values, expected %zu", path, got, R * V);
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 7919 + 13) % 1024);
+    ds_seq *s = NULL, *b = NULL;
+    int rc = !lg || !hid || ds_seq_new(m, N, &s, &err) || ds_seq_new(m->mtp_model, N, &b, &err);
+    if (!rc) {
+        ds_batch_item main_it = {s, toks, N, NULL, 0, hid, NULL};
+        ds_batch_item blk = {b, toks + 1, N - 1, lg, 1, NULL, hid};
+        rc = ds_forward(m, be, &main_it, 1, &err) || ds_forward(m->mtp_model, be, &blk, 1, &err);
+    }
+    CHECK(!rc, "the block's logits: %s", err.msg);
+    if (!rc && got == R * V) {
+        double d = 0;
+        size_t worst = 0;
+        for (size_t i = 0; i < R * V; i++) {
+            double e = fabs((double)lg[i] - (double)ref[i]);
+            if (!(e <= d)) d = e, worst = i; /* a NaN is the worst */
+        }
+        printf("MTP block vs transformers: max |logit - reference| = %.3g (row %zu of %zu)\n", d, worst / V, R);
+        CHECK(d <= 1e-4, "the block's logits within 1e-4 of the reference: %.3g at row %zu", d, worst / V);
+    }
+    ds_seq_free(s);
+    ds_seq_free(b);
+    free(ref), free(lg), free(hid);
 }
 
 /* What one generation saw: tokens and the logits of each. */
@@ -298,6 +341,7 @@ int main(void) {
         CHECK(0, "load: %s", err.msg);
     } else {
         CHECK(m->mtp_model != NULL, "the bound model has the block");
+        if (m->mtp_model) test_block_reference(m, &be);
         test_rewind(m, &be);
         test_generate(m, &be);
         test_capacity(m, &be);
