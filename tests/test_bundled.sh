@@ -7,7 +7,11 @@
 #  - `dsv4 run -p "And God said"` with no -m, from the repository root,
 #    prints transformers' greedy continuation;
 #  - `dsv4 stats` reports the expert load of every layer, matching the
-#    reference's max/mean to 1e-3.
+#    reference's max/mean to 1e-3;
+#  - its trained MTP block: `generate --mtp 1..4` (greedy and sampled) gives the
+#    tokens of `--mtp 0`, with drafts accepted (an untrained or unloaded block
+#    accepts next to none), and `dsv4 check --mtp 3` finds every speculative
+#    request bit for bit equal to the plain one.
 set -u
 DSV4="$1"
 SRC="$2"
@@ -55,5 +59,27 @@ sys.exit(0 if len(got) == len(want) and all(abs(a - b) < 1e-3 for a, b in zip(go
 PY
 else
     bad "dsv4 stats failed: $(cat "$T/err")"
+fi
+# speculative decoding with the bundled block: the same tokens, and real acceptance
+P=0,4,25,9,113,7,58,311,12
+for samp in "" "--temperature 0.8 --seed 5"; do
+    # shellcheck disable=SC2086
+    "$DSV4" generate -m "$K" --tokens "$P" -n 96 $samp >"$T/g0" 2>"$T/err" || bad "generate --mtp 0: $(cat "$T/err")"
+    for k in 1 2 3 4; do
+        # shellcheck disable=SC2086
+        "$DSV4" generate -m "$K" --tokens "$P" -n 96 --mtp $k $samp >"$T/gk" 2>"$T/err" ||
+            bad "generate --mtp $k: $(cat "$T/err")"
+        acc=$(sed -n 's/^mtp: [0-9]* steps, \([0-9]*\) of \([0-9]*\) drafts accepted.*/\1 \2/p' "$T/err")
+        # shellcheck disable=SC2086
+        set -- $acc
+        if ! cmp -s "$T/gk" "$T/g0"; then bad "--mtp $k ${samp:-greedy}: other tokens than --mtp 0"
+        elif [ $# -ne 2 ] || [ "$1" -lt $(($2 / 10)) ]; then bad "--mtp $k ${samp:-greedy}: drafts accepted: '${acc:-none}' (at least a tenth expected: a random block accepts next to none)"
+        else ok "--mtp $k ${samp:-greedy}: the tokens of --mtp 0; $1 of $2 drafts accepted"; fi
+    done
+done
+if "$DSV4" check -m "$K" --mtp 3 --trials 2 --requests 6 --gen 24 >"$T/check" 2>&1; then
+    ok "dsv4 check --mtp 3: $(tail -n 1 "$T/check")"
+else
+    bad "dsv4 check --mtp 3: $(tail -n 5 "$T/check")"
 fi
 finish

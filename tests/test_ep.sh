@@ -209,7 +209,7 @@ fi
 mkdir -p "$tmp/broken"
 cp "$dir/config.json" "$dir/tokenizer.json" "$tmp/broken/"
 cp "$dir/model.safetensors.index.json" "$tmp/broken/" &&
-  head -c 1000 "$dir/model-00001-of-00002.safetensors" >"$tmp/broken/model-00001-of-00002.safetensors" ||
+  head -c 1000 "$dir/model-00001-of-00003.safetensors" >"$tmp/broken/model-00001-of-00003.safetensors" ||
   echo '{}' >"$tmp/broken/model.safetensors.index.json"
 expect_fail "rank 2 has a broken checkpoint" "rank 2 of 3 failed to load: .*broken" \
   -np 2 "$bin" $L : -np 1 "$bin" logits -m "$tmp/broken" --tokens 1,2,3 -o "$tmp/f"
