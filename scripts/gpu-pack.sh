@@ -15,7 +15,7 @@ B=$1 OUT=$2
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/b/lib"
-for f in dsv4 test_cuda_ops test_kernels test_reference test_batch test_intermediates test_long; do
+for f in dsv4 test_cuda_ops test_kernels test_reference test_batch test_intermediates test_long test_mtp; do
   [ -x "$B/$f" ] || { echo "gpu-pack: $B/$f missing (build it first)" >&2; exit 1; }
   cp "$B/$f" "$W/b/"
 done
@@ -27,5 +27,5 @@ for f in "$W"/b/* "$W/b/lib/libdsv4cuda.so"; do
 done | sort -u | grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' |
   while read -r l; do cp -L "$l" "$W/b/lib/"; done
 strip "$W"/b/dsv4 "$W"/b/test_* "$W/b/lib/libdsv4cuda.so" 2>/dev/null || true
-tar -C "$W" -cJf "$OUT" b
+XZ_OPT=-9 tar -C "$W" -cJf "$OUT" b # -9: a dictionary that spans the binaries (each holds the CPU code)
 echo "gpu-pack: $OUT ($(du -h "$OUT" | cut -f1)): $(ls "$W/b" | grep -v lib | tr '\n' ' ')+ $(ls "$W/b/lib" | wc -l) libraries"

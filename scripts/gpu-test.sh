@@ -9,7 +9,8 @@
 #      (oracle logits within 1e-4; chunked prefill 1..129 / whole, batch order
 #      and greedy decode bitwise), test_batch (alone = inside batches at any
 #      position, bitwise), test_intermediates (per-layer vs the oracle),
-#      test_long (decode = prefill at a context of 100,000 tokens, bitwise);
+#      test_long (decode = prefill at a context of 100,000 tokens, bitwise),
+#      test_mtp (speculative decoding: --mtp 0..4 give the same tokens and logits);
 #   3. dsv4 check --backend cuda (random batches and chunkings: one output per
 #      request) and repeatability across processes; CUDA graphs = direct
 #      launches, the shared expert on the main stream (DSV4_CUDA_SIDE=0) = on
@@ -94,6 +95,7 @@ run test_reference "$B/test_reference"
 run test_batch "$B/test_batch"
 run test_intermediates "$B/test_intermediates"
 run test_long "$B/test_long"
+run test_mtp "$B/test_mtp"
 unset DSV4_TEST_BACKEND
 # 3. the determinism checker, and the same logits in two processes
 run check_q128 "$bin" check -m tests/fixtures/q128 --backend cuda --trials 30 --mode mixed
@@ -248,10 +250,10 @@ fi
 #     decoding; the bundled model, synth:tiny and a flash-shaped model of two
 #     layers (written once under SYNTH_DIR)
 if [ "${TESTS:-1}" != 0 ]; then
-  run store env DSV4_TEST_BACKEND=cuda bash tests/test_store.sh "$bin" "$root"
+  run store env DSV4_TEST_HOOKS=1 DSV4_TEST_BACKEND=cuda bash tests/test_store.sh "$bin" "$root"
   d=${SYNTH_DIR:-/tmp}/flash2
   [ -f "$d/config.json" ] || "$bin" synth --like flash --layers 2 -o "$d" >/dev/null 2>&1
-  run store_flash2 env DSV4_TEST_BACKEND=cuda STORE_MODELS="$d" bash tests/test_store.sh "$bin" "$root"
+  run store_flash2 env DSV4_TEST_HOOKS=1 DSV4_TEST_BACKEND=cuda STORE_MODELS="$d" bash tests/test_store.sh "$bin" "$root"
 fi
 # 6. speed
 if [ -n "${BENCH:-}" ]; then
