@@ -114,7 +114,8 @@ cmp -s "$T/r0.0.f32" "$T/r1.0.f32" && [ "${n:-0}" -gt 0 ] &&
   ok "80 decode steps from a layer-5 load file: $n experts re-placed, logits = every expert bound (bits)" ||
   bad "re-placement: $n re-placed; $(cat "$T/rep")"
 
-# sizes: the bundled model's dense bytes from its safetensors headers, and
+# sizes: the bundled model's dense bytes from its safetensors headers (not its
+# MTP block's: bound only with --mtp), and
 # as the backend holds them (the error's; norms in f32, the hash table in
 # 32 bits: within 2% of the headers')
 hdr=$(python3 - "$M" <<'PY'
@@ -125,7 +126,7 @@ for f in glob.glob(sys.argv[1] + "/*.safetensors"):
         n = struct.unpack("<Q", fh.read(8))[0]
         h = json.loads(fh.read(n))
     d += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in h.items()
-             if k != "__metadata__" and ".ffn.experts." not in k)
+             if k != "__metadata__" and ".ffn.experts." not in k and not k.startswith("mtp."))
 print(d)
 PY
 )
