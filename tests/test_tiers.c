@@ -3,7 +3,8 @@
  * expert) and serve their share of it; a layer's misses are split between the
  * copy stream and the CPU as the rule says (worked by hand below); the
  * simulated steps' misses match their expectation from the load, are the same
- * for a seed, and every expert is chosen at most once per token. */
+ * for a seed, and every expert is chosen at most once per token; the rates
+ * learned from measured steps reach the measured ones. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,42 @@ static void test_split(void) {
     CHECK(ds_tier_split(&r, 1, 1, 0, t3, way) == 0, "no miss, no time");
 }
 
+/* The store's rates, learned from what steps took: a link measured at 5 GB/s
+ * against an assumed 50, a CPU 4x slower than assumed (the predicted seconds
+ * follow the learned rates, as in the store); a step without copies or CPU
+ * work leaves its part alone; one wild measurement moves a rate 1000^(1/4)x
+ * at most. */
+static void test_learn(void) {
+    ds_tier_rates r = {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS};
+    const double bytes = 13.37e6, fpt = 2.0 * 3.0 * 2048 * 4096;
+    const ds_tier_rates truth = {5e9, DS_TIER_CPU_READ / 4, DS_TIER_CPU_FLOPS / 4};
+    for (int i = 0; i < 80; i++) {
+        int tokens = 1 + i % 5; /* read-bound and flop-bound experts */
+        double took = ds_tier_cpu_seconds(&truth, bytes, fpt, tokens);
+        double pred = ds_tier_cpu_seconds(&r, bytes, fpt, tokens);
+        ds_tier_rates_learn(&r, 3 * bytes, 3 * bytes / truth.pcie, pred, took);
+    }
+    CHECK(fabs(r.pcie / 5e9 - 1) < 1e-3, "copies measured at 5 GB/s: learned %.4g GB/s", r.pcie / 1e9);
+    CHECK(fabs(r.cpu_read / truth.cpu_read - 1) < 1e-3 && fabs(r.cpu_flops / truth.cpu_flops - 1) < 1e-3,
+          "a CPU 4x slower: learned %.4g GB/s, %.4g GFLOP/s", r.cpu_read / 1e9, r.cpu_flops / 1e9);
+    ds_tier_rates before = r;
+    ds_tier_rates_learn(&r, 0, 0, 0, 0);
+    ds_tier_rates_learn(&r, 1e9, 0, 1.0, -1);
+    CHECK(!memcmp(&before, &r, sizeof r), "a step without copies or CPU work changes no rate");
+    ds_tier_rates_learn(&r, 1e9, 1e-9, 0, 0); /* 1e18 B/s */
+    CHECK(fabs(r.pcie / before.pcie - pow(1e3, 0.25)) < 1e-9, "a wild copy rate moves the link %.4gx (1000^(1/4))",
+          r.pcie / before.pcie);
+    /* with such rates the split keeps one-token experts on the CPU: 0.53 ms each of reading (25 GB/s)
+     * against 2.67 ms a copy at 5 GB/s; at the assumed 50 GB/s (0.27 ms) the first is copied */
+    ds_tier_rates slow = {5e9, 25e9, 250e9}, fast = {50e9, 25e9, 250e9};
+    int tok[2] = {1, 1}, way[2];
+    ds_tier_split(&slow, bytes, fpt, 2, tok, way);
+    CHECK(way[0] == DS_TIER_CPU && way[1] == DS_TIER_CPU, "at 5 GB/s two one-token experts on the CPU: ways %d %d",
+          way[0], way[1]);
+    ds_tier_split(&fast, bytes, fpt, 2, tok, way);
+    CHECK(way[0] == DS_TIER_COPY, "at 50 GB/s the first one-token expert copied: way %d", way[0]);
+}
+
 static void test_simulate(void) {
     ds_err err;
     ds_tier_plan p;
@@ -110,6 +147,7 @@ static void test_simulate(void) {
 int main(void) {
     test_plan();
     test_split();
+    test_learn();
     test_simulate();
     return test_summary("tiers");
 }

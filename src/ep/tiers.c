@@ -1,6 +1,7 @@
 /* tiers.c — see tiers.h. */
 #include "ep/tiers.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,16 +56,37 @@ int ds_tier_plan_build(ds_tier_plan *p, int layers, int experts, const double *l
     return 0;
 }
 
+double ds_tier_cpu_seconds(const ds_tier_rates *r, double expert_bytes, double flops_per_token, int tokens) {
+    double t_cpu = (double)tokens * flops_per_token / r->cpu_flops, t_read = expert_bytes / r->cpu_read;
+    return t_cpu > t_read ? t_cpu : t_read;
+}
+
+/* r *= (ratio)^(1/4), the ratio bounded to [1/1000, 1000] */
+static double nudge(double r, double ratio) {
+    if (ratio > 1e3) ratio = 1e3;
+    if (ratio < 1e-3) ratio = 1e-3;
+    return r * pow(ratio, 0.25);
+}
+
+void ds_tier_rates_learn(ds_tier_rates *r, double copy_bytes, double copy_seconds, double cpu_predicted,
+                         double cpu_seconds) {
+    if (copy_bytes > 0 && copy_seconds > 0) r->pcie = nudge(r->pcie, copy_bytes / copy_seconds / r->pcie);
+    if (cpu_predicted > 0 && cpu_seconds > 0) {
+        double f = cpu_predicted / cpu_seconds;
+        r->cpu_read = nudge(r->cpu_read, f);
+        r->cpu_flops = nudge(r->cpu_flops, f);
+    }
+}
+
 double ds_tier_split(const ds_tier_rates *r, double expert_bytes, double flops_per_token, int n, const int *tokens,
                      int *way) {
-    double copy_done = 0, cpu_done = 0, t_copy = expert_bytes / r->pcie, t_read = expert_bytes / r->cpu_read;
+    double copy_done = 0, cpu_done = 0, t_copy = expert_bytes / r->pcie;
     for (int i = 0; i < n; i++) way[i] = -1; /* not yet placed */
     for (int k = 0; k < n; k++) {
         int best = -1;
         for (int i = 0; i < n; i++) /* the most tokens not yet placed; n is at most a layer's experts */
             if (way[i] < 0 && (best < 0 || tokens[i] > tokens[best])) best = i;
-        double t_cpu = (double)tokens[best] * flops_per_token / r->cpu_flops;
-        if (t_cpu < t_read) t_cpu = t_read;
+        double t_cpu = ds_tier_cpu_seconds(r, expert_bytes, flops_per_token, tokens[best]);
         if (copy_done + t_copy <= cpu_done + t_cpu) {
             way[best] = DS_TIER_COPY;
             copy_done += t_copy;

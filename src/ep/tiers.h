@@ -52,6 +52,19 @@ void ds_tier_plan_free(ds_tier_plan *p);
 double ds_tier_split(const ds_tier_rates *r, double expert_bytes, double flops_per_token, int n, const int *tokens,
                      int *way);
 
+/* What the CPU takes for one expert and `tokens` tokens under r:
+ * max(bytes / cpu_read, tokens x flops_per_token / cpu_flops). */
+double ds_tier_cpu_seconds(const ds_tier_rates *r, double expert_bytes, double flops_per_token, int tokens);
+
+/* Moves r toward what a step measured, a quarter of the way in ratio
+ * (geometric; a ratio beyond 1000x is taken as 1000x): the copies' bytes a
+ * second (copy_bytes over copy_seconds), and the CPU's rates both by the
+ * ratio of the seconds r predicted for the CPU's experts (cpu_predicted,
+ * from ds_tier_cpu_seconds) to those they took. A part whose seconds are
+ * not positive is left as it is. */
+void ds_tier_rates_learn(ds_tier_rates *r, double copy_bytes, double copy_seconds, double cpu_predicted,
+                         double cpu_seconds);
+
 /* A decode step's expected cost over the routed layers, per step. */
 typedef struct ds_tier_step {
     double misses;     /* experts chosen that hold no slot */

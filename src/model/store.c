@@ -27,6 +27,7 @@ struct ds_store {
     uint64_t host_bytes;           /* the routed experts in host memory */
     uint64_t parts[6];             /* their bytes */
     double flops_per_token;        /* one token through one expert (the auto path's cost model) */
+    ds_tier_rates rates;           /* the cost model's: o.rates, then learned from each step's copies and CPU */
     ds_tier_plan plan;
     double *ew;      /* [L][E] the learned load (re-placement) */
     long long steps; /* steps begun (layer 0 passes) */
@@ -141,6 +142,7 @@ int ds_store_new(ds_model *m, const ds_store_opts *o, ds_err *err) {
     st->expert_bytes = eb;
     st->host_bytes = ex;
     st->flops_per_token = 2.0 * 3.0 * (double)w[0]->rows * (double)w[0]->cols;
+    st->rates = o->rates;
     st->n_slots = slots, st->n_resident = slots - stage;
     st->ew = calloc((size_t)st->L * st->E, sizeof *st->ew);
     if (!st->ew) {
@@ -320,6 +322,8 @@ int ds_store_bind(ds_store *st, ds_err *err) {
     return 0;
 }
 
+ds_tier_rates ds_store_rates(const ds_store *st) { return st->rates; }
+
 ds_store_counts ds_store_counts_of(const ds_store *st, int li) {
     ds_store_counts z = {0};
     if (!st->counts) return z;
@@ -497,7 +501,7 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
     }
     if (n_pend) {
         if (st->o.path == DS_STORE_AUTO && st->n_slots > st->n_resident) {
-            ds_tier_split(&st->o.rates, (double)st->expert_bytes, st->flops_per_token, n_pend, st->tok, st->split);
+            ds_tier_split(&st->rates, (double)st->expert_bytes, st->flops_per_token, n_pend, st->tok, st->split);
             for (int i = 0; i < n_pend; i++) st->way[st->pend[i]] = st->split[i] == DS_TIER_COPY ? WAY_COPY : WAY_CPU;
         } else {
             for (int i = 0; i < n_pend; i++) {
@@ -574,6 +578,12 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
         if (cpu_pairs(st, S, li, xn, idx, err)) return -1;
         d.cpu_seconds += ds_now() - t0;
     }
+    /* the rates move toward what this step's copies and CPU experts took */
+    double cpu_pred = 0;
+    for (int e = 0; e < E && any_cpu; e++)
+        if (st->way[e] == WAY_CPU)
+            cpu_pred += ds_tier_cpu_seconds(&st->rates, (double)st->expert_bytes, st->flops_per_token, st->cnt[e]);
+    ds_tier_rates_learn(&st->rates, d.copy_bytes, d.copy_seconds, cpu_pred, d.cpu_seconds);
     count_add(st, li, &d);
     ds_moe_combine_params cp = {T, D, k, idx, rs->wts, rs->slot_out, rs->shared_out, out};
     return be->moe_combine(be, &cp, err);

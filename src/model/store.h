@@ -44,7 +44,7 @@ typedef struct ds_store_opts {
     long long slots;       /* >= 0: this many slots (at most what device_bytes holds); < 0: all device_bytes holds */
     int path;              /* DS_STORE_* */
     const double *load;    /* [layers][experts] measured load (the plan), or NULL: every expert the same */
-    ds_tier_rates rates;   /* the auto path's cost model */
+    ds_tier_rates rates;   /* the auto path's cost model at the start (then learned: ds_store_rates) */
     ds_copy_progress fill; /* the resident slots' filling at bind, every GB and at the end (fn may be NULL;
                               ctx lives until ds_model_bind returns) */
 } ds_store_opts;
@@ -89,6 +89,10 @@ int ds_store_moe(const struct ds_step *S, int li, const float *xn, const int32_t
 
 /* Counts of layer li (li < 0: all layers). */
 ds_store_counts ds_store_counts_of(const ds_store *st, int li);
+/* The auto path's rates now: the options' at first, then each layer's step
+ * moves them toward what its copies and its CPU experts took
+ * (ds_tier_rates_learn); they choose a way, never a bit. */
+ds_tier_rates ds_store_rates(const ds_store *st);
 void ds_store_counts_reset(ds_store *st);
 
 #endif
