@@ -19,6 +19,7 @@ trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/check_lib.sh"
 
 # the bundled model: its dense and routed bytes from the checkpoint's headers
+# (its MTP block's left out: `dsv4 tiers` plans the model's layers)
 read -r dense routed <<<"$(python3 - "$SRC/models/kjv" <<'PY'
 import glob, json, struct, sys
 dense = routed = 0
@@ -27,7 +28,7 @@ for f in glob.glob(sys.argv[1] + "/*.safetensors"):
         n = struct.unpack("<Q", fh.read(8))[0]
         h = json.loads(fh.read(n))
     for k, v in h.items():
-        if k != "__metadata__":
+        if k != "__metadata__" and not k.startswith("mtp."):  # the MTP block: not in the model's tiers
             b = v["data_offsets"][1] - v["data_offsets"][0]
             if ".ffn.experts." in k: routed += b
             else: dense += b
