@@ -183,6 +183,7 @@ FP8_SUFFIXES = (
     "attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight",
     "attn.wo_b.weight", "attn.indexer.wq_b.weight", "ffn.shared_experts.w1.weight",
     "ffn.shared_experts.w2.weight", "ffn.shared_experts.w3.weight", "mtp.0.e_proj.weight",
+    "mtp.0.h_proj.weight",
 )
 
 

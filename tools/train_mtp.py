@@ -38,7 +38,6 @@ import mtp_reference as mr  # noqa: E402
 T0 = time.time()
 BOS = 0
 CTX = 512
-MTP_FP8 = gf.FP8_SUFFIXES + ("mtp.0.h_proj.weight",)
 
 
 def log(*a):
@@ -87,22 +86,6 @@ def block_state(model, n, params):
     for k, p in params.items():
         out[f"mtp.0.{k}.weight"] = p.detach().float().cpu()
     return out
-
-
-def store(W):
-    """Official entries of the block and its effective (dequantized) values."""
-    entries, eff = [], {}
-    for name, t in W.items():
-        if name.endswith(MTP_FP8) and t.dim() == 2:
-            q, sb, deq = gf.quant_fp8(t)
-            entries.append((name, "F8_E4M3", list(t.shape), gf.tbytes(q)))
-            entries.append((name[: -len(".weight")] + ".scale", "F8_E8M0", list(sb.shape), gf.tbytes(sb)))
-            eff[name] = deq
-        else:
-            e, f = gf.store_weights({name: t}, True)
-            entries += e
-            eff.update(f)
-    return entries, eff
 
 
 def write_checkpoint(src, out, entries, oc):
@@ -160,7 +143,7 @@ def main():
     # the main model (frozen) for the targets, and the model with the block
     sp = mr.shape_of(oc)
     main_m = gf.build_model(gf.hf_config(sp), W, sp).to(dev).eval()
-    model, _, set_next = mr.block_model(oc, {**W, **blk})
+    model, set_next = mr.block_model(oc, {**W, **blk})
     model = model.to(dev)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -225,12 +208,12 @@ def main():
     a_train = agreement(model, set_next, extra)
     log(f"agreement (fp32 block): {a_train:.4f}")
 
-    entries, eff = store(block_state(model, n, extra))
+    entries, _ = gf.store_weights(block_state(model, n, extra), True)
     nf, size = write_checkpoint(a.model, a.out, entries, oc)
     log(f"wrote {a.out}/{nf}: {len(entries)} tensors, {size} bytes")
     # the exported block, dequantized, through the reference construction
     W2 = mr.load_checkpoint(a.out)
-    m2, _, set2 = mr.block_model(oc, W2)
+    m2, set2 = mr.block_model(oc, W2)
     m2 = m2.to(dev).eval()
     a_exp = agreement(m2, set2, {k: W2[f"mtp.0.{k}.weight"].to(dev) for k in ("enorm", "hnorm", "e_proj", "h_proj")})
     log(f"agreement (exported, quantized block): {a_exp:.4f}")

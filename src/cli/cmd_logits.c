@@ -105,8 +105,8 @@ static const cli_opt logits_opts[] = {
                    "cols (rows: the step's tokens in batch order)"),
     CLI_FLAG_OPT("--mtp", NULL, logits_args, mtp,
                  "also write PREFIX.<i>.mtp.f32: the MTP block's logits, n - 1 rows for a sequence of n tokens, row p "
-                 "predicting token p + 2 from the model's streams at p and token p + 1 (the whole sequence in one "
-                 "step, alone; tools/mtp_reference.py computes the same rows)"),
+                 "predicting token p + 2 from the model's streams at p and token p + 1 (each sequence alone and "
+                 "whole; tools/mtp_reference.py computes the same rows)"),
     CLI_END,
 };
 
