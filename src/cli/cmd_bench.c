@@ -160,6 +160,48 @@ out:
     return rc;
 }
 
+/* --mtp K: greedy generation of gen tokens after the prompt toks with and
+ * without the MTP block's drafts (the same tokens), the acceptance, and the
+ * costs of a speculative step (bench_verify). */
+int bench_mtp(ds_model *m, ds_backend *be, const int32_t *toks, long long prompt, long long gen, int K, ds_err *err) {
+    if (!m->mtp_model) {
+        printf("mtp        --mtp %d: no MTP block (%s)\n", K, m->mtp ? "not under expert parallelism" : m->mtp_off);
+        return 0;
+    }
+    const int32_t none = -1;
+    double tps[2] = {0, 0};
+    ds_gen_result res[2];
+    for (int w = 0; w < 2; w++) {
+        ds_gen_params gp;
+        ds_gen_params_init(&gp);
+        gp.max_new = (int)gen;
+        gp.stop_ids = &none, gp.n_stop = 1;
+        gp.mtp = w ? K : 0;
+        if (ds_generate(m, be, NULL, NULL, toks, (int)prompt, 0, &gp, NULL, NULL, &res[w], err)) return -1;
+        tps[w] = res[w].gen_s > 0 ? res[w].n_gen / res[w].gen_s : 0;
+    }
+    const ds_gen_result *r = &res[1];
+    double acc = r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 1;
+    printf("mtp        greedy, %d tokens: --mtp 0 %.2f tokens/s; --mtp %d %.2f tokens/s (x%.2f): %d steps, %d of %d "
+           "drafts accepted, acceptance length %.2f tokens a step\n",
+           res[0].n_gen, tps[0], K, tps[1], tps[0] > 0 ? tps[1] / tps[0] : 0, r->mtp_steps, r->mtp_accepted,
+           r->mtp_drafted, r->mtp_steps ? acc : 0);
+    verify_cost vc;
+    if (bench_verify(m, be, toks, (int)prompt, K, &vc, err)) return -1;
+    /* a speculative step makes `acc` tokens for a verify step, the drafts and
+     * the snapshots (the re-feed after a rejected draft not counted) */
+    double spec = vc.ver + vc.draft + vc.snap;
+    printf("mtp        step costs (medians, after %lld prompt tokens): decode step (1 token) %.3f ms; verify step (%d "
+           "tokens) %.3f ms (x%.2f); %d drafts by the block %.3f ms; snapshots + rewinds %.3f ms\n",
+           prompt, vc.dec * 1e3, K + 1, vc.ver * 1e3, vc.dec > 0 ? vc.ver / vc.dec : 0, K, vc.draft * 1e3,
+           vc.snap * 1e3);
+    printf("mtp        implied speed-up = acceptance length x decode step / (verify + drafts + snapshots): x%.2f at "
+           "the measured %.2f, x%.2f at 2.5\n",
+           spec > 0 ? acc * vc.dec / spec : 0, acc, spec > 0 ? 2.5 * vc.dec / spec : 0);
+    fflush(stdout);
+    return 0;
+}
+
 /* One line per weight kind (batches under their main kind), attention and
  * the rest, per decoded token. */
 void bench_print_profile(const char *title, const ds_profile *p, double steps, double step_s) {
@@ -310,7 +352,7 @@ static const cli_opt bench_opts[] = {
                  "a step's time goes"),
     CLI_LONG_OPT("--mtp", NULL, bench_args, mtp, 0, DS_GEN_MTP_MAX, "K",
                  "also generate N tokens greedily from the prompt without and with speculative decoding (the MTP "
-                 "block drafting K tokens a step): tokens/s of each and the acceptance (CPU)"),
+                 "block drafting K tokens a step): tokens/s of each, the acceptance and the cost of a speculative step"),
     CLI_FLAG_OPT("--kernels", NULL, bench_args, kernels,
                  "each decode kernel against the plain read of the same memory (dsv4 bench --kernels --help)"),
     CLI_END,
@@ -352,11 +394,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *batches = ba.batch.v; /* freed below */
     int n_batches = ba.batch.n;
     if (bo.name && strcmp(bo.name, "cpu")) {
-        if (ba.mtp) {
-            free(batches);
-            return cli_usage_error(&cmd, "--mtp: the CPU benchmark only");
-        }
-        int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches, ba.batch_profile);
+        int drc = cmd_bench_device(dir, &bo, prompt, gen, batches, n_batches, ba.batch_profile, (int)ba.mtp);
         free(batches);
         return drc;
     }
@@ -487,40 +525,7 @@ int cmd_bench(int argc, char **argv) {
     free(bw_at);
     free(ratio);
     if (sink == -1) printf("\n"); /* keeps the reads */
-    if (ba.mtp && !m->mtp_model)
-        printf("mtp        --mtp %lld: no MTP block (%s)\n", ba.mtp, m->mtp ? "not under expert parallelism" : m->mtp_off);
-    if (ba.mtp && m->mtp_model) { /* the same tokens both ways (greedy; ds_generate's promise) */
-        const int32_t none = -1;
-        double tps[2] = {0, 0};
-        ds_gen_result res[2];
-        for (int w = 0; w < 2; w++) {
-            ds_gen_params gp;
-            ds_gen_params_init(&gp);
-            gp.max_new = (int)gen;
-            gp.stop_ids = &none, gp.n_stop = 1;
-            gp.mtp = w ? (int)ba.mtp : 0;
-            if (ds_generate(m, &be, NULL, NULL, toks, (int)prompt, 0, &gp, NULL, NULL, &res[w], &err)) goto fail;
-            tps[w] = res[w].gen_s > 0 ? res[w].n_gen / res[w].gen_s : 0;
-        }
-        const ds_gen_result *r = &res[1];
-        printf("mtp        greedy, %d tokens: --mtp 0 %.2f tokens/s; --mtp %lld %.2f tokens/s (x%.2f): %d steps, %d of "
-               "%d drafts accepted, acceptance length %.2f tokens a step\n",
-               res[0].n_gen, tps[0], ba.mtp, tps[1], tps[0] > 0 ? tps[1] / tps[0] : 0, r->mtp_steps, r->mtp_accepted,
-               r->mtp_drafted, r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 0);
-        verify_cost vc;
-        if (bench_verify(m, &be, toks, (int)prompt, (int)ba.mtp, &vc, &err)) goto fail;
-        /* a speculative step makes `a` tokens for a verify step, the drafts and the snapshots
-         * (the re-feed after a rejected draft not counted) */
-        double spec = vc.ver + vc.draft + vc.snap, acc = r->mtp_steps ? (double)(r->mtp_steps + r->mtp_accepted) / r->mtp_steps : 1;
-        printf("mtp        step costs (medians, after %lld prompt tokens): decode step (1 token) %.3f ms; verify "
-               "step (%lld tokens) %.3f ms (x%.2f); %lld drafts by the block %.3f ms; snapshots + rewinds %.3f ms\n",
-               prompt, vc.dec * 1e3, ba.mtp + 1, vc.ver * 1e3, vc.dec > 0 ? vc.ver / vc.dec : 0, ba.mtp,
-               vc.draft * 1e3, vc.snap * 1e3);
-        printf("mtp        implied speed-up = acceptance length x decode step / (verify + drafts + snapshots): "
-               "x%.2f at the measured %.2f, x%.2f at 2.5\n",
-               spec > 0 ? acc * vc.dec / spec : 0, acc, spec > 0 ? 2.5 * vc.dec / spec : 0);
-        fflush(stdout);
-    }
+    if (ba.mtp && bench_mtp(m, &be, toks, prompt, gen, (int)ba.mtp, &err)) goto fail;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         batch_use bu = {m, {calloc((size_t)c->n_layers * c->n_routed_experts, 1), c->n_routed_experts}, 0};

@@ -66,7 +66,7 @@ static double token_flops(const ds_model *m) {
 }
 
 int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long prompt, long long gen, const int32_t *batches,
-                     int n_batches, int batch_profile) {
+                     int n_batches, int batch_profile, int mtp) {
     ds_model *m = NULL;
     ds_backend be = {0};
     ds_err err = {{0}};
@@ -79,6 +79,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         return 1;
     }
     double t_up = ds_now();
+    m->bind_mtp = mtp > 0;
     int brc = cli_bind("bench", m, bo, &be);
     if (brc) {
         rc = cli_bind_done(brc);
@@ -157,6 +158,7 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         cli_tiers_report(NULL, NULL, m, 0);
         fflush(stdout);
     }
+    if (mtp && bench_mtp(m, &be, toks, prompt, gen, mtp, &err)) goto fail;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         double t_b = 0;
