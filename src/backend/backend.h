@@ -334,6 +334,12 @@ struct ds_backend {
      * after it the new ones. host must stay valid until the step's end. */
     int (*fill_weights)(const ds_backend *be, void *dst, const void *host, size_t bytes, ds_map_what what,
                         ds_err *err);
+    /* Optional (NULL: host memory is read as it is). Page-locks the host
+     * pages [p, p + bytes) (page-aligned; they may be mapped read-only, as a
+     * shard is) so that fill_weights from them is one DMA at the link's rate;
+     * unpin_host(p) releases them. 0, or -1 with err (nothing locked). */
+    int (*pin_host)(const ds_backend *be, const void *p, size_t bytes, ds_err *err);
+    void (*unpin_host)(const ds_backend *be, const void *p);
     /* Optional. Called once for every mapped weight the model multiplies
      * (every weight but the embedding): the backend may keep a second copy
      * of it in a faster layout of its own (w->packed: the same values, so

@@ -205,14 +205,22 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
         return -1;
     }
     if (m->store) {
-        char a[32], b[32];
+        char a[32], b[32], c[32], pin[300];
         const ds_store *st = m->store;
+        const char *why;
+        uint64_t pinned = ds_store_pinned_bytes(st, &why);
+        if (*why)
+            snprintf(pin, sizeof pin, "; %s of it page-locked, the rest pageable: %s",
+                     cli_bytes((double)pinned, c, sizeof c), why);
+        else if (pinned)
+            snprintf(pin, sizeof pin, ", page-locked for the copies");
+        else
+            pin[0] = 0;
         fprintf(stderr, "dsv4 %s: expert tiers: %lld slots of %s (%lld resident, %lld staging) for %d x %d experts "
-                        "(%s in host memory)\n",
+                        "(%s in host memory%s)\n",
                 cmd, ds_store_slots(st), cli_bytes((double)ds_store_expert_bytes(st), a, sizeof a),
                 ds_store_resident(st), ds_store_slots(st) - ds_store_resident(st), m->cfg.n_layers,
-                m->cfg.n_routed_experts,
-                cli_bytes((double)ds_store_host_bytes(st), b, sizeof b));
+                m->cfg.n_routed_experts, cli_bytes((double)ds_store_host_bytes(st), b, sizeof b), pin);
     }
     return 0;
 }

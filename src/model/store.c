@@ -5,12 +5,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 #include "common/clock.h"
 #include "model/step.h"
 
 #define SLOT_ALIGN 256 /* each matrix and scale grid of a slot */
+
+typedef struct {
+    uintptr_t a, b; /* host pages [a, b) */
+} span;
 
 typedef struct {
     int layer, expert; /* its expert, or layer -1: empty */
@@ -47,6 +52,10 @@ struct ds_store {
     float *hx; /* the CPU path on another backend: x [T][D] (its rows land in the step's ep_rows) */
     size_t hx_cap;
     ds_store_counts *counts; /* [L + 1]: per layer, then the total */
+    span *pins;              /* the host pages the backend locked (pin_host) */
+    int n_pins;
+    uint64_t pinned;
+    char pin_note[200]; /* why the rest stayed pageable, or "" */
 };
 
 static uint64_t round_up(uint64_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN; }
@@ -57,6 +66,11 @@ uint64_t ds_store_expert_bytes(const ds_store *st) { return st->expert_bytes; }
 uint64_t ds_store_host_bytes(const ds_store *st) { return st->host_bytes; }
 long long ds_store_slots(const ds_store *st) { return st->n_slots; }
 long long ds_store_resident(const ds_store *st) { return st->n_resident; }
+
+uint64_t ds_store_pinned_bytes(const ds_store *st, const char **why_not) {
+    if (why_not) *why_not = st->pin_note;
+    return st->pinned;
+}
 
 /* The routed experts' bytes in host memory: an expert whose data is an
  * earlier layer's (synth:NAME:LAYERS:R) counts once. */
@@ -178,8 +192,66 @@ static void host_release(ds_store *st) {
     st->packed = NULL;
 }
 
+static int span_cmp(const void *x, const void *y) {
+    uintptr_t a = ((const span *)x)->a, b = ((const span *)y)->a;
+    return (a > b) - (a < b);
+}
+
+/* The host experts' pages locked for the device's copies (a backend with
+ * pin_host; the CPU path reads them as they are): each matrix's and scale
+ * grid's bytes widened to whole pages, the spans merged where they meet
+ * (layers sharing an expert's bytes lock them once), each locked once. The
+ * first span the backend refuses ends it: the rest stay pageable (copied
+ * through the driver's staging, several times slower), and pin_note says
+ * why. Only memory failures are errors. */
+static int pin_experts(ds_store *st, ds_err *err) {
+    st->pin_note[0] = 0;
+    if (!st->be->pin_host || st->host == st->be || st->n_slots == 0) return 0;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = 0;
+    span *sp = malloc(sizeof *sp * (size_t)st->L * st->E * 6);
+    if (!sp) return ds_fail(err, "expert store: out of memory for the host experts' spans");
+    for (int li = 0; li < st->L; li++)
+        for (int e = 0; e < st->E; e++) {
+            const ds_layer *ly = &st->m->layers[li];
+            const ds_weight *h[3] = {&ly->w1[e], &ly->w3[e], &ly->w2[e]};
+            for (int q = 0; q < 6; q++) {
+                uintptr_t p = (uintptr_t)(q % 2 ? (const void *)h[q / 2]->scale : h[q / 2]->data);
+                if (!p || !st->parts[q]) continue;
+                sp[n].a = p / pg * pg;
+                sp[n++].b = (p + st->parts[q] + pg - 1) / pg * pg;
+            }
+        }
+    qsort(sp, n, sizeof *sp, span_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && sp[i].a <= sp[m - 1].b) {
+            if (sp[i].b > sp[m - 1].b) sp[m - 1].b = sp[i].b;
+        } else {
+            sp[m++] = sp[i];
+        }
+    }
+    st->pins = sp, st->n_pins = 0, st->pinned = 0;
+    for (size_t i = 0; i < m; i++) {
+        ds_err pe;
+        if (st->be->pin_host(st->be, (const void *)sp[i].a, sp[i].b - sp[i].a, &pe)) {
+            snprintf(st->pin_note, sizeof st->pin_note, "%.190s", pe.msg);
+            break;
+        }
+        sp[st->n_pins++] = sp[i];
+        st->pinned += sp[i].b - sp[i].a;
+    }
+    return 0;
+}
+
+static void unpin_experts(ds_store *st) {
+    for (int i = 0; i < st->n_pins; i++) st->be->unpin_host(st->be, (const void *)st->pins[i].a);
+    free(st->pins);
+    st->pins = NULL, st->n_pins = 0, st->pinned = 0;
+}
+
 void ds_store_unbind(ds_store *st) {
     if (!st || !st->be) return;
+    unpin_experts(st);
     host_release(st);
     if (st->slots_mem) st->be->free(st->be, st->slots_mem);
     if (st->host_own.close) st->host_own.close(&st->host_own);
@@ -294,6 +366,10 @@ int ds_store_bind(ds_store *st, ds_err *err) {
                 }
             host_views(st, li, e);
         }
+    if (pin_experts(st, err)) {
+        ds_store_unbind(st);
+        return -1;
+    }
     if (st->n_slots) {
         st->slots_mem = be->alloc(be, (size_t)st->n_slots * st->expert_bytes, err);
         if (!st->slots_mem) {

@@ -77,6 +77,10 @@ uint64_t ds_store_expert_bytes(const ds_store *st);
 uint64_t ds_store_host_bytes(const ds_store *st);
 long long ds_store_slots(const ds_store *st);
 long long ds_store_resident(const ds_store *st); /* of them, the plan's resident ones */
+/* Of the host bytes, those page-locked for the device's copies at bind (the
+ * experts' pages, a backend with pin_host), and *why_not: "" when every
+ * range was locked, else why the rest stayed pageable (NULL: not asked). */
+uint64_t ds_store_pinned_bytes(const ds_store *st, const char **why_not);
 
 /* Called by ds_model_bind / ds_model_unbind / ds_model_free. */
 int ds_store_bind(ds_store *st, ds_err *err);

@@ -397,6 +397,27 @@ static void *c_host_alloc(const ds_backend *be, size_t bytes, ds_err *err) {
     return p;
 }
 
+/* Host pages page-locked in place (cudaHostRegister; read-only where the
+ * device supports it, so that mapped shards qualify). */
+static int c_pin_host(const ds_backend *be, const void *p, size_t bytes, ds_err *err) {
+    if (dsc_use(be, err, "pin_host")) return -1;
+    int ro = 0;
+    cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dsc_of(be)->gpu);
+    unsigned fl = cudaHostRegisterPortable | (ro ? cudaHostRegisterReadOnly : 0u);
+    cudaError_t e = cudaHostRegister((void *)p, bytes, fl);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dsc_fail(err, "pin_host", ro ? "page-locking host memory (read-only)" : "page-locking host memory", e);
+    }
+    return 0;
+}
+
+static void c_unpin_host(const ds_backend *be, const void *p) {
+    if (!p || !be->impl) return;
+    cudaSetDevice(dsc_of(be)->gpu);
+    if (cudaHostUnregister((void *)p) != cudaSuccess) cudaGetLastError();
+}
+
 static void c_host_free(const ds_backend *be, void *p) {
     if (!p || !be->impl) return;
     cudaSetDevice(dsc_of(be)->gpu);
@@ -737,6 +758,8 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->download = c_download;
     be->host_alloc = c_host_alloc;
     be->host_free = c_host_free;
+    be->pin_host = c_pin_host;
+    be->unpin_host = c_unpin_host;
     be->memset0 = c_memset0;
     be->copy = c_copy;
     be->map_weights = c_map_weights;
