@@ -15,7 +15,7 @@ files=(
   src/cli/heatmap.c src/cli/heatmap.h src/cli/cmd_perplexity.c src/cli/cmd_bench_grammar.c tests/picks.c tests/picks.h
   src/text/pyjson.h src/text/grammar.c src/text/grammar.h src/text/json_schema.c src/text/json_schema.h tests/test_grammar.c
   src/cli/opts.c src/cli/opts.h tests/test_opts.c
-  src/ep/tiers.c src/ep/tiers.h src/cli/cmd_tiers.c tests/test_tiers.c src/model/store.c src/model/store.h
+  src/ep/tiers.c src/ep/tiers.h src/cli/cmd_tiers.c tests/test_tiers.c src/model/store.c src/model/store.h tests/test_store_pin.c
   fuzz/fuzz_chat.c fuzz/fuzz_config.c fuzz/fuzz_safetensors.c fuzz/fuzz_tokenize.c fuzz/fuzz_tokenizer_load.c fuzz/fuzz_oai.c
 )
 clang-format --dry-run --Werror "${files[@]}"
