@@ -96,7 +96,7 @@ enum {
     DSC_S_A, DSC_S_B,             /* op scratch */
     DSC_S_ATT,                    /* attention block partials */
     DSC_S_MOE0, DSC_S_MOE1, DSC_S_MOE2, DSC_S_MOE3, DSC_S_MOE4, DSC_S_MOE5, DSC_S_MOE6, DSC_S_MOE7, DSC_S_MOE8,
-    DSC_S_XHL,                    /* mma/, three in a row: activations split into bf16 hi / lo, */
+    DSC_S_XHL,                    /* mma/, three in a row: activations split (BF16 hi, mid / lo; FP8 f16 hi / lo), */
     DSC_S_MMAP, DSC_S_MMAC,       /* the decode kernel's partials and per-tile counters */
     DSC_S_XHL2, DSC_S_MMAP2, DSC_S_MMAC2, /* the same three for products on the side stream (moe.cu, the side lane) */
     DSC_S_IDX,                    /* the indexer's scores (indexer.cu; either lane) */

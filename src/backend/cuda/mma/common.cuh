@@ -10,23 +10,25 @@
  *   weights: bf16 values are exact in bf16, e4m3 values in f16 (one cvt a
  *     pair); FP8's scale (E8M0 or F32) multiplies the group's fp32 partial
  *     (promotion).
- *   activations, BF16: x = hi + lo, hi = bf16_rn(x), lo = bf16_rn(x -
- *     hi) (x - hi is exact in fp32): ~16 significant bits of x.
+ *   activations, BF16: x = hi + mid + lo, hi = bf16_rn(x), mid = bf16_rn(x
+ *     - hi), lo = x - hi - mid (each difference exact in fp32, lo exact in
+ *     bf16): all 24 bits of x, as the CPU keeps them (x below 2^-126 in
+ *     magnitude may lose bits with the subnormals).
  *   activations, FP8: per token and 128-column group a power of two sc
  *     (hx_scale: the group's largest |x| sc in [2^14, 2^15)), x sc = hi + lo
  *     in f16: ~22 significant bits of x down to ~2^-40 of the group's
  *     largest; the group's partial times 1 / sc (exact) before its scale.
- *   Two MMAs per fragment.
  * ORDER of y[t][r] (a function of the matrix shape only):
  *   K in groups of DSC_MMA_G = 128 columns; group g's partial b_g is a fresh
  *   fp32 accumulator through the group's 8 MMA steps kk = 0..7 ascending, each
- *   step mma(A, x_hi) then mma(A, x_lo). Step kk of group g pairs thread
+ *   step mma(A, x_hi), mma(A, x_mid) (BF16 only), mma(A, x_lo). Step kk of group g pairs thread
  *   (gid, tig)'s fragment slots (k = 2tig, 2tig+1, 2tig+8, 2tig+9) with the
  *   columns g*128 + tig*32 + kk*4 + 0..3 (a fixed permutation of K inside the
  *   step, the same for A and B). Columns past K are zeros (exact).
  *   y = (((0 + p_0) + p_1) + ...) over groups ascending, p_g = (b_g * 1/sc_g)
  *   * s_g for FP8 (s_g the row's scale of columns g*128..), p_g = b_g
  *   otherwise.
+ *   Three MMAs per fragment for BF16, two for FP8.
  * Every kernel gives those bits; which one runs never changes a bit. One
  * file per kernel family, each with its launcher: dec.cu (mma_dec_kernel:
  * few tokens, a 16-row tile's groups split over warps), blk.cu
@@ -49,9 +51,10 @@ enum { MMA_PLAIN = 0, MMA_UP = 1, MMA_DOWN = 2 };
 
 template <int KIND> struct mk;
 /* CPT: 16-byte chunks per thread per row per group; RB: row bytes per group;
- * GW: groups per warp per round in the experts' decode kernel (not ORDER) */
-template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW }; };
-template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW }; };
+ * GW: groups per warp per round in the experts' decode kernel (not ORDER);
+ * L: the activation split's parts (BF16 hi, mid, lo; FP8 hi, lo) */
+template <> struct mk<DS_W_BF16> { enum { CPT = 4, RB = 256, GW = DSC_MMA_GW, L = 3 }; };
+template <> struct mk<DS_W_FP8> { enum { CPT = 2, RB = 128, GW = DSC_MMA_GW, L = 2 }; };
 
 __device__ __forceinline__ uint32_t u4w(const uint4 &q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 
@@ -70,14 +73,24 @@ __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
     return d;
 }
 
-/* x = hi + lo for 4 activations: b[0] = hi01, b[1] = hi23, b[2] = lo01, b[3] = lo23. */
+/* The bf16 pair b as floats (lo in bits 0..15) subtracted from u, v (exact:
+ * the parts of a split are x's leading bits). */
+__device__ __forceinline__ float2 bf2_rest(float u, float v, uint32_t b) {
+    return make_float2(__fsub_rn(u, __uint_as_float(b << 16)), __fsub_rn(v, __uint_as_float(b & 0xffff0000u)));
+}
+
+/* x = hi + mid + lo for 4 activations: b[0] = hi01, b[1] = hi23, b[2] =
+ * mid01, b[3] = mid23, b[4] = lo01, b[5] = lo23. */
 __device__ __forceinline__ void split4(float4 v, uint32_t *b) {
     b[0] = bf2(v.x, v.y);
     b[1] = bf2(v.z, v.w);
-    float h0 = __uint_as_float(b[0] << 16), h1 = __uint_as_float(b[0] & 0xffff0000u);
-    float h2 = __uint_as_float(b[1] << 16), h3 = __uint_as_float(b[1] & 0xffff0000u);
-    b[2] = bf2(__fsub_rn(v.x, h0), __fsub_rn(v.y, h1));
-    b[3] = bf2(__fsub_rn(v.z, h2), __fsub_rn(v.w, h3));
+    float2 r01 = bf2_rest(v.x, v.y, b[0]), r23 = bf2_rest(v.z, v.w, b[1]);
+    b[2] = bf2(r01.x, r01.y);
+    b[3] = bf2(r23.x, r23.y);
+    r01 = bf2_rest(r01.x, r01.y, b[2]);
+    r23 = bf2_rest(r23.x, r23.y, b[3]);
+    b[4] = bf2(r01.x, r01.y);
+    b[5] = bf2(r23.x, r23.y);
 }
 
 /* ---- FP8 in f16 (docs/cuda.md "FP8 products in f16") ----------------------- */
@@ -145,7 +158,8 @@ __device__ __forceinline__ void split4h(float4 v, float sc, uint32_t *b) {
     b[3] = h2(__fsub_rn(v.z, f1.x), __fsub_rn(v.w, f1.y));
 }
 
-/* The split a kind's MMAs take: FP8 f16 of x sc, the others bf16 of x. */
+/* The split a kind's MMAs take (2 mk<KIND>::L words): FP8 f16 of x sc, the
+ * others bf16 of x. */
 template <int KIND> __device__ __forceinline__ void split4k(float4 v, float sc, uint32_t *b) {
     if (KIND == DS_W_FP8) split4h(v, sc, b);
     else split4(v, b);
@@ -168,7 +182,8 @@ template <int KIND> __device__ __forceinline__ void afrag(const uint4 &q, int s,
 struct mma_args {
     dsc_w w;                         /* kind-wide fields; rows = rows of one matrix */
     const float *x;                  /* fp32 activations (decode kernel) */
-    const uint4 *xhl;                /* the same activations split (tile kernel): 16 bytes per 4 */
+    const uint4 *xhl;                /* the same activations split (tile kernel): 16 bytes per 4 (BF16: hi, mid) */
+    const uint2 *xlo;                /* BF16 tile kernel: the lo parts, 8 bytes per 4 */
     const float *xiv;                /* FP8 tile kernel: the inverse scale of each (segment, group) */
     int xs, xg, rpg, T;              /* plain: token j, row r reads x + j*xs + (r/rpg)*xg */
     float *y;
@@ -278,8 +293,8 @@ __device__ __forceinline__ uint32_t mma_sc_ldg(const dsc_w &w, const uint8_t *sp
 /* Group g's partials p_g of a warp's MI m16 tiles (tile mi: rows gid and gid
  * + 8 of its 16, their scales sp[2 mi], sp[2 mi + 1] and the group's 16-byte
  * chunks q[2 mi], q[2 mi + 1]) for its NB x 8 tokens: per tile a fresh fp32
- * accumulator through the 8 m16n8k16 steps kk ascending, mma(A, x_hi) then
- * mma(A, x_lo), then FP8's activation and group scales (the order of
+ * accumulator through the 8 m16n8k16 steps kk ascending, one MMA per part
+ * of the split (hi first), then FP8's activation and group scales (the order of
  * docs/cuda.md). FP8: each token's scale from the largest |x| of its 128
  * columns (the 4 lanes of the token: a max, order-free), the activations
  * loaded twice where they are not held (NB > 1). The MI tiles share each
@@ -345,13 +360,13 @@ __device__ __forceinline__ void mma_group(const dsc_w &w, const uint8_t *const *
 #pragma unroll
         for (int ni = 0; ni < NB; ni++) {
             float4 xv4 = HX ? xh[kk % XH] : xload(ni, kk);
-            uint32_t b[4];
+            uint32_t b[2 * mk<KIND>::L];
             split4k<KIND>(xv4, xsc[ni], b);
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                mmak<KIND>(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[0], b[1]);
-                mmak<KIND>(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[2], b[3]);
-            }
+            for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+                for (int l = 0; l < mk<KIND>::L; l++)
+                    mmak<KIND>(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[2 * l], b[2 * l + 1]);
         }
     }
     if (KIND == DS_W_FP8) {

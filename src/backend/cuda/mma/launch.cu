@@ -6,16 +6,19 @@
 
 #include "backend/cuda/mma/common.cuh"
 
-/* x -> the split form: 4 activations -> {hi x4, lo x4} (16 bytes). */
-__global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict__ o, size_t n4) {
+/* x -> BF16's split form: 4 activations -> {hi x4, mid x4} (o, 16 bytes)
+ * and {lo x4} (ol, 8 bytes). */
+__global__ void mma_split_kernel(const float *__restrict__ x, uint4 *__restrict__ o, uint2 *__restrict__ ol,
+                                 size_t n4) {
     DSC_PDL_WAIT();
     int al = ((uintptr_t)x & 15) == 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         const float *p = x + 4 * i;
         float4 v = al ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-        uint32_t b[4];
+        uint32_t b[6];
         split4(v, b);
         o[i] = make_uint4(b[0], b[1], b[2], b[3]);
+        ol[i] = make_uint2(b[4], b[5]);
     }
 }
 
@@ -51,10 +54,15 @@ __global__ void mma_split_h_kernel(const float *__restrict__ x, uint4 *__restric
 
 static int grow(dsc_buf *b, size_t bytes, cudaStream_t st) { return dsc_buf_grow(b, bytes, 1 << 20, st); }
 
-static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n) {
-    if (grow(buf, n * 4, st)) return -1;
+/* BF16's split (mma_split_kernel) of n activations into buf: the hi / mid
+ * chunks, then the lo parts (a->xhl, a->xlo). */
+static int split(cudaStream_t st, dsc_buf *buf, const float *x, size_t n, mma_args *a) {
     size_t n4 = n / 4, blocks = (n4 + 255) / 256;
-    dsc_launch(mma_split_kernel, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st, x, (uint4 *)buf->p, n4);
+    if (grow(buf, n4 * (sizeof(uint4) + sizeof(uint2)), st)) return -1;
+    a->xhl = (const uint4 *)buf->p;
+    a->xlo = (const uint2 *)(a->xhl + n4);
+    dsc_launch(mma_split_kernel, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, st, x, (uint4 *)a->xhl,
+               (uint2 *)a->xlo, n4);
     return 0;
 }
 
@@ -203,8 +211,7 @@ int dsc_mma_matmul(cudaStream_t st, dsc_buf *mb, int kind, dsc_w w, const float 
     if (!dec && kind == DS_W_FP8) {
         if (split_h(st, &mb[0], x, (size_t)T * G, G, (size_t)xs, G > 1 ? (size_t)xg : 0, w.cols, &a)) return -1;
     } else if (!dec) {
-        if (split(st, &mb[0], x, (size_t)T * (size_t)xs)) return -1;
-        a.xhl = (const uint4 *)mb[0].p;
+        if (split(st, &mb[0], x, (size_t)T * (size_t)xs, &a)) return -1;
     }
     int rows = G > 1 ? rpg : w.rows;
     int ts = dec ? DSC_MMA_TS_64 : dsc_mma_plain_tile(rows, T, (unsigned)G, dsc_mma_sm_count());
@@ -243,8 +250,7 @@ int dsc_mma_experts(cudaStream_t st, dsc_buf *mb, int up, int kind, dsc_w shape,
         if (kind == DS_W_FP8) {
             if (split_h(st, &mb[0], x, rows, 1, (size_t)xs, 0, shape.cols, &a)) return -1;
         } else {
-            if (split(st, &mb[0], x, rows * (size_t)xs)) return -1;
-            a.xhl = (const uint4 *)mb[0].p;
+            if (split(st, &mb[0], x, rows * (size_t)xs, &a)) return -1;
         }
         /* the x16 / x8 tiles: at most DSC_MMA_XTOK tokens of an expert per block's pass */
         if (ts != DSC_MMA_TS_64 && maxcnt > DSC_MMA_XTOK) maxcnt = DSC_MMA_XTOK;

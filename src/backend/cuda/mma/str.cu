@@ -46,6 +46,7 @@ __device__ __forceinline__ int mma_str_pos(int c4) { return (c4 & ~31) | ((c4 & 
 template <int KIND, int MODE>
 __device__ __forceinline__ void mma_str_split(const mma_args &a, int m0, int j0, size_t xq, int nt, int ng, int K,
                                               uint4 *xs, int XS, float *xiv, int nth) {
+    static_assert(mk<KIND>::L == 2, "a split of two parts: one 16-byte chunk per 4 activations");
     int xal = ((uintptr_t)a.x & 15) == 0 && a.xs % 4 == 0 && a.xg % 4 == 0;
 #pragma unroll 4 /* loads of several chunks in flight (one L2 round trip each otherwise) */
     for (int i = threadIdx.x; i < nt * ng * 32; i += nth) {

@@ -9,26 +9,36 @@ __device__ __forceinline__ void cp16(void *smem, const void *g, bool ok) {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 16 : 0));
 }
+__device__ __forceinline__ void cp8(void *smem, const void *g, bool ok) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 8 : 0));
+}
 __device__ __forceinline__ void cp4(void *smem, const void *g, bool ok) {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g), "r"(ok ? 4 : 0));
 }
 
 /* The tile kernel's shared memory: NST stages of A (BM rows of a group's
- * RB bytes), B (BN tokens of 512 bytes: 128 split activations) and FP8's BN
- * inverse scales, then the tokens' x offsets (FP8: their split segments). No padding: a 16-byte chunk's position p in an odd row
- * (token) is stored at p ^ 4 (AX / BX), so the 8 lanes of a quarter warp
- * (rows gid, gid + 1 x tig 0..3) read both halves of a 128-byte bank line. */
+ * RB bytes), B (BN tokens of 512 bytes: 128 split activations, BF16's hi and
+ * mid parts), BF16's lo parts (BN tokens of 256 bytes) or FP8's BN inverse
+ * scales, then the tokens' x offsets (FP8: their split segments). No
+ * padding: a 16-byte chunk's position p in an odd row (token) is stored at
+ * p ^ 4 (AX / BX), so the 8 lanes of a quarter warp (rows gid, gid + 1 x tig
+ * 0..3) read both halves of a 128-byte bank line; an 8-byte lo chunk's
+ * position p of token j at p ^ 4 (j % 8), so a half warp's 4 tokens read 4
+ * different 32-byte quarters of a bank line. */
 template <int KIND, int BM, int BN, int NST> struct mt {
     enum {
         ASTR = mk<KIND>::RB,
         AX = 4,
         BSTR = 32 * 16,
         BX = 4,
+        LSTR = 32 * 8,
         ABYTES = BM * ASTR,
         BBYTES = BN * BSTR,
-        SBYTES = KIND == DS_W_FP8 ? BN * 4 : 0, /* FP8: the tokens' inverse scales of the group */
-        STAGE = ABYTES + BBYTES + SBYTES,
+        LBYTES = KIND == DS_W_BF16 ? BN * LSTR : 0, /* BF16: the tokens' lo parts of the group */
+        SBYTES = KIND == DS_W_FP8 ? BN * 4 : 0,     /* FP8: the tokens' inverse scales of the group */
+        STAGE = ABYTES + BBYTES + LBYTES + SBYTES,
         SMEM = NST * STAGE + BN * 8
     };
 };
@@ -101,6 +111,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
             const uint4 *src = KIND == DS_W_FP8 ? a.xhl + ((size_t)xoff[tok] * ng + g) * 32 + c : a.xhl + xoff[tok] + ch;
             cp16(Bs + tok * T_::BSTR + (((c % 8) * 4 + c / 8) ^ ((tok & 1) * T_::BX)) * 16,
                  ok ? (const void *)src : (const void *)a.xhl, ok);
+            if (KIND == DS_W_BF16)
+                cp8(Bs + T_::BBYTES + tok * T_::LSTR + (((c % 8) * 4 + c / 8) ^ ((tok % 8) * 4)) * 8,
+                    ok ? (const void *)(a.xlo + xoff[tok] + ch) : (const void *)a.xlo, ok);
             if (KIND == DS_W_FP8 && c == 0)
                 cp4(Bs + T_::BBYTES + tok * 4, ok ? (const void *)(a.xiv + (size_t)xoff[tok] * ng + g) : (const void *)a.xiv, ok);
         }
@@ -176,12 +189,17 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB) mma_tile_kernel(mma_args a
                 }
 #pragma unroll
                 for (int ni = 0; ni < NI; ni++) {
-                    uint4 b = *(const uint4 *)(Bs + (wn * NI * 8 + ni * 8 + gid) * T_::BSTR +
-                                               ((kk * 4 + tig) ^ bx) * 16);
+                    int tok = wn * NI * 8 + ni * 8 + gid;
+                    uint4 b = *(const uint4 *)(Bs + tok * T_::BSTR + ((kk * 4 + tig) ^ bx) * 16);
+                    uint2 bl = make_uint2(0u, 0u);
+                    if (KIND == DS_W_BF16)
+                        bl = *(const uint2 *)(Bs + T_::BBYTES + tok * T_::LSTR + ((kk * 4 + tig) ^ (gid * 4)) * 8);
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
                         mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
                         mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.z, b.w);
+                        if (KIND == DS_W_BF16)
+                            mmak<KIND>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bl.x, bl.y);
                     }
                 }
             }
