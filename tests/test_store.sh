@@ -82,7 +82,7 @@ fi
   "$BIN" logits -m synth:tiny:6:2 --backend "$BE" --tokens 1,2,3,4,5 -o "$T/t62" --expert-slots 4 --tier-path cpu 2>"$T/r62" ||
   bad "synth:tiny:6 / 6:2: $(cat "$T/r6" "$T/r62")"
 hostkb() { # the report's bytes in host memory, in kB
-  sed -n 's/.*(\([0-9.]*\) \([kMG]\)B in host memory).*/\1 \2/p' "$1" |
+  sed -n 's/.*(\([0-9.]*\) \([kMG]\)B in host memory[^)]*).*/\1 \2/p' "$1" |
     awk '{ print $1 * ($2 == "k" ? 1 : $2 == "M" ? 1e3 : 1e6) }'
 }
 h6=$(hostkb "$T/r6")
