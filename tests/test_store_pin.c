@@ -8,7 +8,9 @@
  *   no reason given; unbinding releases each span once;
  * - a backend that refuses: nothing locked, its message as the reason, the
  *   model still runs (the same logits as with every span locked);
- * - the CPU backend itself (no pin_host): nothing locked, no reason. */
+ * - the CPU backend itself (no pin_host): nothing locked, no reason;
+ * - copies count as queued (the rates' copies from the bind's fill) only
+ *   with every span locked; the fill's rate is measured in each case. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +59,7 @@ static int covered(const rec *r, const void *p, size_t n) {
     return 0;
 }
 
-/* synth:tiny:4:2 (vocabulary 1,024) with a store of 3 slots (mixed: copies
+/* synth:tiny:4:2 (vocabulary 1,024) with a store of 12 slots (some resident; mixed: copies
  * and the CPU) bound to r, its pin calls recorded (use_pin; refusing them:
  * refuse); the logits of 5 tokens into lg (NULL: none); 0 or -1 */
 static int run(rec *r, int use_pin, int refuse, float *lg, uint64_t *pinned, char *why, size_t why_n) {
@@ -75,12 +77,15 @@ static int run(rec *r, int use_pin, int refuse, float *lg, uint64_t *pinned, cha
         return -1;
     }
     if (use_pin) r->be.pin_host = rec_pin, r->be.unpin_host = rec_unpin;
-    ds_store_opts o = {0, 3, DS_STORE_MIXED, NULL, {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS}, {NULL, NULL}};
+    ds_store_opts o = {0, 12, DS_STORE_MIXED, NULL, {DS_TIER_PCIE, DS_TIER_CPU_READ, DS_TIER_CPU_FLOPS}, {NULL, NULL}};
     rc = ds_store_new(m, &o, &err) || ds_model_bind(m, &r->be, &err);
-    CHECK(rc == 0, "store of 3 slots: %s", err.msg);
+    CHECK(rc == 0, "store of 12 slots: %s", err.msg);
     if (!rc) {
         const char *w;
         *pinned = ds_store_pinned_bytes(m->store, &w);
+        int queued = ds_store_copies_queued(m->store);
+        CHECK(queued == (use_pin && !refuse), "copies queued: %d (pin_host %d, refused %d)", queued, use_pin, refuse);
+        CHECK(ds_store_fill_rate(m->store) > 0, "no rate measured for the resident slots' fill");
         snprintf(why, why_n, "%s", w);
         size_t pg = (size_t)sysconf(_SC_PAGESIZE);
         int bad_cover = 0, bad_page = 0, bad_order = 0;

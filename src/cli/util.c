@@ -216,6 +216,10 @@ int cli_bind(const char *cmd, ds_model *m, const ds_backend_opts *o, ds_backend 
             snprintf(pin, sizeof pin, ", page-locked for the copies");
         else
             pin[0] = 0;
+        if (ds_store_fill_rate(st) > 0) {
+            size_t n = strlen(pin);
+            snprintf(pin + n, sizeof pin - n, "; slots filled at %.1f GB/s", ds_store_fill_rate(st) / 1e9);
+        }
         fprintf(stderr, "dsv4 %s: expert tiers: %lld slots of %s (%lld resident, %lld staging) for %d x %d experts "
                         "(%s in host memory%s)\n",
                 cmd, ds_store_slots(st), cli_bytes((double)ds_store_expert_bytes(st), a, sizeof a),
@@ -236,13 +240,16 @@ void cli_tiers_report(FILE *f, const char *label, const ds_model *m, double step
     double P = t.pairs > 0 ? (double)t.pairs : 1, s = steps > 0 ? steps : 1;
     const char *per = steps > 0 ? " ms/step" : " ms";
     ds_tier_rates r = ds_store_rates(m->store);
+    int q = ds_store_copies_queued(m->store);
     fprintf(f,
-            "%s%lld expert picks: %.1f%% in slots, %.1f%% copied (%lld experts, %lld of them re-placed, %s, %.2f%s), "
-            "%.1f%% on the CPU (%.2f%s); cost model (learned): copies %.1f GB/s, CPU %.1f GB/s and %.0f GFLOP/s; "
+            "%s%lld expert picks: %.1f%% in slots, %.1f%% copied (%lld experts, %lld of them re-placed, %s, %s%.2f%s), "
+            "%.1f%% on the CPU (%.2f%s); cost model (%s): copies %.1f GB/s, CPU %.1f GB/s and %.0f GFLOP/s; "
             "in slots by layer:",
             label, t.pairs, 100.0 * t.hit_pairs / P, 100.0 * t.copied_pairs / P, t.copies, t.replaced,
-            cli_bytes(t.copy_bytes, b, sizeof b), t.copy_seconds / s * 1e3, per, 100.0 * t.cpu_pairs / P,
-            t.cpu_seconds / s * 1e3, per, r.pcie / 1e9, r.cpu_read / 1e9, r.cpu_flops / 1e9);
+            cli_bytes(t.copy_bytes, b, sizeof b), q ? "queued in " : "", t.copy_seconds / s * 1e3, per,
+            100.0 * t.cpu_pairs / P, t.cpu_seconds / s * 1e3, per,
+            q ? "copies from the bind's fill, the CPU learned" : "learned", r.pcie / 1e9, r.cpu_read / 1e9,
+            r.cpu_flops / 1e9);
     for (int li = 0; li < m->cfg.n_layers; li++) {
         ds_store_counts c = ds_store_counts_of(m->store, li);
         fprintf(f, " %.0f%%", c.pairs ? 100.0 * c.hit_pairs / c.pairs : 0.0);

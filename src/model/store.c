@@ -56,6 +56,8 @@ struct ds_store {
     int n_pins;
     uint64_t pinned;
     char pin_note[200]; /* why the rest stayed pageable, or "" */
+    int async;          /* every host expert locked: a copy is queued, the host does not wait for it */
+    double fill_rate;   /* bytes / s of the resident slots' fill at bind, to its end (0: not measured) */
 };
 
 static uint64_t round_up(uint64_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN; }
@@ -71,6 +73,9 @@ uint64_t ds_store_pinned_bytes(const ds_store *st, const char **why_not) {
     if (why_not) *why_not = st->pin_note;
     return st->pinned;
 }
+
+double ds_store_fill_rate(const ds_store *st) { return st->fill_rate; }
+int ds_store_copies_queued(const ds_store *st) { return st->async; }
 
 /* The routed experts' bytes in host memory: an expert whose data is an
  * earlier layer's (synth:NAME:LAYERS:R) counts once. */
@@ -240,13 +245,14 @@ static int pin_experts(ds_store *st, ds_err *err) {
         sp[st->n_pins++] = sp[i];
         st->pinned += sp[i].b - sp[i].a;
     }
+    st->async = st->n_pins > 0 && !st->pin_note[0];
     return 0;
 }
 
 static void unpin_experts(ds_store *st) {
     for (int i = 0; i < st->n_pins; i++) st->be->unpin_host(st->be, (const void *)st->pins[i].a);
     free(st->pins);
-    st->pins = NULL, st->n_pins = 0, st->pinned = 0;
+    st->pins = NULL, st->n_pins = 0, st->pinned = 0, st->async = 0;
 }
 
 void ds_store_unbind(ds_store *st) {
@@ -381,6 +387,7 @@ int ds_store_bind(ds_store *st, ds_err *err) {
     }
     long long s = 0;
     uint64_t total = (uint64_t)st->n_resident * st->expert_bytes, shown = 0;
+    double t0 = ds_now();
     for (int li = 0; li < st->L; li++)
         for (int e = 0; e < st->E; e++) {
             if (!st->plan.resident[(size_t)li * st->E + e]) continue;
@@ -394,6 +401,19 @@ int ds_store_bind(ds_store *st, ds_err *err) {
                 shown = done;
             }
         }
+    /* the link's rate, from the fill to its end (a download waits for the
+     * queue): with every expert locked the copies are queued, so a step's
+     * wall time does not measure them, and the cost model starts here */
+    if (total && st->host != be) {
+        uint32_t probe;
+        if (be->download(be, &probe, st->slots_mem, sizeof probe, err)) {
+            ds_store_unbind(st);
+            return -1;
+        }
+        double sec = ds_now() - t0;
+        st->fill_rate = sec > 0 ? (double)total / sec : 0;
+        if (st->async && st->fill_rate > 0) st->rates.pcie = st->fill_rate;
+    }
     ds_store_counts_reset(st);
     return 0;
 }
@@ -659,7 +679,8 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
     for (int e = 0; e < E && any_cpu; e++)
         if (st->way[e] == WAY_CPU)
             cpu_pred += ds_tier_cpu_seconds(&st->rates, (double)st->expert_bytes, st->flops_per_token, st->cnt[e]);
-    ds_tier_rates_learn(&st->rates, d.copy_bytes, d.copy_seconds, cpu_pred, d.cpu_seconds);
+    /* queued copies (every expert locked): their wall time here is the queueing, not the copy */
+    ds_tier_rates_learn(&st->rates, st->async ? 0 : d.copy_bytes, d.copy_seconds, cpu_pred, d.cpu_seconds);
     count_add(st, li, &d);
     ds_moe_combine_params cp = {T, D, k, idx, rs->wts, rs->slot_out, rs->shared_out, out};
     return be->moe_combine(be, &cp, err);

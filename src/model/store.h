@@ -58,7 +58,7 @@ typedef struct ds_store_counts {
     long long replaced;  /* of them, moved into resident slots by the learned load */
     double copy_bytes;   /* their bytes */
     double cpu_seconds;  /* the CPU experts' wall time, their activations' and rows' transfers included */
-    double copy_seconds; /* the copies' wall time */
+    double copy_seconds; /* the copies' wall time (queued copies: the time to queue them) */
 } ds_store_counts;
 
 typedef struct ds_store ds_store;
@@ -81,6 +81,13 @@ long long ds_store_resident(const ds_store *st); /* of them, the plan's resident
  * experts' pages, a backend with pin_host), and *why_not: "" when every
  * range was locked, else why the rest stayed pageable (NULL: not asked). */
 uint64_t ds_store_pinned_bytes(const ds_store *st, const char **why_not);
+/* The copies' rate while the resident slots were filled at bind, to the
+ * fill's end (bytes / s; 0: nothing filled, or the CPU backend). */
+double ds_store_fill_rate(const ds_store *st);
+/* 1 when every host expert is page-locked: a copy is queued on the device
+ * and the host goes on, so the counts' copy_seconds are the queueing time
+ * and the cost model keeps the bind's rate for the copies. */
+int ds_store_copies_queued(const ds_store *st);
 
 /* Called by ds_model_bind / ds_model_unbind / ds_model_free. */
 int ds_store_bind(ds_store *st, ds_err *err);
