@@ -274,13 +274,50 @@ static void test_weight_decode(ctx *C) {
     free(o);
 }
 
+/* One-hot tokens through the products of t at T = 128 (the tile kernel;
+ * the tokens' columns spread over the 128-column groups) and 1, 8, 20 (the
+ * decode kernels): token j's one value v_j (1, or with full a random 24-bit
+ * significand of magnitude 2^-40 .. 2^40) at column k_j, so y[j][r] must be
+ * w[r][k_j] v_j where that product is exact. Values, not bits: 0 + (-0) = +0. */
+static void onehot_products(ctx *C, tw *t, int full, const char *what) {
+    int rows = t->h.rows, cols = t->h.cols, Ts[4] = {128, 1, 8, 20};
+    for (int ti = 0; ti < 4; ti++) {
+        int T = Ts[ti], bad = 0;
+        int *k = malloc(sizeof(int) * T);
+        float *x = calloc((size_t)T * cols, sizeof(float)), *v = malloc(sizeof(float) * T);
+        for (int j = 0; j < T; j++) {
+            uint32_t u = ((127 + rnd(C) % 81 - 40) << 23) | (rnd(C) & 0x807fffffu);
+            v[j] = 1.0f;
+            if (full) memcpy(&v[j], &u, 4);
+            k[j] = T == 128 ? j * (cols / 128) + (int)(rnd(C) % (unsigned)(cols / 128)) : (int)(rnd(C) % (unsigned)cols);
+            x[(size_t)j * cols + k[j]] = v[j];
+        }
+        float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
+        die_if(C, ds_matmul(&C->be, &t->d, dx, T, dy, &C->err), "matmul");
+        float *y = fget(C, dy, (size_t)T * rows);
+        for (int j = 0; j < T; j++)
+            for (int r = 0; r < rows; r++) {
+                float want = t->deq[(size_t)r * cols + k[j]] * v[j], got = y[(size_t)j * rows + r];
+                if (!(want == got) && bad++ < 3) /* == : the sum of a -0 weight's product is +0 */
+                    printf("  one-hot %s T %d token %d (x %a at %d) row %d: %a, want %a\n", kname[t->h.kind], T, j,
+                           v[j], k[j], r, got, want);
+            }
+        check(C, !bad, "matmul %s [%d x %d], %d one-hot tokens: %s (%d bad)", kname[t->h.kind], rows, cols, T, what,
+              bad);
+        free(k);
+        free(x);
+        free(v);
+        free(y);
+        C->be.free(&C->be, dx);
+        C->be.free(&C->be, dy);
+    }
+}
+
 /* Through the products: one-hot tokens (x = e_k, split exactly: hi = 1,
  * lo = 0) read single weights, so y[t][r] = w[r][k_t] exactly (the
  * dequantized value: e4m3 / e2m1 code times its power-of-two scale). Every
  * e2m1 code with every E8M0 scale 2^-125 .. 2^125 (all products normal and
- * finite), every e4m3 byte but NaN with FP8 scales 2^-20 .. 2^20; T = 128
- * (the tile kernel) and 1, 8, 20 (the decode kernels). Values, not bits:
- * 0 + (-0) = +0. */
+ * finite), every e4m3 byte but NaN with FP8 scales 2^-20 .. 2^20. */
 static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
     size_t db, ns, n = (size_t)rows * cols;
     tw t = new_weight(kind, rows, cols, 0, &db, &ns);
@@ -296,40 +333,14 @@ static void test_onehot(ctx *C, ds_wkind kind, int rows, int cols) {
     }
     for (size_t i = 0; i < ns; i++) t.hs[i] = (uint8_t)(kind == DS_W_FP8 ? 107 + i % 41 : 2 + i % 251);
     map_weight(C, &t, db, ns);
-    int Ts[4] = {128, 1, 8, 20};
-    for (int ti = 0; ti < 4; ti++) {
-        int T = Ts[ti], bad = 0;
-        int *k = malloc(sizeof(int) * T);
-        float *x = calloc((size_t)T * cols, sizeof(float));
-        for (int j = 0; j < T; j++) {
-            k[j] = T == 128 ? j * (cols / 128) + (int)(rnd(C) % (unsigned)(cols / 128)) : (int)(rnd(C) % (unsigned)cols);
-            x[(size_t)j * cols + k[j]] = 1.0f;
-        }
-        float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
-        die_if(C, ds_matmul(&C->be, &t.d, dx, T, dy, &C->err), "matmul");
-        float *y = fget(C, dy, (size_t)T * rows);
-        for (int j = 0; j < T; j++)
-            for (int r = 0; r < rows; r++) {
-                float want = t.deq[(size_t)r * cols + k[j]], got = y[(size_t)j * rows + r];
-                if (!(want == got) && bad++ < 3) /* == : the sum of a -0 weight's product is +0 */
-                    printf("  one-hot %s T %d token %d (k %d) row %d: %g, want %g\n", kname[kind], T, j, k[j], r, got, want);
-            }
-        check(C, !bad, "matmul %s [%d x %d], %d one-hot tokens: y = the weight's exact value (%d bad)", kname[kind],
-              rows, cols, T, bad);
-        free(k);
-        free(x);
-        free(y);
-        C->be.free(&C->be, dx);
-        C->be.free(&C->be, dy);
-    }
+    onehot_products(C, &t, 0, "y = the weight's exact value");
     free_weight(C, &t);
 }
 
 /* BF16 products keep every bit of x (hi + mid + lo): one-hot tokens whose one
- * value has a full 24-bit significand (random bits, magnitudes 2^-40 .. 2^40)
- * against weights of powers of two (and zeros), so w x is exact in fp32 and
- * y[t][r] = w[r][k_t] x_t exactly; two bf16 parts would drop x's low 8 bits.
- * T = 128 (the tile kernel) and 1, 8, 20 (the decode kernels). */
+ * value has a full 24-bit significand against weights of powers of two (and
+ * zeros), so w x is exact in fp32 and y = w x exactly; two bf16 parts would
+ * drop x's low 8 bits. */
 static void test_bf16_exact(ctx *C, int rows, int cols) {
     size_t db, ns, n = (size_t)rows * cols;
     tw t = new_weight(DS_W_BF16, rows, cols, 0, &db, &ns);
@@ -339,36 +350,7 @@ static void test_bf16_exact(ctx *C, int rows, int cols) {
         memcpy(t.hd + 2 * i, &h, 2);
     }
     map_weight(C, &t, db, ns);
-    int Ts[4] = {128, 1, 8, 20};
-    for (int ti = 0; ti < 4; ti++) {
-        int T = Ts[ti], bad = 0;
-        int *k = malloc(sizeof(int) * T);
-        float *x = calloc((size_t)T * cols, sizeof(float)), *v = malloc(sizeof(float) * T);
-        for (int j = 0; j < T; j++) {
-            uint32_t u = ((127 + rnd(C) % 81 - 40) << 23) | (rnd(C) & 0x807fffffu);
-            memcpy(&v[j], &u, 4);
-            k[j] = (int)(rnd(C) % (unsigned)cols);
-            x[(size_t)j * cols + k[j]] = v[j];
-        }
-        float *dx = dput(C, x, sizeof(float) * T * cols), *dy = dput(C, NULL, sizeof(float) * T * rows);
-        die_if(C, ds_matmul(&C->be, &t.d, dx, T, dy, &C->err), "matmul");
-        float *y = fget(C, dy, (size_t)T * rows);
-        for (int j = 0; j < T; j++)
-            for (int r = 0; r < rows; r++) {
-                float want = t.deq[(size_t)r * cols + k[j]] * v[j], got = y[(size_t)j * rows + r];
-                if (!(want == got) && bad++ < 3)
-                    printf("  BF16 exact T %d token %d (x %a at %d) row %d: %a, want %a\n", T, j, v[j], k[j], r, got,
-                           want);
-            }
-        check(C, !bad, "matmul BF16 [%d x %d], %d one-hot tokens of 24-bit values: y = w x exactly (%d bad)", rows,
-              cols, T, bad);
-        free(k);
-        free(x);
-        free(v);
-        free(y);
-        C->be.free(&C->be, dx);
-        C->be.free(&C->be, dy);
-    }
+    onehot_products(C, &t, 1, "24-bit values, y = w x exactly");
     free_weight(C, &t);
 }
 
