@@ -164,6 +164,7 @@ out:
  * without the MTP block's drafts (the same tokens), the acceptance, and the
  * costs of a speculative step (bench_verify). */
 int bench_mtp(ds_model *m, ds_backend *be, const int32_t *toks, long long prompt, long long gen, int K, ds_err *err) {
+    if (gen <= K) return ds_fail(err, "--mtp %d: --gen %lld must exceed it (a verify step reads K + 1 tokens)", K, gen);
     if (!m->mtp_model) {
         printf("mtp        --mtp %d: no MTP block (%s)\n", K, m->mtp ? "not under expert parallelism" : m->mtp_off);
         return 0;

@@ -54,9 +54,7 @@ struct ds_store {
     ds_store_counts *counts; /* [L + 1]: per layer, then the total */
     span *pins;              /* the host pages the backend locked (pin_host) */
     int n_pins;
-    uint64_t pinned;
     char pin_note[200]; /* why the rest stayed pageable, or "" */
-    int async;          /* every host expert locked: a copy is queued, the host does not wait for it */
     double fill_rate;   /* bytes / s of the resident slots' fill at bind, to its end (0: not measured) */
 };
 
@@ -71,11 +69,14 @@ long long ds_store_resident(const ds_store *st) { return st->n_resident; }
 
 uint64_t ds_store_pinned_bytes(const ds_store *st, const char **why_not) {
     if (why_not) *why_not = st->pin_note;
-    return st->pinned;
+    uint64_t b = 0;
+    for (int i = 0; i < st->n_pins; i++) b += st->pins[i].b - st->pins[i].a;
+    return b;
 }
 
 double ds_store_fill_rate(const ds_store *st) { return st->fill_rate; }
-int ds_store_copies_queued(const ds_store *st) { return st->async; }
+/* every host expert locked: a copy is queued, the host does not wait for it */
+int ds_store_copies_queued(const ds_store *st) { return st->n_pins > 0 && !st->pin_note[0]; }
 
 /* The routed experts' bytes in host memory: an expert whose data is an
  * earlier layer's (synth:NAME:LAYERS:R) counts once. */
@@ -235,7 +236,7 @@ static int pin_experts(ds_store *st, ds_err *err) {
             sp[m++] = sp[i];
         }
     }
-    st->pins = sp, st->n_pins = 0, st->pinned = 0;
+    st->pins = sp, st->n_pins = 0;
     for (size_t i = 0; i < m; i++) {
         ds_err pe;
         if (st->be->pin_host(st->be, (const void *)sp[i].a, sp[i].b - sp[i].a, &pe)) {
@@ -243,16 +244,14 @@ static int pin_experts(ds_store *st, ds_err *err) {
             break;
         }
         sp[st->n_pins++] = sp[i];
-        st->pinned += sp[i].b - sp[i].a;
     }
-    st->async = st->n_pins > 0 && !st->pin_note[0];
     return 0;
 }
 
 static void unpin_experts(ds_store *st) {
     for (int i = 0; i < st->n_pins; i++) st->be->unpin_host(st->be, (const void *)st->pins[i].a);
     free(st->pins);
-    st->pins = NULL, st->n_pins = 0, st->pinned = 0, st->async = 0;
+    st->pins = NULL, st->n_pins = 0;
 }
 
 void ds_store_unbind(ds_store *st) {
@@ -412,7 +411,7 @@ int ds_store_bind(ds_store *st, ds_err *err) {
         }
         double sec = ds_now() - t0;
         st->fill_rate = sec > 0 ? (double)total / sec : 0;
-        if (st->async && st->fill_rate > 0) st->rates.pcie = st->fill_rate;
+        if (ds_store_copies_queued(st) && st->fill_rate > 0) st->rates.pcie = st->fill_rate;
     }
     ds_store_counts_reset(st);
     return 0;
@@ -680,7 +679,8 @@ int ds_store_moe(const ds_step *S, int li, const float *xn, const int32_t *idx, 
         if (st->way[e] == WAY_CPU)
             cpu_pred += ds_tier_cpu_seconds(&st->rates, (double)st->expert_bytes, st->flops_per_token, st->cnt[e]);
     /* queued copies (every expert locked): their wall time here is the queueing, not the copy */
-    ds_tier_rates_learn(&st->rates, st->async ? 0 : d.copy_bytes, d.copy_seconds, cpu_pred, d.cpu_seconds);
+    ds_tier_rates_learn(&st->rates, ds_store_copies_queued(st) ? 0 : d.copy_bytes, d.copy_seconds, cpu_pred,
+                        d.cpu_seconds);
     count_add(st, li, &d);
     ds_moe_combine_params cp = {T, D, k, idx, rs->wts, rs->slot_out, rs->shared_out, out};
     return be->moe_combine(be, &cp, err);

@@ -301,11 +301,8 @@ static int fp4_quantize(cudaStream_t st, dsc_buf *mb, const float *x, size_t xs,
  * block per 16 rows, the most blocks for the weights' stream; more tokens
  * 64 rows a block, 8 tokens a pass, so each token's digits come from L2
  * once per 64 rows instead of per 16 (the w1 / w3 halves of the experts'
- * up in whole blocks, else 16 rows). Against 16-row blocks of 2 or 4 token
- * tiles (one H100, flash-4, the same binary otherwise): prefill 512 10,377
- * against 11,030 tokens/s, batch 64 / 256 2,934 / 6,154 against 2,765 /
- * 5,853 (single runs; the same binary moves ~10% between runs). grid: y,
- * z as the caller's; x from rows. */
+ * up in whole blocks, else 16 rows); against 16-row blocks of 2 or 4 token
+ * tiles: docs/journal/cuda.md. grid: y, z as the caller's; x from rows. */
 template <int MODE> static void fp4_launch(cudaStream_t st, const fp4_args &a, int rows, dim3 grid, int T) {
     int rt4 = T > 8 && (MODE != FP4_UP || a.half % 64 == 0);
     grid.x = (unsigned)((rows + (rt4 ? 63 : 15)) / (rt4 ? 64 : 16));

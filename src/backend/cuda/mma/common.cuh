@@ -21,8 +21,8 @@
  * ORDER of y[t][r] (a function of the matrix shape only):
  *   K in groups of DSC_MMA_G = 128 columns; group g's partial b_g is a fresh
  *   fp32 accumulator through the group's 8 MMA steps kk = 0..7 ascending, each
- *   step mma(A, x_hi), mma(A, x_mid) (BF16 only), mma(A, x_lo). Step kk of group g pairs thread
- *   (gid, tig)'s fragment slots (k = 2tig, 2tig+1, 2tig+8, 2tig+9) with the
+ *   step mma(A, x_hi), mma(A, x_mid) (BF16 only), mma(A, x_lo). Step kk of
+ *   group g pairs thread (gid, tig)'s fragment slots (k = 2tig, 2tig+1, 2tig+8, 2tig+9) with the
  *   columns g*128 + tig*32 + kk*4 + 0..3 (a fixed permutation of K inside the
  *   step, the same for A and B). Columns past K are zeros (exact).
  *   y = (((0 + p_0) + p_1) + ...) over groups ascending, p_g = (b_g * 1/sc_g)
