@@ -290,6 +290,13 @@ typedef struct ds_moe_combine_params {
  * products and attention add their wall time here. A batch of products
  * counts, time and bytes, under the storage kind holding most of its weight
  * bytes. Only the calling thread writes it. */
+/* One copy of copy_list. */
+typedef struct ds_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} ds_copy;
+
 typedef struct ds_profile {
     double mm_seconds[5], mm_bytes[5]; /* by ds_wkind */
     long mm_calls[5];
@@ -319,6 +326,9 @@ struct ds_backend {
     int (*memset0)(const ds_backend *be, void *dst, size_t bytes, ds_err *err);
     /* backend memory to backend memory (returns when the copy is done) */
     int (*copy)(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err);
+    /* n copies in backend memory, in order, returning when all are done
+     * (one wait for all: a sequence's snapshot is dozens of small copies) */
+    int (*copy_list)(const ds_backend *be, int n, const ds_copy *c, ds_err *err);
     /* Host bytes valid for the model's lifetime as backend memory (*out);
      * unmap_weights releases them. what: DS_MAP_BYTES (kept as they are) or
      * DS_MAP_FP4_CODES (an MXFP4 matrix's E2M1 codes, two a byte: the backend

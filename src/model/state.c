@@ -143,25 +143,44 @@ static void in_place(const ds_model *m, const ds_seq *s, void (*visit)(void *ctx
 }
 
 typedef struct {
-    const ds_backend *be;
     float *snap;
     size_t off;
-    int dir, rc; /* dir 0: count; 1: state -> snap; 2: snap -> state */
-    ds_err *err;
+    int dir, n; /* dir 0: count; 1: state -> snap; 2: snap -> state */
+    ds_copy *list;
 } snap_walk;
 
 static void snap_visit(void *ctx, float *p, size_t n) {
     snap_walk *w = ctx;
-    if (w->rc) return;
-    if (w->dir == 1) w->rc = w->be->copy(w->be, w->snap + w->off, p, n * sizeof(float), w->err);
-    if (w->dir == 2) w->rc = w->be->copy(w->be, p, w->snap + w->off, n * sizeof(float), w->err);
+    if (w->dir) {
+        float *q = w->snap + w->off;
+        w->list[w->n] = (ds_copy){w->dir == 1 ? (void *)q : (void *)p, w->dir == 1 ? p : q, n * sizeof(float)};
+    }
+    w->n++;
     w->off += n;
+}
+
+/* The state's parts to or from the snapshot (dir 1 / 2) in one list. */
+static int snap_copy(const ds_model *m, const ds_seq *s, float *snap, int dir, ds_err *err) {
+    snap_walk w = {NULL, 0, 0, 0, NULL};
+    in_place(m, s, snap_visit, &w);
+    ds_copy *list = malloc((size_t)(w.n ? w.n : 1) * sizeof *list);
+    if (!list) return ds_fail(err, "out of memory for a snapshot's %d copies", w.n);
+    w = (snap_walk){snap, 0, dir, 0, list};
+    in_place(m, s, snap_visit, &w);
+    const ds_backend *be = s->be;
+    int rc = 0;
+    if (be->copy_list)
+        rc = be->copy_list(be, w.n, list, err);
+    else
+        for (int i = 0; i < w.n && !rc; i++) rc = be->copy(be, list[i].dst, list[i].src, list[i].bytes, err);
+    free(list);
+    return rc;
 }
 
 int ds_seq_snapshot(const ds_model *m, const ds_seq *s, ds_seq_snap *snap, ds_err *err) {
     if (s->ep || !s->mem) return ds_fail(err, "a snapshot of a sequence under expert parallelism");
     if (s->n_layers != m->cfg.n_layers) return ds_fail(err, "a snapshot with another model's layers");
-    snap_walk w = {s->be, NULL, 0, 0, 0, err};
+    snap_walk w = {NULL, 0, 0, 0, NULL};
     in_place(m, s, snap_visit, &w);
     if (!snap->mem || snap->bytes != w.off * sizeof(float)) {
         ds_seq_snap_free(s, snap);
@@ -169,18 +188,16 @@ int ds_seq_snapshot(const ds_model *m, const ds_seq *s, ds_seq_snap *snap, ds_er
         if (!snap->mem) return ds_fail_prefix(err, "a snapshot of a sequence's state");
         snap->bytes = w.off * sizeof(float);
     }
-    w.snap = snap->mem, w.off = 0, w.dir = 1;
-    in_place(m, s, snap_visit, &w);
+    if (snap_copy(m, s, snap->mem, 1, err)) return -1;
     snap->pos = s->pos;
-    return w.rc;
+    return 0;
 }
 
 int ds_seq_rewind(const ds_model *m, ds_seq *s, const ds_seq_snap *snap, ds_err *err) {
     if (!snap->mem) return ds_fail(err, "rewinding a sequence without a snapshot");
-    snap_walk w = {s->be, snap->mem, 0, 2, 0, err};
-    in_place(m, s, snap_visit, &w);
-    if (!w.rc) s->pos = snap->pos;
-    return w.rc;
+    if (snap_copy(m, s, snap->mem, 2, err)) return -1;
+    s->pos = snap->pos;
+    return 0;
 }
 
 void ds_seq_snap_free(const ds_seq *s, ds_seq_snap *snap) {

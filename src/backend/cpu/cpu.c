@@ -38,6 +38,12 @@ static int cpu_copy(const ds_backend *be, void *dst, const void *src, size_t byt
     return 0;
 }
 
+static int cpu_copy_list(const ds_backend *be, int n, const ds_copy *c, ds_err *err) {
+    for (int i = 0; i < n; i++)
+        if (cpu_copy(be, c[i].dst, c[i].src, c[i].bytes, err)) return -1;
+    return 0;
+}
+
 static int cpu_memset0(const ds_backend *be, void *dst, size_t bytes, ds_err *err) {
     (void)be, (void)err;
     if (bytes) memset(dst, 0, bytes);
@@ -289,6 +295,7 @@ int ds_backend_cpu_init(ds_backend *be, int n_threads) {
     be->download = cpu_copy;
     be->memset0 = cpu_memset0;
     be->copy = cpu_copy;
+    be->copy_list = cpu_copy_list;
     be->map_weights = cpu_map_weights;
     be->unmap_weights = cpu_unmap_weights;
     be->fill_weights = cpu_fill_weights;

@@ -318,6 +318,17 @@ static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes
     return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copy on the device", e);
 }
 
+static int c_copy_list(const ds_backend *be, int n, const ds_copy *c, ds_err *err) {
+    if (dsc_use(be, err, "copy")) return -1;
+    if (dsc_graph_end(dsc_of(be), err)) return -1;
+    dsc_impl *I = dsc_of(be);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < n && e == cudaSuccess; i++)
+        if (c[i].bytes) e = cudaMemcpyAsync(c[i].dst, c[i].src, c[i].bytes, cudaMemcpyDeviceToDevice, I->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copies on the device", e);
+}
+
 __global__ void fp4_reorder_kernel(uint32_t *w, size_t n) {
     DSC_PDL_WAIT();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -762,6 +773,7 @@ extern "C" int ds_backend_cuda_init(ds_backend *be, int gpu, ds_err *err) {
     be->unpin_host = c_unpin_host;
     be->memset0 = c_memset0;
     be->copy = c_copy;
+    be->copy_list = c_copy_list;
     be->map_weights = c_map_weights;
     be->unmap_weights = c_unmap_weights;
     be->fill_weights = c_fill_weights;
