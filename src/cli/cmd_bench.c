@@ -349,8 +349,8 @@ static const cli_opt bench_opts[] = {
                 "also decode with B sequences per step (each prefilled with P/4 tokens) and report tokens/s and the "
                 "weight bytes actually read per step (distinct experts)"),
     CLI_FLAG_OPT("--batch-profile", NULL, bench_args, batch_profile,
-                 "run each --batch size once more with the backend's profile on (ops synchronized) and print where "
-                 "a step's time goes"),
+                 "run each --batch size (and, on a device, the prefill) once more with the backend's profile on (ops "
+                 "synchronized) and print where a step's time goes"),
     CLI_LONG_OPT("--mtp", NULL, bench_args, mtp, 0, DS_GEN_MTP_MAX, "K",
                  "also generate N tokens greedily from the prompt without and with speculative decoding (the MTP "
                  "block drafting K tokens a step): tokens/s of each, the acceptance and the cost of a speculative step"),

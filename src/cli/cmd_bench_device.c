@@ -158,6 +158,21 @@ int cmd_bench_device(const char *dir, const ds_backend_opts *bo, long long promp
         cli_tiers_report(NULL, NULL, m, 0);
         fflush(stdout);
     }
+    if (batch_profile) {
+        /* the prefill once more, profiled */
+        ds_profile prof;
+        memset(&prof, 0, sizeof prof);
+        ds_seq_reset(seq);
+        be.profile = &prof;
+        double tw = ds_now();
+        int frc = ds_forward(m, &be, &it, 1, &err);
+        tw = ds_now() - tw;
+        be.profile = NULL;
+        if (frc) goto fail;
+        bench_print_profile("where      prefill (profiled, ops synchronized):", &prof, 1.0, tw);
+        cli_tiers_report(NULL, NULL, m, 0);
+        fflush(stdout);
+    }
     if (mtp && bench_mtp(m, &be, toks, prompt, gen, mtp, &err)) goto fail;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
