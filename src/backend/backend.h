@@ -286,10 +286,6 @@ typedef struct ds_moe_combine_params {
 
 /* ---- the backend ----------------------------------------------------- */
 
-/* Where the time goes (dsv4 bench): while a backend's profile is set, its
- * products and attention add their wall time here. A batch of products
- * counts, time and bytes, under the storage kind holding most of its weight
- * bytes. Only the calling thread writes it. */
 /* One copy of copy_list. */
 typedef struct ds_copy {
     void *dst;
@@ -297,6 +293,10 @@ typedef struct ds_copy {
     size_t bytes;
 } ds_copy;
 
+/* Where the time goes (dsv4 bench): while a backend's profile is set, its
+ * products and attention add their wall time here. A batch of products
+ * counts, time and bytes, under the storage kind holding most of its weight
+ * bytes. Only the calling thread writes it. */
 typedef struct ds_profile {
     double mm_seconds[5], mm_bytes[5]; /* by ds_wkind */
     long mm_calls[5];
