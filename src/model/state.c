@@ -167,12 +167,7 @@ static int snap_copy(const ds_model *m, const ds_seq *s, float *snap, int dir, d
     if (!list) return ds_fail(err, "out of memory for a snapshot's %d copies", w.n);
     w = (snap_walk){snap, 0, dir, 0, list};
     in_place(m, s, snap_visit, &w);
-    const ds_backend *be = s->be;
-    int rc = 0;
-    if (be->copy_list)
-        rc = be->copy_list(be, w.n, list, err);
-    else
-        for (int i = 0; i < w.n && !rc; i++) rc = be->copy(be, list[i].dst, list[i].src, list[i].bytes, err);
+    int rc = s->be->copy_list(s->be, w.n, list, err);
     free(list);
     return rc;
 }

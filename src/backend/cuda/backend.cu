@@ -308,16 +308,6 @@ static int c_memset0(const ds_backend *be, void *dst, size_t bytes, ds_err *err)
     return e == cudaSuccess ? 0 : dsc_fail(err, "memset0", "memset", e);
 }
 
-static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
-    if (dsc_use(be, err, "copy")) return -1;
-    if (dsc_graph_end(dsc_of(be), err)) return -1;
-    if (!bytes) return 0;
-    dsc_impl *I = dsc_of(be);
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, I->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
-    return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copy on the device", e);
-}
-
 static int c_copy_list(const ds_backend *be, int n, const ds_copy *c, ds_err *err) {
     if (dsc_use(be, err, "copy")) return -1;
     if (dsc_graph_end(dsc_of(be), err)) return -1;
@@ -326,7 +316,12 @@ static int c_copy_list(const ds_backend *be, int n, const ds_copy *c, ds_err *er
     for (int i = 0; i < n && e == cudaSuccess; i++)
         if (c[i].bytes) e = cudaMemcpyAsync(c[i].dst, c[i].src, c[i].bytes, cudaMemcpyDeviceToDevice, I->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(I->stream);
-    return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copies on the device", e);
+    return e == cudaSuccess ? 0 : dsc_fail(err, "copy", "copy on the device", e);
+}
+
+static int c_copy(const ds_backend *be, void *dst, const void *src, size_t bytes, ds_err *err) {
+    ds_copy c = {dst, src, bytes};
+    return c_copy_list(be, 1, &c, err);
 }
 
 __global__ void fp4_reorder_kernel(uint32_t *w, size_t n) {
