@@ -30,7 +30,12 @@
 #                        machine may lack libcjson: put it in DIR/lib;
 #                        scripts/gpu-pack.sh packs a build with its libraries)
 #   DSV4_MPI_ROOT=DIR    an Open MPI tree copied from a Debian machine (6b)
-#   BENCH=1              also the benchmarks (needs ~45 GB of disk for the synth models)
+#   BENCH=1              also the benchmarks (needs ~55 GB for the synth models)
+#   SYNTH_DIR=DIR        where the synth models are written (default /dev/shm
+#                        when it has room for them: 8 GB, 60 with BENCH=1;
+#                        else /tmp; on one H100 host, writing the two-layer
+#                        model to /tmp and testing it had not finished after
+#                        6 minutes; from /dev/shm the part took 50 s)
 #   TESTS=0              skip 1-5 (the benchmarks alone)
 #   ONLY="a b"           run only the named parts (test_cuda_ops, ep_gpu, ...)
 #   JOBS (default 8)
@@ -62,6 +67,13 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export DSV4_SOURCE_DIR=$root
 bin=$B/dsv4
+if [ -z "${SYNTH_DIR:-}" ]; then
+  need=$([ -n "${BENCH:-}" ] && echo 60 || echo 8)
+  avail=$(df -B1G --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')
+  SYNTH_DIR=/tmp
+  [ "${avail:-0}" -ge "$need" ] 2>/dev/null && SYNTH_DIR=/dev/shm
+fi
+echo "gpu-test: synth models under $SYNTH_DIR"
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
@@ -251,19 +263,19 @@ fi
 #     layers (written once under SYNTH_DIR)
 if [ "${TESTS:-1}" != 0 ]; then
   run store env DSV4_TEST_HOOKS=1 DSV4_TEST_BACKEND=cuda bash tests/test_store.sh "$bin" "$root"
-  d=${SYNTH_DIR:-/tmp}/flash2
+  d=$SYNTH_DIR/flash2
   [ -f "$d/config.json" ] || "$bin" synth --like flash --layers 2 -o "$d" >/dev/null 2>&1
   run store_flash2 env DSV4_TEST_HOOKS=1 DSV4_TEST_BACKEND=cuda STORE_MODELS="$d" bash tests/test_store.sh "$bin" "$root"
 fi
 # 6. speed
 if [ -n "${BENCH:-}" ]; then
   for L in 4 8; do
-    d=${SYNTH_DIR:-/tmp}/flash$L
+    d=$SYNTH_DIR/flash$L
     [ -f "$d/config.json" ] || "$bin" synth --like flash --layers "$L" -o "$d" >/dev/null 2>&1
     run "bench_flash$L" "$bin" bench -m "$d" --backend cuda --prompt 512 --gen 32 --batch 8,64,256
   done
   # the experts in tiers: half of flash 4's 1,024 experts in slots, uniform routing
-  run bench_tiers4 "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 --gen 32 --batch 8,64 \
+  run bench_tiers4 "$bin" bench -m "$SYNTH_DIR/flash4" --backend cuda --prompt 512 --gen 32 --batch 8,64 \
     --expert-slots 512
   # the whole V4-Flash shape on this GPU: 43 layers sharing 4 layers' experts
   # (13 GB of host memory), slots in 3/4 of the GPU's memory (TIER_GB)
@@ -280,7 +292,7 @@ if [ -n "${BENCH:-}" ]; then
     for r in 1 2 3; do
       for s in 0 1; do
         echo "== round $r: $1=$s"
-        env "$1=$s" "$bin" bench -m "${SYNTH_DIR:-/tmp}/flash4" --backend cuda --prompt 512 \
+        env "$1=$s" "$bin" bench -m "$SYNTH_DIR/flash4" --backend cuda --prompt 512 \
           --gen 128 --batch 8,64 2>&1 | grep -E "^(prefill|decode|batch) " || return 1
       done
     done
