@@ -33,9 +33,8 @@
 #   BENCH=1              also the benchmarks (needs ~55 GB for the synth models)
 #   SYNTH_DIR=DIR        where the synth models are written (default /dev/shm
 #                        when it has room for them: 8 GB, 60 with BENCH=1;
-#                        else /tmp; on one H100 host, writing the two-layer
-#                        model to /tmp and testing it had not finished after
-#                        6 minutes; from /dev/shm the part took 50 s)
+#                        else /tmp, where writing them can take minutes:
+#                        docs/journal/cuda.md)
 #   TESTS=0              skip 1-5 (the benchmarks alone)
 #   ONLY="a b"           run only the named parts (test_cuda_ops, ep_gpu, ...)
 #   JOBS (default 8)
